@@ -1,0 +1,341 @@
+"""The speculation policies the replay benchmark compares, one small class each.
+
+Why classes over one big switch: each policy states in one place what it drafts, how much it verifies and which
+drafting cost it pays, so the replay loop (bench/replay.py) stays policy-agnostic and a reader can check each rule
+against its description. Every policy sees the same `StepView` (which requests are active, at which output position,
+the precomputed drafts of every drafter at that position) and returns a `Proposal`: the draft nodes to verify as a
+tree (chains are trees whose node j has parent j - 1), plus the number of EAGLE draft forwards it ran this step.
+
+The two HYBRID policies and the model-only adaptive baseline call the project's real core code (calibration,
+survival, price, selector from `sglang_hybrid`); nothing here re-implements the goodput maths.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Proposal:
+    """Draft nodes to verify, per request.
+
+    tokens  int64 [B, N]: node token, -1 = no node (valid nodes form a prefix of each row)
+    parents int64 [B, N]: parent node index in the same row, -1 = child of the last committed token; parents[i] < i
+    model_steps: EAGLE draft forwards run this step for the whole batch (charged by the cost model)
+    source  int8 [B, N] or None: 0 model, 1 n-gram, 2 both (for the per-source shares in the report)
+    """
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    model_steps: int = 0
+    source: Optional[np.ndarray] = None
+
+
+@dataclasses.dataclass
+class StepView:
+    """What a policy may look at in one decode step (all arrays have one row per active request).
+
+    root: last committed token per request (int64 [B]); drafts: the bank of precomputed drafts, queried with
+    (req, pos); cost: the core `CostTables` for this batch size (price input); requests: active request count.
+    """
+
+    req: np.ndarray
+    pos: np.ndarray
+    root: np.ndarray
+    drafts: "object"
+    cost: "object"
+    requests: int
+
+
+def chain_parents_np(b: int, k: int) -> np.ndarray:
+    """Parents of a chain in tree layout (node j -> j - 1, node 0 -> root)."""
+    return np.broadcast_to(np.arange(k, dtype=np.int64) - 1, (b, k)).copy()
+
+
+def mask_chain(tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Chain tokens with everything at or past each row's length set to -1."""
+    tokens = np.asarray(tokens, dtype=np.int64).copy()
+    tokens[np.arange(tokens.shape[1])[None, :] >= np.asarray(lengths)[:, None]] = -1
+    return tokens
+
+
+class Policy:
+    """Base class: `name` (key in tables), `label` (human text), `needs` (draft kinds it reads from the bank)."""
+
+    name = "base"
+    label = "base"
+    needs: tuple = ()
+
+    def propose(self, view: StepView) -> Proposal:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.label
+
+
+class NoSpeculation(Policy):
+    """Plain decoding: one token per request per step, nothing drafted."""
+
+    name = "no_spec"
+    label = "no speculation"
+
+    def propose(self, view):
+        b = len(view.req)
+        return Proposal(np.full((b, 0), -1, np.int64), np.full((b, 0), -1, np.int64), 0)
+
+
+class EagleFixed(Policy):
+    """EAGLE chain of fixed length k, always verified in full (SGLang's EAGLE with topk=1)."""
+
+    name = "eagle_fixed"
+    needs = ("eagle",)
+
+    def __init__(self, k: int):
+        self.k = int(k)
+        self.label = f"EAGLE chain, fixed k={self.k}"
+
+    def propose(self, view):
+        toks, _ = view.drafts.eagle(view.req, view.pos, self.k)
+        return Proposal(toks, chain_parents_np(len(view.req), self.k), self.k + 1,
+                        np.zeros(toks.shape, np.int8))
+
+
+class _ChainDrafter(Policy):
+    """Any model-free chain drafter verified in full (up to k tokens, nothing when it has no match)."""
+
+    kind = ""
+
+    def __init__(self, k: int):
+        self.k = int(k)
+
+    def propose(self, view):
+        toks, lens = view.drafts.chain(self.kind, view.req, view.pos, self.k)
+        toks = mask_chain(toks, lens)
+        return Proposal(toks, chain_parents_np(len(view.req), toks.shape[1]), 0, np.ones(toks.shape, np.int8))
+
+
+class NgramOurs(_ChainDrafter):
+    """Our suffix-automaton n-gram drafter (sglang_hybrid.ngram.NgramDrafter), chain of up to k, verified in full."""
+
+    name = "ngram_ours"
+    kind = "ngram"
+    needs = ("ngram",)
+
+    def __init__(self, k):
+        super().__init__(k)
+        self.label = f"n-gram only, ours (suffix automaton, k={self.k})"
+
+
+class PromptLookup(_ChainDrafter):
+    """vLLM-style prompt lookup: longest suffix n-gram with min_n <= n <= max_n, copy k tokens after its earliest
+    occurrence (vLLM's own proposer when bench/anchors.py provides it, else our rendering of that rule)."""
+
+    name = "vllm_ngram"
+    kind = "pld"
+    needs = ("pld",)
+
+    def __init__(self, k, min_n=2, max_n=5):
+        super().__init__(k)
+        self.min_n, self.max_n = int(min_n), int(max_n)
+        self.label = f"vLLM-style prompt lookup (min_n={self.min_n}, max_n={self.max_n}, k={self.k})"
+
+
+class SuffixDecoding(_ChainDrafter):
+    """Arctic Inference's SuffixDecodingCache (suffix decoding), chain mode as vLLM uses it, verified in full."""
+
+    name = "suffix"
+    kind = "suffix"
+    needs = ("suffix",)
+
+    def __init__(self, k):
+        super().__init__(k)
+        self.label = f"suffix decoding (Arctic SuffixDecodingCache, chain, k<={self.k})"
+
+
+class NgramElseEagle(Policy):
+    """vLLM's ngram-eagle rule: the n-gram chain when the drafter has one, else the EAGLE chain of fixed length.
+
+    EAGLE drafting is charged only on steps where at least one request of the batch falls back to it.
+    """
+
+    name = "ngram_else_eagle"
+    needs = ("ngram", "eagle")
+
+    def __init__(self, k_ngram: int, k_eagle: int):
+        self.k_ngram, self.k_eagle = int(k_ngram), int(k_eagle)
+        self.label = f"n-gram if any, else EAGLE (k={self.k_ngram} / {self.k_eagle})"
+
+    def propose(self, view):
+        b = len(view.req)
+        ntoks, nlens = view.drafts.chain("ngram", view.req, view.pos, self.k_ngram)
+        etoks, _ = view.drafts.eagle(view.req, view.pos, self.k_eagle)
+        width = max(self.k_ngram, self.k_eagle)
+        toks = np.full((b, width), -1, np.int64)
+        src = np.full((b, width), -1, np.int8)
+        use_ng = nlens > 0
+        toks[use_ng, : self.k_ngram] = mask_chain(ntoks, nlens)[use_ng]
+        src[use_ng, : self.k_ngram] = 1
+        toks[~use_ng, : self.k_eagle] = etoks[~use_ng]
+        src[~use_ng, : self.k_eagle] = 0
+        steps = self.k_eagle + 1 if (~use_ng).any() else 0
+        return Proposal(toks, chain_parents_np(b, width), steps, src)
+
+
+class _Core:
+    """The project's core decision code, imported lazily so that the fixed policies work without it."""
+
+    def __init__(self, model_calibration=None, ngram_calibration=None):
+        import torch
+
+        from sglang_hybrid import calibration, price, selector, survival
+
+        self.torch = torch
+        self.price, self.selector, self.survival = price, selector, survival
+        self._calibration, self._ngram_path, self._ngram_cal = calibration, ngram_calibration, None
+        if model_calibration is None:
+            self.model_cal = calibration.ModelCalibration.identity().to("cpu")
+            self.model_cal_name = "identity (raw draft probability)"
+        else:
+            self.model_cal = calibration.ModelCalibration.load(model_calibration).to("cpu")
+            self.model_cal_name = str(model_calibration)
+
+    @property
+    def ngram_cal(self):
+        """Loaded on first use: model-only policies do not need the n-gram calibration file."""
+        if self._ngram_cal is None:
+            self._ngram_cal = self._calibration.NgramCalibration.load(self._ngram_path).to("cpu")
+        return self._ngram_cal
+
+    def model_survival(self, tokens: np.ndarray, probs: np.ndarray):
+        """Calibrated model survivals and chain lengths (a chain ends at its first -1 token)."""
+        t = self.torch
+        p = t.as_tensor(probs, dtype=t.float32)
+        depth = t.arange(1, p.shape[1] + 1, dtype=t.int64).expand_as(p).contiguous()
+        a = self.model_cal.acceptance(p.clamp(0.0, 1.0), depth)
+        lengths = t.as_tensor((np.cumsum(np.asarray(tokens) < 0, axis=1) == 0).sum(axis=1), dtype=t.int64)
+        return self.survival.chain_survival(a, lengths), lengths
+
+    def ngram_survival(self, d: dict, tree: bool):
+        t = self.torch
+        f = {k: t.as_tensor(np.ascontiguousarray(d[k]), dtype=t.int64)
+             for k in ("match_len", "count", "total", "depth", "source")}
+        a = self.ngram_cal.acceptance(f["match_len"], f["count"], f["total"], f["depth"], f["source"])
+        lengths = t.as_tensor(d["lengths"], dtype=t.int64)
+        if tree:
+            parents = t.as_tensor(np.ascontiguousarray(d["parents"]), dtype=t.int64)
+            return self.survival.tree_survival(a, parents, lengths), parents, lengths
+        b, k = a.shape
+        return self.survival.chain_survival(a, lengths), self.survival.chain_parents(b, k), lengths
+
+
+def _tree_to_proposal(tree, model_steps: int) -> Proposal:
+    """VerifyTree (node 0 = root) -> Proposal over draft nodes 1.. (parents shifted so the root becomes -1)."""
+    toks = tree.tokens[:, 1:].numpy().astype(np.int64)
+    par = tree.parents[:, 1:].numpy().astype(np.int64) - 1
+    valid = tree.valid[:, 1:].numpy()
+    toks = np.where(valid, toks, -1)
+    par = np.where(valid, par, -1)
+    return Proposal(toks, par, model_steps, tree.source[:, 1:].numpy().astype(np.int8))
+
+
+class ModelOnlyAdaptive(Policy):
+    """DSpark-style adaptive verification over the model drafter alone (the paper's baseline).
+
+    The EAGLE chain of K tokens is drafted every step; the batch-wide goodput budget and price come from the core's
+    `price_device` over the model survivals only, and the core selector keeps each request's chain prefix whose
+    survival is at least the price.
+    """
+
+    name = "model_adaptive"
+    needs = ("eagle",)
+
+    def __init__(self, k: int, core: _Core):
+        self.k, self.core = int(k), core
+        self.label = f"model-only adaptive (DSpark-style budget over EAGLE survivals, K={self.k})"
+        self.last_lambda = 0.0
+
+    def propose(self, view):
+        c, t = self.core, self.core.torch
+        etoks, eprobs = view.drafts.eagle(view.req, view.pos, self.k)
+        b = len(view.req)
+        s_m, m_len = c.model_survival(etoks, eprobs)
+        _, lam = c.price.price_device(s_m, b, view.cost)
+        empty_i = t.zeros((b, 0), dtype=t.int64)
+        tree = c.selector.select(t.as_tensor(view.root), t.as_tensor(etoks), s_m, m_len,
+                                 empty_i, empty_i, t.zeros((b, 0)), t.zeros(b, dtype=t.int64),
+                                 lam, mode="choose", n_nodes=self.k)
+        self.last_lambda = float(lam)
+        return _tree_to_proposal(tree, self.k + 1)
+
+
+class Hybrid(Policy):
+    """HYBRID: EAGLE chain + our n-gram chain (or tree), calibrated survivals, goodput price over both, and the core
+    selector in `choose` (the published per-request rule) or `merge` (both as branches of one tree) mode."""
+
+    needs = ("eagle", "ngram")
+
+    def __init__(self, mode: str, k: int, n_nodes: int, core: _Core, ngram_tree: bool = False):
+        if mode not in ("choose", "merge"):
+            raise ValueError(f"Hybrid mode must be 'choose' or 'merge', got {mode!r}")
+        self.mode, self.k, self.n_nodes, self.core, self.tree = mode, int(k), int(n_nodes), core, ngram_tree
+        self.name = f"hybrid_{mode}"
+        self.needs = ("eagle", "ngram_tree" if ngram_tree else "ngram")
+        self.label = (f"HYBRID {mode} (EAGLE K={self.k} + n-gram {'tree' if ngram_tree else 'chain'}, "
+                      f"node budget {self.n_nodes})")
+        self.last_lambda = 0.0
+
+    def propose(self, view):
+        c, t = self.core, self.core.torch
+        etoks, eprobs = view.drafts.eagle(view.req, view.pos, self.k)
+        ng = view.drafts.ngram_features(view.req, view.pos, self.k, tree=self.tree)
+        b = len(view.req)
+        s_m, m_len = c.model_survival(etoks, eprobs)
+        s_n, n_par, n_len = c.ngram_survival(ng, self.tree)
+        _, lam = c.price.price_device(t.cat([s_m, s_n], 1), b, view.cost)
+        tree = c.selector.select(t.as_tensor(view.root), t.as_tensor(etoks), s_m, m_len,
+                                 t.as_tensor(np.ascontiguousarray(ng["tokens"]), dtype=t.int64), n_par, s_n, n_len,
+                                 lam, mode=self.mode, n_nodes=self.n_nodes)
+        self.last_lambda = float(lam)
+        return _tree_to_proposal(tree, self.k + 1)
+
+
+def build_policies(names, k: int, eagle_k: int, merge_nodes: int, core_factory: Callable[[], _Core],
+                   ngram_tree: bool = False, pld_min_n: int = 2, pld_max_n: int = 5) -> list:
+    """Instantiate the named policies (core objects are created once, on first need)."""
+    core = None
+
+    def get_core():
+        nonlocal core
+        if core is None:
+            core = core_factory()
+        return core
+
+    out = []
+    for n in names:
+        if n == "no_spec":
+            out.append(NoSpeculation())
+        elif n == "eagle_fixed":
+            out.append(EagleFixed(eagle_k))
+        elif n == "model_adaptive":
+            out.append(ModelOnlyAdaptive(k, get_core()))
+        elif n == "ngram_ours":
+            out.append(NgramOurs(k))
+        elif n == "vllm_ngram":
+            out.append(PromptLookup(k, pld_min_n, pld_max_n))
+        elif n == "suffix":
+            out.append(SuffixDecoding(k))
+        elif n == "ngram_else_eagle":
+            out.append(NgramElseEagle(k, eagle_k))
+        elif n == "hybrid_choose":
+            out.append(Hybrid("choose", k, k, get_core(), ngram_tree))
+        elif n == "hybrid_merge":
+            out.append(Hybrid("merge", k, merge_nodes, get_core(), ngram_tree))
+        else:
+            raise ValueError(f"unknown policy {n!r}; known: {', '.join(ALL_POLICIES)}")
+    return out
+
+
+ALL_POLICIES = ("no_spec", "eagle_fixed", "model_adaptive", "ngram_ours", "vllm_ngram", "suffix",
+                "ngram_else_eagle", "hybrid_choose", "hybrid_merge")

@@ -1,0 +1,349 @@
+//! Online suffix automaton over token ids with per-state occurrence statistics.
+
+use crate::lct::{Lct, Stat, NIL};
+use crate::table::TransitionTable;
+
+/// Token id reserved as the document separator inside corpus automata. Never a valid token: the
+/// [`Drafter`](crate::Drafter) rejects ids above `i32::MAX`, so a match can never span two documents.
+pub const SEPARATOR: u32 = u32::MAX;
+
+/// The root state (the empty string). Present in every automaton, even an empty one.
+pub const ROOT: u32 = 0;
+
+/// A matched string inside an automaton: the state that holds it and its length.
+///
+/// Invariant (when produced by this crate): `len` lies in the length range of `state`, i.e.
+/// `state_len(suffix_link(state)) < len <= state_len(state)`, or `state == ROOT && len == 0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Match {
+    /// State of the automaton holding the matched string.
+    pub state: u32,
+    /// Length of the matched string in tokens.
+    pub len: u32,
+}
+
+/// Occurrence statistics of a state, counting only end positions that are *followed* by a token.
+///
+/// Why "followed": a drafter copies the token after an occurrence, so an occurrence at the very end of the text
+/// (which has no continuation yet) is useless to it. `occurrences` is therefore exactly the `total` feature of
+/// ARCHITECTURE.md, and `last_end` is the end position of the most recent occurrence that can be copied from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct StateStats {
+    /// Number of end positions `e` of the state's strings with `e + 1 < text length`.
+    pub occurrences: u32,
+    /// The largest such end position, `None` when `occurrences == 0`.
+    pub last_end: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Edge {
+    token: u32,
+    next: u32,
+}
+
+/// Online suffix automaton (DAWG) over a growing token sequence.
+///
+/// Appending a token costs amortised O(1) for the automaton itself plus amortised O(log n) for the occurrence
+/// statistics (a link-cut tree over suffix links, see `lct.rs`); nothing depends on a maximum n-gram length, so
+/// the longest repeated suffix is found whatever its length.
+///
+/// Invariants, for the text `T = tokens()` of length `n`:
+/// * every substring of `T` is spelled by exactly one path from [`ROOT`]; the strings ending in one state share
+///   their set of end positions and have the lengths `state_len(suffix_link(s)) + 1 ..= state_len(s)`;
+/// * [`stats`](Self::stats) of a state counts the end positions `e < n - 1` of its strings and gives the largest;
+/// * [`longest_repeated_suffix`](Self::longest_repeated_suffix) is the longest suffix of `T` that also ends
+///   somewhere before `n - 1`.
+///
+/// ```
+/// use rust_ngram::SuffixAutomaton;
+/// let mut sam = SuffixAutomaton::new();
+/// sam.extend_from_slice(&[1, 2, 3, 9, 1, 2]);
+/// let m = sam.longest_repeated_suffix();
+/// assert_eq!(m.len, 2); // "1 2" occurred before
+/// let st = sam.stats(m.state);
+/// assert_eq!(st.occurrences, 1); // only the first "1 2" is followed by a token
+/// assert_eq!(st.last_end, Some(1));
+/// assert_eq!(sam.tokens()[st.last_end.unwrap() + 1], 3); // the token to copy
+/// ```
+#[derive(Clone, Debug)]
+pub struct SuffixAutomaton {
+    tokens: Vec<u32>,
+    /// Longest string length of each state.
+    len: Vec<u32>,
+    /// Suffix link of each state (`NIL` for the root).
+    link: Vec<u32>,
+    /// Head of the state's out-edge list in `edges` (newest first), `NIL` when none.
+    head: Vec<u32>,
+    edges: Vec<Edge>,
+    trans: TransitionTable,
+    lct: Lct,
+    last: u32,
+}
+
+impl Default for SuffixAutomaton {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SuffixAutomaton {
+    /// An empty automaton (only the root). Allocates almost nothing until the first token.
+    pub fn new() -> Self {
+        let mut lct = Lct::default();
+        lct.push(Stat::default());
+        SuffixAutomaton {
+            tokens: Vec::new(),
+            len: vec![0],
+            link: vec![NIL],
+            head: vec![NIL],
+            edges: Vec::new(),
+            trans: TransitionTable::default(),
+            lct,
+            last: ROOT,
+        }
+    }
+
+    /// An empty automaton with room for `n` tokens, avoiding regrowth while a prompt of that size is added.
+    pub fn with_capacity(n: usize) -> Self {
+        let states = 2 * n + 1;
+        let mut lct = Lct::with_capacity(states);
+        lct.push(Stat::default());
+        let mut len = Vec::with_capacity(states);
+        len.push(0);
+        let mut link = Vec::with_capacity(states);
+        link.push(NIL);
+        let mut head = Vec::with_capacity(states);
+        head.push(NIL);
+        SuffixAutomaton {
+            tokens: Vec::with_capacity(n),
+            len,
+            link,
+            head,
+            edges: Vec::with_capacity(2 * n),
+            trans: TransitionTable::with_capacity(2 * n),
+            lct,
+            last: ROOT,
+        }
+    }
+
+    /// Builds an automaton over `tokens`.
+    pub fn from_tokens(tokens: &[u32]) -> Self {
+        let mut s = Self::with_capacity(tokens.len());
+        s.extend_from_slice(tokens);
+        s
+    }
+
+    /// The text so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Number of tokens appended so far.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// True when no token was appended.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Number of states (at most `2 n - 1` for `n >= 2`, plus the root).
+    pub fn num_states(&self) -> usize {
+        self.len.len()
+    }
+
+    /// Number of transitions (at most `3 n - 4` for `n >= 3`).
+    pub fn num_transitions(&self) -> usize {
+        self.trans.len()
+    }
+
+    /// Heap bytes held (allocated capacity, not just the used part).
+    pub fn memory_bytes(&self) -> usize {
+        self.tokens.capacity() * 4
+            + (self.len.capacity() + self.link.capacity() + self.head.capacity()) * 4
+            + self.edges.capacity() * std::mem::size_of::<Edge>()
+            + self.trans.capacity_bytes()
+            + self.lct.capacity_bytes()
+    }
+
+    /// Releases spare vector capacity (the transition table keeps its power-of-two size).
+    pub fn shrink_to_fit(&mut self) {
+        self.tokens.shrink_to_fit();
+        self.len.shrink_to_fit();
+        self.link.shrink_to_fit();
+        self.head.shrink_to_fit();
+        self.edges.shrink_to_fit();
+        self.lct.shrink_to_fit();
+    }
+
+    /// Length of the longest string of `state`.
+    pub fn state_len(&self, state: u32) -> u32 {
+        self.len[state as usize]
+    }
+
+    /// Suffix link of `state` (the state of its longest suffix with more end positions); `None` for the root.
+    pub fn suffix_link(&self, state: u32) -> Option<u32> {
+        let l = self.link[state as usize];
+        (l != NIL).then_some(l)
+    }
+
+    /// The state reached from `state` by `token`, if the extended string occurs.
+    #[inline]
+    pub fn transition(&self, state: u32, token: u32) -> Option<u32> {
+        self.trans.get(state, token)
+    }
+
+    /// Out-transitions of `state` as `(token, target)`, most recently created first.
+    pub fn transitions(&self, state: u32) -> impl Iterator<Item = (u32, u32)> + '_ {
+        let mut e = self.head[state as usize];
+        std::iter::from_fn(move || {
+            if e == NIL {
+                return None;
+            }
+            let edge = self.edges[e as usize];
+            e = edge.next;
+            Some((edge.token, self.trans.get(state, edge.token).expect("edge list and table agree")))
+        })
+    }
+
+    /// State spelled by `pattern` from the root, if `pattern` occurs in the text.
+    pub fn find(&self, pattern: &[u32]) -> Option<u32> {
+        let mut s = ROOT;
+        for &t in pattern {
+            s = self.transition(s, t)?;
+        }
+        Some(s)
+    }
+
+    /// The longest suffix of the text that also ends before the last position (the context a drafter continues).
+    /// `len == 0` (the root) when even the last token never occurred before.
+    pub fn longest_repeated_suffix(&self) -> Match {
+        if self.last == ROOT {
+            return Match::default();
+        }
+        let l = self.link[self.last as usize];
+        Match { state: l, len: self.len[l as usize] }
+    }
+
+    /// Matching-statistics step: given `m`, the longest suffix of some external sequence `X` that occurs in this
+    /// text, returns the longest suffix of `X + [token]` that occurs. Amortised O(1) over a sequence.
+    pub fn advance(&self, m: Match, token: u32) -> Match {
+        let mut state = m.state;
+        let mut len = m.len;
+        loop {
+            if let Some(t) = self.transition(state, token) {
+                return Match { state: t, len: len + 1 };
+            }
+            match self.suffix_link(state) {
+                Some(l) => {
+                    state = l;
+                    len = self.len[l as usize];
+                }
+                None => return Match::default(),
+            }
+        }
+    }
+
+    /// Longest suffix of `seq` that occurs in the text (matching statistics from the root over `seq`).
+    pub fn match_suffix(&self, seq: &[u32]) -> Match {
+        seq.iter().fold(Match::default(), |m, &t| self.advance(m, t))
+    }
+
+    /// Exact occurrence statistics of `state` (amortised O(log n); `&mut` because the link-cut tree splays).
+    pub fn stats(&mut self, state: u32) -> StateStats {
+        let s = self.lct.get(state);
+        StateStats { occurrences: s.cnt, last_end: (s.last > 0).then(|| (s.last - 1) as usize) }
+    }
+
+    /// Number of occurrences of (any string of) `state` followed by `token`; 0 when there is none.
+    ///
+    /// This equals the occurrences of the extended string, including the one at the very end of the text.
+    pub fn continuation_count(&mut self, state: u32, token: u32) -> u32 {
+        let Some(t) = self.transition(state, token) else { return 0 };
+        let n = self.tokens.len();
+        let mut c = self.lct.get(t).cnt;
+        // The extended string may also end at n - 1 (the end of the text), which the "followed" statistics of
+        // `t` leave out; that happens exactly when `state` ends at n - 2 and the last token is `token`.
+        if n >= 2 && self.tokens[n - 1] == token && self.lct.get(state).last == (n - 1) as u32 {
+            c += 1;
+        }
+        c
+    }
+
+    /// Appends several tokens.
+    pub fn extend_from_slice(&mut self, tokens: &[u32]) {
+        self.tokens.reserve(tokens.len());
+        for &t in tokens {
+            self.push(t);
+        }
+    }
+
+    fn new_state(&mut self, len: u32, stat: Stat) -> u32 {
+        let id = self.len.len() as u32;
+        assert!(id < NIL - 1, "suffix automaton: too many states");
+        self.len.push(len);
+        self.link.push(NIL);
+        self.head.push(NIL);
+        let l = self.lct.push(stat);
+        debug_assert_eq!(l, id);
+        id
+    }
+
+    fn add_edge(&mut self, from: u32, token: u32, to: u32) {
+        if self.trans.set(from, token, to) {
+            let e = self.edges.len() as u32;
+            self.edges.push(Edge { token, next: self.head[from as usize] });
+            self.head[from as usize] = e;
+        }
+    }
+
+    /// Appends one token (amortised O(1) automaton work + amortised O(log n) statistics work).
+    pub fn push(&mut self, c: u32) {
+        let i = self.tokens.len() as u32;
+        let prev_last = self.last;
+        self.tokens.push(c);
+        let cur = self.new_state(self.len[prev_last as usize] + 1, Stat::default());
+        let mut p = prev_last;
+        while p != NIL && self.trans.get(p, c).is_none() {
+            self.add_edge(p, c, cur);
+            p = self.link[p as usize];
+        }
+        let parent = if p == NIL {
+            ROOT
+        } else {
+            let q = self.trans.get(p, c).expect("checked above");
+            if self.len[p as usize] + 1 == self.len[q as usize] {
+                q
+            } else {
+                // Split q: the clone takes the strings of length <= len(p) + 1 and q's end positions so far.
+                let q_parent = self.link[q as usize];
+                let stat = self.lct.cut(q);
+                let clone = self.new_state(self.len[p as usize] + 1, stat);
+                let mut e = self.head[q as usize];
+                while e != NIL {
+                    let Edge { token, next } = self.edges[e as usize];
+                    let target = self.trans.get(q, token).expect("edge list and table agree");
+                    self.add_edge(clone, token, target);
+                    e = next;
+                }
+                self.link[clone as usize] = q_parent;
+                self.lct.link(clone, q_parent);
+                self.link[q as usize] = clone;
+                self.lct.link(q, clone);
+                while p != NIL && self.trans.get(p, c) == Some(q) {
+                    self.trans.set(p, c, clone);
+                    p = self.link[p as usize];
+                }
+                clone
+            }
+        };
+        self.link[cur as usize] = parent;
+        self.lct.link(cur, parent);
+        // Position i - 1 is now followed by a token: record it on every state ending there.
+        if i >= 1 {
+            self.lct.add_path(prev_last, i - 1);
+        }
+        self.last = cur;
+    }
+}

@@ -1,0 +1,238 @@
+//! Chain and tree drafts over one automaton, each token carrying the features a calibrator needs.
+
+use crate::automaton::{Match, SuffixAutomaton, SEPARATOR};
+
+/// Where a draft token was copied from (the `source` column of ARCHITECTURE.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(i8)]
+pub enum Source {
+    /// The request's own context (prompt + accepted tokens).
+    Context = 0,
+    /// The shared corpus (donated responses and the static corpus).
+    Corpus = 1,
+}
+
+/// One drafted token with its features, exactly the per-token columns of ARCHITECTURE.md ("n-gram drafts").
+///
+/// Invariants: `1 <= count <= total`; `depth >= 1`; `parent < own index` (topological order, `-1` = child of the
+/// last committed token); `match_len >= 1` unless the drafter was configured with `min_match == 0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftToken {
+    /// The drafted token id.
+    pub token: u32,
+    /// Index of the parent node in the same draft, `-1` for the root's children. Chains: `index - 1`.
+    pub parent: i32,
+    /// 1-based depth below the last committed token.
+    pub depth: u32,
+    /// Length of the context suffix matched when this token was drafted.
+    pub match_len: u32,
+    /// Occurrences of this token after the matched context.
+    pub count: u32,
+    /// Occurrences of the matched context that have any continuation.
+    pub total: u32,
+    /// Which automaton the token was copied from.
+    pub source: Source,
+}
+
+/// Appends to `out` a chain of up to `k` tokens that copies, step by step, the token after the **most recent**
+/// occurrence of the matched string, extending the match by each drafted token.
+///
+/// Stops early when the matched string has no followed occurrence or the next token is [`SEPARATOR`] (end of a
+/// corpus document). With `m` the match of the text's own end (`longest_repeated_suffix`) this is the classic
+/// "copy after the latest earlier occurrence of the longest repeated suffix".
+///
+/// ```
+/// use rust_ngram::{chain_draft, Source, SuffixAutomaton};
+/// let mut sam = SuffixAutomaton::from_tokens(&[5, 6, 7, 8, 5, 6, 9, 5, 6]);
+/// let m = sam.longest_repeated_suffix();
+/// let mut out = Vec::new();
+/// chain_draft(&mut sam, m, 3, Source::Context, &mut out);
+/// // "5 6" last occurred at positions 4..=5, followed by 9, then "5 6" (copy continues from there).
+/// let toks: Vec<u32> = out.iter().map(|d| d.token).collect();
+/// assert_eq!(toks, vec![9, 5, 6]);
+/// assert_eq!((out[0].match_len, out[0].count, out[0].total), (2, 1, 2));
+/// ```
+pub fn chain_draft(sam: &mut SuffixAutomaton, m: Match, k: usize, source: Source, out: &mut Vec<DraftToken>) {
+    let mut state = m.state;
+    let mut len = m.len;
+    for j in 0..k {
+        let st = sam.stats(state);
+        let Some(e) = st.last_end else { break };
+        let tok = sam.tokens()[e + 1];
+        if tok == SEPARATOR {
+            break;
+        }
+        let count = sam.continuation_count(state, tok);
+        out.push(DraftToken {
+            token: tok,
+            parent: j as i32 - 1,
+            depth: j as u32 + 1,
+            match_len: len,
+            count,
+            total: st.occurrences,
+            source,
+        });
+        state = sam.transition(state, tok).expect("a followed occurrence implies the transition");
+        len += 1;
+    }
+}
+
+/// Tuning of [`tree_draft`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TreeParams {
+    /// Shorter contexts (suffix links) consulted per node besides its own match; gives prose alternatives.
+    pub max_backoff: usize,
+    /// Contexts shorter than this (and the empty context) are not consulted.
+    pub min_match: u32,
+    /// Out-transitions examined per context (newest first); the most recent continuation is always examined.
+    pub scan_limit: usize,
+}
+
+impl Default for TreeParams {
+    fn default() -> Self {
+        TreeParams { max_backoff: 2, min_match: 1, scan_limit: 8 }
+    }
+}
+
+struct Cand {
+    p: f64,
+    seq: u32,
+    parent: i32,
+    depth: u32,
+    tok: DraftToken,
+    child: Match,
+}
+
+impl PartialEq for Cand {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == std::cmp::Ordering::Equal
+    }
+}
+impl Eq for Cand {}
+impl PartialOrd for Cand {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Cand {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        // Max-heap on probability; ties go to the earlier candidate (deterministic output).
+        self.p.total_cmp(&o.p).then(o.seq.cmp(&self.seq))
+    }
+}
+
+/// Candidate continuations of a node: Witten-Bell style interpolation from its own match down `max_backoff`
+/// suffix links. Returns `(token, conditional probability, features, child match)`.
+fn expand(sam: &mut SuffixAutomaton, m: Match, params: &TreeParams, out: &mut Vec<(u32, f64, DraftToken, Match)>) {
+    out.clear();
+    let mut escape = 1.0f64;
+    let mut ctx = Some(m);
+    let mut level = 0;
+    let mut local: Vec<(u32, u32)> = Vec::with_capacity(params.scan_limit + 1);
+    while let Some(c) = ctx {
+        if c.len < params.min_match.max(1) || level > params.max_backoff {
+            break;
+        }
+        let st = sam.stats(c.state);
+        if let Some(e) = st.last_end {
+            let recent = sam.tokens()[e + 1];
+            local.clear();
+            let scanned: Vec<u32> =
+                sam.transitions(c.state).take(params.scan_limit).map(|(t, _)| t).collect();
+            for t in scanned.into_iter().chain((recent != SEPARATOR).then_some(recent)) {
+                if t == SEPARATOR || local.iter().any(|&(u, _)| u == t) {
+                    continue;
+                }
+                let cnt = sam.continuation_count(c.state, t);
+                if cnt > 0 {
+                    local.push((t, cnt));
+                }
+            }
+            let d = local.len() as f64;
+            let denom = st.occurrences as f64 + 1.0 + d;
+            for &(t, cnt) in &local {
+                // The most recent continuation gets one pseudo-count: recency predicts the next copy best.
+                let q = escape * (cnt as f64 + (t == recent) as u8 as f64) / denom;
+                if let Some(slot) = out.iter_mut().find(|x| x.0 == t) {
+                    slot.1 += q;
+                } else {
+                    let child = Match {
+                        state: sam.transition(c.state, t).expect("counted continuation"),
+                        len: c.len + 1,
+                    };
+                    let tok = DraftToken {
+                        token: t,
+                        parent: -1,
+                        depth: 0,
+                        match_len: c.len,
+                        count: cnt,
+                        total: st.occurrences,
+                        source: Source::Context,
+                    };
+                    out.push((t, q, tok, child));
+                }
+            }
+            escape *= d / denom;
+        }
+        level += 1;
+        ctx = sam.suffix_link(c.state).map(|l| Match { state: l, len: sam.state_len(l) });
+    }
+}
+
+/// Appends to `out` a token tree of up to `n_nodes` nodes, grown best-first by estimated path probability.
+///
+/// Each node's conditional probability interpolates the continuation counts of its matched context with those of
+/// up to `max_backoff` shorter contexts (suffix links), so that prose, where long matches are rare, still gets
+/// alternatives. Siblings are distinct tokens; nodes are in topological order (`parent < index`). The features of
+/// a node are those of the longest context in which its token was seen.
+///
+/// ```
+/// use rust_ngram::{tree_draft, Source, SuffixAutomaton, TreeParams};
+/// let mut sam = SuffixAutomaton::from_tokens(&[1, 2, 1, 3, 1, 2, 1]);
+/// let m = sam.longest_repeated_suffix();
+/// let mut out = Vec::new();
+/// tree_draft(&mut sam, m, 4, &TreeParams::default(), Source::Context, &mut out);
+/// assert!(!out.is_empty() && out.len() <= 4);
+/// assert!(out.iter().enumerate().all(|(i, d)| d.parent < i as i32));
+/// ```
+pub fn tree_draft(
+    sam: &mut SuffixAutomaton,
+    m: Match,
+    n_nodes: usize,
+    params: &TreeParams,
+    source: Source,
+    out: &mut Vec<DraftToken>,
+) {
+    if n_nodes == 0 || m.len < params.min_match.max(1) {
+        return;
+    }
+    let start = out.len();
+    let mut heap = std::collections::BinaryHeap::new();
+    let mut seq = 0u32;
+    let mut cands = Vec::new();
+    let mut push_children = |sam: &mut SuffixAutomaton,
+                             heap: &mut std::collections::BinaryHeap<Cand>,
+                             m: Match,
+                             parent: i32,
+                             depth: u32,
+                             p: f64| {
+        expand(sam, m, params, &mut cands);
+        for &(_, q, tok, child) in cands.iter() {
+            heap.push(Cand { p: p * q, seq, parent, depth: depth + 1, tok, child });
+            seq += 1;
+        }
+    };
+    push_children(sam, &mut heap, m, -1, 0, 1.0);
+    while out.len() - start < n_nodes {
+        let Some(c) = heap.pop() else { break };
+        let idx = (out.len() - start) as i32;
+        let mut tok = c.tok;
+        tok.parent = c.parent;
+        tok.depth = c.depth;
+        tok.source = source;
+        out.push(tok);
+        if out.len() - start < n_nodes {
+            push_children(sam, &mut heap, c.child, idx, c.depth, c.p);
+        }
+    }
+}

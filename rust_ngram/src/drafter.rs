@@ -1,0 +1,611 @@
+//! Multi-request drafter: request lifecycle, shared corpus, batched chain and tree proposals.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::automaton::{Match, SuffixAutomaton};
+use crate::corpus::{rematch, Corpus, CorpusChange, CORPUS_SLOTS, SLOT_ACTIVE, SLOT_OLD};
+use crate::draft::{chain_draft, tree_draft, DraftToken, Source, TreeParams};
+
+/// Configuration of a [`Drafter`]. Every field has a sensible default ([`DrafterConfig::default`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrafterConfig {
+    /// Largest chain length `k` accepted by [`Drafter::propose`] (default 8).
+    pub max_draft: usize,
+    /// Largest tree size accepted by [`Drafter::propose_tree`] (default 64).
+    pub max_nodes: usize,
+    /// Shortest match worth drafting from (default 1, must be >= 1: the empty context predicts nothing).
+    pub min_match: u32,
+    /// Shorter contexts consulted per tree node (default 2).
+    pub max_backoff: usize,
+    /// Out-transitions examined per context in trees (default 8).
+    pub scan_limit: usize,
+    /// Consult the shared corpus (default true).
+    pub use_corpus: bool,
+    /// Cap on donated corpus tokens (default 1 << 20), see [`Corpus`].
+    pub corpus_cap_tokens: usize,
+    /// When set, token ids must be below it. Ids must always be `<= i32::MAX`.
+    pub vocab_size: Option<u32>,
+}
+
+impl Default for DrafterConfig {
+    fn default() -> Self {
+        DrafterConfig {
+            max_draft: 8,
+            max_nodes: 64,
+            min_match: 1,
+            max_backoff: 2,
+            scan_limit: 8,
+            use_corpus: true,
+            corpus_cap_tokens: 1 << 20,
+            vocab_size: None,
+        }
+    }
+}
+
+/// Why a [`Drafter`] call was rejected. A rejected call changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DrafterError {
+    /// The request id is not registered.
+    UnknownRequest(u64),
+    /// `start` with an id that is already registered.
+    DuplicateRequest(u64),
+    /// The request was finished: it accepts no more tokens.
+    Finished(u64),
+    /// A token id is above `i32::MAX` or not below `vocab_size`.
+    TokenOutOfRange {
+        /// The offending id.
+        token: u64,
+        /// The configured vocabulary size, if any.
+        vocab_size: Option<u32>,
+    },
+    /// Any other argument problem (sizes, `k`, `n_nodes`, duplicate ids where not allowed).
+    InvalidArgument(String),
+}
+
+impl fmt::Display for DrafterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DrafterError::UnknownRequest(id) => write!(f, "unknown request id {id}"),
+            DrafterError::DuplicateRequest(id) => write!(f, "request id {id} is already started"),
+            DrafterError::Finished(id) => write!(f, "request id {id} is finished and accepts no tokens"),
+            DrafterError::TokenOutOfRange { token, vocab_size: Some(v) } => {
+                write!(f, "token id {token} out of range [0, {v})")
+            }
+            DrafterError::TokenOutOfRange { token, vocab_size: None } => {
+                write!(f, "token id {token} out of range [0, 2^31)")
+            }
+            DrafterError::InvalidArgument(s) => f.write_str(s),
+        }
+    }
+}
+
+impl std::error::Error for DrafterError {}
+
+/// Result alias of this module.
+pub type Result<T> = std::result::Result<T, DrafterError>;
+
+#[derive(Clone, Debug)]
+struct Request {
+    sam: SuffixAutomaton,
+    prompt_len: usize,
+    corpus: [Match; CORPUS_SLOTS],
+    finished: bool,
+}
+
+/// Output rows of a batched proposal, borrowed from caller-owned buffers (numpy arrays in the binding).
+///
+/// Layout is ARCHITECTURE.md's: every per-token slice is `[B * width]` row-major; `lengths` is `[B]`. Rows are
+/// fully overwritten: valid entries form a prefix of each row; padding holds `-1` in `tokens`/`parents` and 0 in
+/// the features.
+pub struct DraftRows<'a> {
+    /// Columns per row (`k` or `n_nodes`).
+    pub width: usize,
+    /// Drafted token ids.
+    pub tokens: &'a mut [i32],
+    /// Parent index in the row (`-1` = child of the last committed token).
+    pub parents: &'a mut [i32],
+    /// 1-based depth.
+    pub depth: &'a mut [i32],
+    /// Matched context length when drafted.
+    pub match_len: &'a mut [i32],
+    /// Occurrences of the token after the matched context.
+    pub count: &'a mut [i32],
+    /// Occurrences of the matched context with any continuation.
+    pub total: &'a mut [i32],
+    /// 0 = own context, 1 = shared corpus.
+    pub source: &'a mut [i8],
+    /// Valid entries per row.
+    pub lengths: &'a mut [i32],
+}
+
+/// Owned version of [`DraftRows`] for Rust callers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DraftBatch {
+    /// Columns per row.
+    pub width: usize,
+    /// See [`DraftRows::tokens`].
+    pub tokens: Vec<i32>,
+    /// See [`DraftRows::parents`].
+    pub parents: Vec<i32>,
+    /// See [`DraftRows::depth`].
+    pub depth: Vec<i32>,
+    /// See [`DraftRows::match_len`].
+    pub match_len: Vec<i32>,
+    /// See [`DraftRows::count`].
+    pub count: Vec<i32>,
+    /// See [`DraftRows::total`].
+    pub total: Vec<i32>,
+    /// See [`DraftRows::source`].
+    pub source: Vec<i8>,
+    /// See [`DraftRows::lengths`].
+    pub lengths: Vec<i32>,
+}
+
+impl DraftBatch {
+    /// Zeroed buffers for `batch` rows of `width` columns.
+    pub fn new(batch: usize, width: usize) -> Self {
+        let n = batch * width;
+        DraftBatch {
+            width,
+            tokens: vec![-1; n],
+            parents: vec![-1; n],
+            depth: vec![0; n],
+            match_len: vec![0; n],
+            count: vec![0; n],
+            total: vec![0; n],
+            source: vec![0; n],
+            lengths: vec![0; batch],
+        }
+    }
+
+    /// Borrows the buffers as [`DraftRows`].
+    pub fn rows(&mut self) -> DraftRows<'_> {
+        DraftRows {
+            width: self.width,
+            tokens: &mut self.tokens,
+            parents: &mut self.parents,
+            depth: &mut self.depth,
+            match_len: &mut self.match_len,
+            count: &mut self.count,
+            total: &mut self.total,
+            source: &mut self.source,
+            lengths: &mut self.lengths,
+        }
+    }
+
+    /// The valid draft tokens of row `b`.
+    pub fn row_tokens(&self, b: usize) -> &[i32] {
+        &self.tokens[b * self.width..b * self.width + self.lengths[b] as usize]
+    }
+}
+
+struct Row<'a> {
+    tokens: &'a mut [i32],
+    parents: &'a mut [i32],
+    depth: &'a mut [i32],
+    match_len: &'a mut [i32],
+    count: &'a mut [i32],
+    total: &'a mut [i32],
+    source: &'a mut [i8],
+    length: &'a mut i32,
+}
+
+impl Row<'_> {
+    fn write(&mut self, drafts: &[DraftToken]) {
+        self.tokens.fill(-1);
+        self.parents.fill(-1);
+        self.depth.fill(0);
+        self.match_len.fill(0);
+        self.count.fill(0);
+        self.total.fill(0);
+        self.source.fill(0);
+        for (j, d) in drafts.iter().enumerate() {
+            self.tokens[j] = d.token as i32;
+            self.parents[j] = d.parent;
+            self.depth[j] = d.depth as i32;
+            self.match_len[j] = d.match_len.min(i32::MAX as u32) as i32;
+            self.count[j] = d.count as i32;
+            self.total[j] = d.total as i32;
+            self.source[j] = d.source as i8;
+        }
+        *self.length = drafts.len() as i32;
+    }
+}
+
+fn split_rows<'a>(out: &'a mut DraftRows<'_>, batch: usize) -> Vec<Row<'a>> {
+    let w = out.width;
+    let mut rows = Vec::with_capacity(batch);
+    let it = out
+        .tokens
+        .chunks_mut(w)
+        .zip(out.parents.chunks_mut(w))
+        .zip(out.depth.chunks_mut(w))
+        .zip(out.match_len.chunks_mut(w))
+        .zip(out.count.chunks_mut(w))
+        .zip(out.total.chunks_mut(w))
+        .zip(out.source.chunks_mut(w))
+        .zip(out.lengths.iter_mut());
+    for (((((((tokens, parents), depth), match_len), count), total), source), length) in it {
+        rows.push(Row { tokens, parents, depth, match_len, count, total, source, length });
+    }
+    rows
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Chain,
+    Tree,
+}
+
+/// Per-request suffix automata plus a shared corpus; the engine-facing drafter.
+///
+/// Lifecycle of a request: [`start`](Self::start) (prompt) → any number of [`extend`](Self::extend) (accepted
+/// tokens) and proposals → [`finish`](Self::finish) (optionally donating the response, i.e. the tokens after the
+/// prompt, to the shared corpus; the automaton's memory is released) → [`remove`](Self::remove) (forgets the id).
+/// A finished request still answers proposals, with empty rows.
+///
+/// Draft source: the request's own context, unless a corpus automaton matches a strictly longer suffix of the
+/// context (then the corpus, marked `source = 1`). Every call validates all of its arguments before changing
+/// anything, so a rejected call leaves every request as it was.
+///
+/// ```
+/// use rust_ngram::{DraftBatch, Drafter, DrafterConfig};
+/// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+/// d.start(7, &[10, 11, 12, 13, 10, 11]).unwrap();
+/// let mut out = DraftBatch::new(1, 4);
+/// d.propose(&[7], 4, &mut out.rows()).unwrap();
+/// assert_eq!(out.row_tokens(0), &[12, 13, 10, 11]);
+/// d.extend(7, &[12]).unwrap();
+/// d.finish(7, true).unwrap(); // the response [12] goes to the shared corpus
+/// d.remove(7).unwrap();
+/// assert_eq!(d.num_requests(), 0);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Drafter {
+    cfg: DrafterConfig,
+    requests: HashMap<u64, Request>,
+    corpus: Corpus,
+}
+
+#[cfg(feature = "parallel")]
+const PAR_MIN: usize = 8;
+
+impl Drafter {
+    /// A drafter with the given configuration; rejects `max_draft == 0` or `max_nodes == 0`.
+    pub fn new(cfg: DrafterConfig) -> Result<Self> {
+        if cfg.max_draft == 0 || cfg.max_nodes == 0 || cfg.min_match == 0 {
+            return Err(DrafterError::InvalidArgument("max_draft, max_nodes and min_match must be >= 1".into()));
+        }
+        if cfg.vocab_size == Some(0) || cfg.vocab_size.is_some_and(|v| v > i32::MAX as u32 + 1) {
+            return Err(DrafterError::InvalidArgument("vocab_size must be in [1, 2^31]".into()));
+        }
+        let corpus = Corpus::new(cfg.corpus_cap_tokens);
+        Ok(Drafter { cfg, requests: HashMap::new(), corpus })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DrafterConfig {
+        &self.cfg
+    }
+
+    /// The shared corpus (read-only).
+    pub fn corpus(&self) -> &Corpus {
+        &self.corpus
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let limit = self.cfg.vocab_size.unwrap_or(i32::MAX as u32 + 1);
+        match tokens.iter().find(|&&t| t >= limit) {
+            Some(&t) => Err(DrafterError::TokenOutOfRange { token: t as u64, vocab_size: self.cfg.vocab_size }),
+            None => Ok(()),
+        }
+    }
+
+    /// Registers request `id` with its prompt (may be empty).
+    pub fn start(&mut self, id: u64, prompt: &[u32]) -> Result<()> {
+        if self.requests.contains_key(&id) {
+            return Err(DrafterError::DuplicateRequest(id));
+        }
+        self.check_tokens(prompt)?;
+        let sam = SuffixAutomaton::from_tokens(prompt);
+        let mut corpus = [Match::default(); CORPUS_SLOTS];
+        if self.cfg.use_corpus {
+            for (i, m) in corpus.iter_mut().enumerate() {
+                if let Some(c) = self.corpus.slot(i) {
+                    *m = rematch(c, prompt);
+                }
+            }
+        }
+        self.requests.insert(id, Request { sam, prompt_len: prompt.len(), corpus, finished: false });
+        Ok(())
+    }
+
+    fn extend_one(corpus: &Corpus, use_corpus: bool, r: &mut Request, tokens: &[u32]) {
+        r.sam.extend_from_slice(tokens);
+        if use_corpus {
+            for (i, m) in r.corpus.iter_mut().enumerate() {
+                if let Some(c) = corpus.slot(i) {
+                    *m = tokens.iter().fold(*m, |m, &t| c.advance(m, t));
+                }
+            }
+        }
+    }
+
+    /// Appends accepted tokens (any number, including none) to request `id`.
+    pub fn extend(&mut self, id: u64, tokens: &[u32]) -> Result<()> {
+        self.check_tokens(tokens)?;
+        let r = self.requests.get_mut(&id).ok_or(DrafterError::UnknownRequest(id))?;
+        if r.finished {
+            return Err(DrafterError::Finished(id));
+        }
+        Self::extend_one(&self.corpus, self.cfg.use_corpus, r, tokens);
+        Ok(())
+    }
+
+    /// Appends `tokens[offsets[b]..offsets[b + 1]]` to request `ids[b]` for every `b`, in parallel with the
+    /// `parallel` feature. `offsets` has `ids.len() + 1` non-decreasing entries ending at `tokens.len()`; ids must
+    /// be distinct.
+    pub fn extend_batch(&mut self, ids: &[u64], tokens: &[u32], offsets: &[usize]) -> Result<()> {
+        if offsets.len() != ids.len() + 1
+            || offsets[0] != 0
+            || offsets.windows(2).any(|w| w[0] > w[1])
+            || offsets[ids.len()] != tokens.len()
+        {
+            return Err(DrafterError::InvalidArgument(
+                "offsets must have len(ids) + 1 non-decreasing entries from 0 to len(tokens)".into(),
+            ));
+        }
+        self.check_tokens(tokens)?;
+        let mut seen = std::collections::HashSet::with_capacity(ids.len());
+        for &id in ids {
+            let r = self.requests.get(&id).ok_or(DrafterError::UnknownRequest(id))?;
+            if r.finished {
+                return Err(DrafterError::Finished(id));
+            }
+            if !seen.insert(id) {
+                return Err(DrafterError::InvalidArgument(format!("request id {id} appears twice in one batch")));
+            }
+        }
+        let mut work: Vec<(u64, Request, &[u32])> = ids
+            .iter()
+            .enumerate()
+            .map(|(b, &id)| (id, self.requests.remove(&id).expect("validated"), &tokens[offsets[b]..offsets[b + 1]]))
+            .collect();
+        let corpus = &self.corpus;
+        let use_corpus = self.cfg.use_corpus;
+        let job = |(_, r, t): &mut (u64, Request, &[u32])| Self::extend_one(corpus, use_corpus, r, t);
+        #[cfg(feature = "parallel")]
+        if work.len() >= PAR_MIN {
+            use rayon::prelude::*;
+            work.par_iter_mut().for_each(job);
+        } else {
+            work.iter_mut().for_each(job);
+        }
+        #[cfg(not(feature = "parallel"))]
+        work.iter_mut().for_each(job);
+        for (id, r, _) in work {
+            self.requests.insert(id, r);
+        }
+        Ok(())
+    }
+
+    fn apply_corpus_change(&mut self, change: CorpusChange) {
+        for r in self.requests.values_mut() {
+            if r.finished {
+                continue;
+            }
+            if change.rotated {
+                r.corpus[SLOT_OLD] = r.corpus[SLOT_ACTIVE];
+                r.corpus[SLOT_ACTIVE] = Match::default();
+            }
+            for i in 0..CORPUS_SLOTS {
+                if change.grown[i] {
+                    if let Some(c) = self.corpus.slot(i) {
+                        r.corpus[i] = rematch(c, r.sam.tokens());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Adds a document to the static external corpus (outside the cap, never evicted).
+    pub fn add_corpus(&mut self, tokens: &[u32]) -> Result<()> {
+        self.check_tokens(tokens)?;
+        if !self.cfg.use_corpus || tokens.is_empty() {
+            return Ok(());
+        }
+        let change = self.corpus.add_static(tokens);
+        self.apply_corpus_change(change);
+        Ok(())
+    }
+
+    /// Finishes request `id`: optionally donates its response (tokens after the prompt) to the shared corpus,
+    /// then releases its automaton. The id stays registered (proposals give empty rows) until `remove`.
+    pub fn finish(&mut self, id: u64, donate: bool) -> Result<()> {
+        let r = self.requests.get_mut(&id).ok_or(DrafterError::UnknownRequest(id))?;
+        if r.finished {
+            return Err(DrafterError::Finished(id));
+        }
+        let sam = std::mem::take(&mut r.sam);
+        r.finished = true;
+        r.corpus = [Match::default(); CORPUS_SLOTS];
+        if donate && self.cfg.use_corpus {
+            let change = self.corpus.donate(&sam.tokens()[r.prompt_len..]);
+            drop(sam);
+            self.apply_corpus_change(change);
+        }
+        Ok(())
+    }
+
+    /// Forgets request `id` (finished or not) and frees everything it held.
+    pub fn remove(&mut self, id: u64) -> Result<()> {
+        self.requests.remove(&id).map(|_| ()).ok_or(DrafterError::UnknownRequest(id))
+    }
+
+    /// True when `id` is registered (started and not removed).
+    pub fn contains(&self, id: u64) -> bool {
+        self.requests.contains_key(&id)
+    }
+
+    /// Registered requests (finished ones included until removed).
+    pub fn num_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Context length (prompt + accepted tokens) of request `id`; 0 once finished.
+    pub fn context_len(&self, id: u64) -> Result<usize> {
+        self.requests.get(&id).map(|r| r.sam.len()).ok_or(DrafterError::UnknownRequest(id))
+    }
+
+    /// Heap bytes held by request `id`'s automaton.
+    pub fn request_memory_bytes(&self, id: u64) -> Result<usize> {
+        self.requests.get(&id).map(|r| r.sam.memory_bytes()).ok_or(DrafterError::UnknownRequest(id))
+    }
+
+    /// Heap bytes held by all requests and the corpus (approximate for the hash map of requests).
+    pub fn memory_bytes(&self) -> usize {
+        self.requests.values().map(|r| r.sam.memory_bytes()).sum::<usize>()
+            + self.requests.capacity() * std::mem::size_of::<(u64, Request)>()
+            + self.corpus.memory_bytes()
+    }
+
+    /// Chain drafts of `k` tokens (`1 <= k <= max_draft`) for each of `ids` (repeats allowed) into `out`
+    /// (`width == k`, slices of `ids.len() * k` and `ids.len()`).
+    pub fn propose(&mut self, ids: &[u64], k: usize, out: &mut DraftRows<'_>) -> Result<()> {
+        if k == 0 || k > self.cfg.max_draft {
+            return Err(DrafterError::InvalidArgument(format!(
+                "k = {k} out of range [1, max_draft = {}]",
+                self.cfg.max_draft
+            )));
+        }
+        self.propose_impl(ids, k, Kind::Chain, out)
+    }
+
+    /// Tree drafts of up to `n_nodes` nodes (`1 <= n_nodes <= max_nodes`) for each of `ids` into `out`.
+    pub fn propose_tree(&mut self, ids: &[u64], n_nodes: usize, out: &mut DraftRows<'_>) -> Result<()> {
+        if n_nodes == 0 || n_nodes > self.cfg.max_nodes {
+            return Err(DrafterError::InvalidArgument(format!(
+                "n_nodes = {n_nodes} out of range [1, max_nodes = {}]",
+                self.cfg.max_nodes
+            )));
+        }
+        self.propose_impl(ids, n_nodes, Kind::Tree, out)
+    }
+
+    fn tree_params(&self) -> TreeParams {
+        TreeParams { max_backoff: self.cfg.max_backoff, min_match: self.cfg.min_match, scan_limit: self.cfg.scan_limit }
+    }
+
+    /// Best corpus slot for a request: (slot, match) with the longest match, ties to the newer slot.
+    fn best_corpus(&self, r: &Request) -> Option<(usize, Match)> {
+        if !self.cfg.use_corpus {
+            return None;
+        }
+        let mut best: Option<(usize, Match)> = None;
+        for i in 0..CORPUS_SLOTS {
+            if self.corpus.slot(i).is_some() && best.map_or(true, |(_, b)| r.corpus[i].len >= b.len) {
+                best = Some((i, r.corpus[i]));
+            }
+        }
+        best
+    }
+
+    fn propose_impl(&mut self, ids: &[u64], width: usize, kind: Kind, out: &mut DraftRows<'_>) -> Result<()> {
+        let b = ids.len();
+        if out.width != width
+            || out.lengths.len() != b
+            || [&*out.tokens, &*out.parents, &*out.depth, &*out.match_len, &*out.count, &*out.total]
+                .iter()
+                .any(|s| s.len() != b * width)
+            || out.source.len() != b * width
+        {
+            return Err(DrafterError::InvalidArgument(format!(
+                "output buffers must be [{b} * {width}] and lengths [{b}]"
+            )));
+        }
+        if let Some(&id) = ids.iter().find(|id| !self.requests.contains_key(id)) {
+            return Err(DrafterError::UnknownRequest(id));
+        }
+        // First row of each distinct id does the work; repeats copy it.
+        let mut first: HashMap<u64, usize> = HashMap::with_capacity(b);
+        let mut dups = Vec::new();
+        let mut work: Vec<(usize, u64, Request, Option<(usize, Match)>)> = Vec::with_capacity(b);
+        for (row, &id) in ids.iter().enumerate() {
+            match first.entry(id) {
+                std::collections::hash_map::Entry::Occupied(e) => dups.push((row, *e.get())),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(row);
+                    let r = self.requests.remove(&id).expect("validated");
+                    let own = r.sam.longest_repeated_suffix();
+                    let corpus = self
+                        .best_corpus(&r)
+                        .filter(|(_, m)| !r.finished && m.len > own.len && m.len >= self.cfg.min_match);
+                    work.push((row, id, r, corpus));
+                }
+            }
+        }
+        let params = self.tree_params();
+        let min_match = self.cfg.min_match;
+        {
+            let mut rows: Vec<Option<Row<'_>>> = split_rows(out, b).into_iter().map(Some).collect();
+            let mut jobs: Vec<(&mut Request, Option<(usize, Match)>, Row<'_>)> = work
+                .iter_mut()
+                .map(|(row, _, r, c)| (r, *c, rows[*row].take().expect("distinct rows")))
+                .collect();
+            let job = |(r, corpus, row): &mut (&mut Request, Option<(usize, Match)>, Row<'_>)| {
+                if corpus.is_some() {
+                    return; // drafted below from the shared corpus
+                }
+                let mut buf = Vec::with_capacity(width);
+                if !r.finished {
+                    let m = r.sam.longest_repeated_suffix();
+                    if m.len >= min_match && m.len > 0 {
+                        match kind {
+                            Kind::Chain => chain_draft(&mut r.sam, m, width, Source::Context, &mut buf),
+                            Kind::Tree => tree_draft(&mut r.sam, m, width, &params, Source::Context, &mut buf),
+                        }
+                    }
+                }
+                row.write(&buf);
+            };
+            #[cfg(feature = "parallel")]
+            if jobs.len() >= PAR_MIN {
+                use rayon::prelude::*;
+                jobs.par_iter_mut().for_each(job);
+            } else {
+                jobs.iter_mut().for_each(job);
+            }
+            #[cfg(not(feature = "parallel"))]
+            jobs.iter_mut().for_each(job);
+            // Corpus rows run sequentially: the corpus automata are shared and their queries splay.
+            let mut buf = Vec::with_capacity(width);
+            for (_, corpus, row) in jobs.iter_mut() {
+                if let Some((slot, m)) = *corpus {
+                    buf.clear();
+                    let sam = self.corpus.slot_mut(slot).expect("best_corpus checked the slot");
+                    match kind {
+                        Kind::Chain => chain_draft(sam, m, width, Source::Corpus, &mut buf),
+                        Kind::Tree => tree_draft(sam, m, width, &params, Source::Corpus, &mut buf),
+                    }
+                    row.write(&buf);
+                }
+            }
+        }
+        for (_, id, r, _) in work {
+            self.requests.insert(id, r);
+        }
+        for (row, src) in dups {
+            let w = width;
+            out.tokens.copy_within(src * w..(src + 1) * w, row * w);
+            out.parents.copy_within(src * w..(src + 1) * w, row * w);
+            out.depth.copy_within(src * w..(src + 1) * w, row * w);
+            out.match_len.copy_within(src * w..(src + 1) * w, row * w);
+            out.count.copy_within(src * w..(src + 1) * w, row * w);
+            out.total.copy_within(src * w..(src + 1) * w, row * w);
+            out.source.copy_within(src * w..(src + 1) * w, row * w);
+            out.lengths[row] = out.lengths[src];
+        }
+        Ok(())
+    }
+}

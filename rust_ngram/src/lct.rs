@@ -1,0 +1,188 @@
+//! Link-cut tree over the suffix-link tree, maintaining per-state occurrence statistics online.
+//!
+//! Why: the number of end positions of a suffix-automaton state (its occurrence count) and the most recent
+//! of them change for *every* ancestor of the newest prefix state on each append. Walking that root path is
+//! O(depth) per token, which degenerates to O(n) on repetitive text (an LLM stuck in a loop, `aaaa...`),
+//! exactly where n-gram drafting matters most. A link-cut tree applies "+1 occurrence, latest end = i" to a
+//! whole root path with a lazy tag in amortised O(log n), and supports the two structural edits a suffix
+//! automaton makes (hang a new leaf, split an edge with a clone).
+//!
+//! Invariant: for every node `x`, the *true* statistics are the stored `cnt[x]`/`last[x]` combined with the
+//! pending tags of its ancestors inside its splay (auxiliary) tree. [`Lct::get`] splays `x` first, after which
+//! the stored values of `x` are exact.
+
+pub(crate) const NIL: u32 = u32::MAX;
+
+/// Per-node statistics: `cnt` = number of recorded end positions, `last` = latest recorded end position + 1
+/// (0 = none recorded).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Stat {
+    pub cnt: u32,
+    pub last: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    ch: [u32; 2],
+    /// Splay parent, or path-parent when this node is the root of its splay tree.
+    fa: u32,
+    stat: Stat,
+    /// Pending update for the splay subtree below this node (already applied to the node itself).
+    tag: Stat,
+}
+
+impl Node {
+    const FRESH: Node = Node { ch: [NIL, NIL], fa: NIL, stat: Stat { cnt: 0, last: 0 }, tag: Stat { cnt: 0, last: 0 } };
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Lct {
+    nodes: Vec<Node>,
+    stack: Vec<u32>,
+}
+
+impl Lct {
+    pub fn with_capacity(n: usize) -> Self {
+        Lct { nodes: Vec::with_capacity(n), stack: Vec::new() }
+    }
+
+    /// Adds a detached node (a tree root of its own) with the given statistics; returns its index.
+    pub fn push(&mut self, stat: Stat) -> u32 {
+        let mut n = Node::FRESH;
+        n.stat = stat;
+        self.nodes.push(n);
+        (self.nodes.len() - 1) as u32
+    }
+
+    pub fn capacity_bytes(&self) -> usize {
+        self.nodes.capacity() * std::mem::size_of::<Node>() + self.stack.capacity() * 4
+    }
+
+    pub fn shrink_to_fit(&mut self) {
+        self.nodes.shrink_to_fit();
+        self.stack = Vec::new();
+    }
+
+    #[inline]
+    fn is_aux_root(&self, x: u32) -> bool {
+        let f = self.nodes[x as usize].fa;
+        f == NIL || {
+            let c = self.nodes[f as usize].ch;
+            c[0] != x && c[1] != x
+        }
+    }
+
+    #[inline]
+    fn apply(&mut self, x: u32, t: Stat) {
+        if x == NIL {
+            return;
+        }
+        let n = &mut self.nodes[x as usize];
+        n.stat.cnt += t.cnt;
+        n.stat.last = n.stat.last.max(t.last);
+        n.tag.cnt += t.cnt;
+        n.tag.last = n.tag.last.max(t.last);
+    }
+
+    #[inline]
+    fn push_down(&mut self, x: u32) {
+        let n = self.nodes[x as usize];
+        if n.tag.cnt != 0 || n.tag.last != 0 {
+            self.apply(n.ch[0], n.tag);
+            self.apply(n.ch[1], n.tag);
+            self.nodes[x as usize].tag = Stat::default();
+        }
+    }
+
+    #[inline]
+    fn rotate(&mut self, x: u32) {
+        let y = self.nodes[x as usize].fa;
+        let z = self.nodes[y as usize].fa;
+        let dx = (self.nodes[y as usize].ch[1] == x) as usize;
+        if !self.is_aux_root(y) {
+            let dy = (self.nodes[z as usize].ch[1] == y) as usize;
+            self.nodes[z as usize].ch[dy] = x;
+        }
+        self.nodes[x as usize].fa = z;
+        let b = self.nodes[x as usize].ch[dx ^ 1];
+        self.nodes[y as usize].ch[dx] = b;
+        if b != NIL {
+            self.nodes[b as usize].fa = y;
+        }
+        self.nodes[x as usize].ch[dx ^ 1] = y;
+        self.nodes[y as usize].fa = x;
+    }
+
+    fn splay(&mut self, x: u32) {
+        // Push pending tags from the splay root down to x (x included).
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.clear();
+        let mut y = x;
+        stack.push(y);
+        while !self.is_aux_root(y) {
+            y = self.nodes[y as usize].fa;
+            stack.push(y);
+        }
+        while let Some(z) = stack.pop() {
+            self.push_down(z);
+        }
+        self.stack = stack;
+        while !self.is_aux_root(x) {
+            let y = self.nodes[x as usize].fa;
+            if !self.is_aux_root(y) {
+                let z = self.nodes[y as usize].fa;
+                let zig_zig = (self.nodes[y as usize].ch[1] == x) == (self.nodes[z as usize].ch[1] == y);
+                if zig_zig {
+                    self.rotate(y);
+                } else {
+                    self.rotate(x);
+                }
+            }
+            self.rotate(x);
+        }
+    }
+
+    /// Makes the tree path root..x preferred; afterwards x is the root of its splay tree, which holds exactly
+    /// that path (x has no right child).
+    fn access(&mut self, x: u32) {
+        let mut last = NIL;
+        let mut y = x;
+        while y != NIL {
+            self.splay(y);
+            self.nodes[y as usize].ch[1] = last;
+            last = y;
+            y = self.nodes[y as usize].fa;
+        }
+        self.splay(x);
+    }
+
+    /// Exact statistics of `x` (amortised O(log n)).
+    pub fn get(&mut self, x: u32) -> Stat {
+        self.splay(x);
+        self.nodes[x as usize].stat
+    }
+
+    /// Records one more end position `pos` on every node of the tree path root..x.
+    pub fn add_path(&mut self, x: u32, pos: u32) {
+        self.access(x);
+        self.apply(x, Stat { cnt: 1, last: pos + 1 });
+    }
+
+    /// Hangs the tree root `child` (a node without a tree parent) below `parent`.
+    pub fn link(&mut self, child: u32, parent: u32) {
+        self.access(child);
+        debug_assert_eq!(self.nodes[child as usize].ch[0], NIL, "link: child must be a tree root");
+        self.nodes[child as usize].fa = parent;
+    }
+
+    /// Detaches `x` from its tree parent; returns the exact statistics of `x`.
+    pub fn cut(&mut self, x: u32) -> Stat {
+        self.access(x);
+        let l = self.nodes[x as usize].ch[0];
+        if l != NIL {
+            self.nodes[l as usize].fa = NIL;
+            self.nodes[x as usize].ch[0] = NIL;
+        }
+        self.nodes[x as usize].stat
+    }
+}

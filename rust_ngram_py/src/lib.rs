@@ -1,0 +1,307 @@
+//! PyO3 bindings of `rust_ngram`: the module `sglang_hybrid._ngram`.
+//!
+//! Thin on purpose: validation of Python-level types (lists, dtypes) lives in `sglang_hybrid/ngram.py`; this
+//! layer accepts only 1-D C-contiguous `int32`/`int64` numpy arrays, reads them in place (an `int32` array is
+//! used without any copy; `int64` is narrowed once per call), allocates the output arrays once per call and lets
+//! the Rust drafter write into them directly. Every call releases the GIL (`Python::detach`) and then takes the
+//! drafter's mutex, so several Python threads may call one drafter at once, and a thread waiting for the mutex
+//! never holds the GIL (no lock-order deadlock).
+
+use std::sync::{Mutex, MutexGuard};
+
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
+use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use rust_ngram::{DraftRows, Drafter, DrafterConfig, DrafterError};
+
+fn to_py(e: DrafterError) -> PyErr {
+    match e {
+        DrafterError::UnknownRequest(_) => PyKeyError::new_err(e.to_string()),
+        _ => PyValueError::new_err(e.to_string()),
+    }
+}
+
+/// Token or id array borrowed from numpy: `int32` in place, `int64` narrowed.
+enum IntArray<'py> {
+    I32(PyReadonlyArray1<'py, i32>),
+    I64(PyReadonlyArray1<'py, i64>),
+}
+
+impl<'py> IntArray<'py> {
+    fn new(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Self> {
+        if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, i32>>() {
+            return Ok(IntArray::I32(a));
+        }
+        if let Ok(a) = obj.extract::<PyReadonlyArray1<'py, i64>>() {
+            return Ok(IntArray::I64(a));
+        }
+        Err(PyTypeError::new_err(format!("{name} must be a 1-D numpy array of dtype int32 or int64")))
+    }
+
+    fn not_contiguous(name: &str) -> PyErr {
+        PyValueError::new_err(format!("{name} must be C-contiguous (use numpy.ascontiguousarray)"))
+    }
+
+    /// Token ids as u32: zero-copy for int32, one narrowing pass for int64; negatives are rejected.
+    fn tokens(&self, name: &str) -> PyResult<std::borrow::Cow<'_, [u32]>> {
+        match self {
+            IntArray::I32(a) => {
+                let s = a.as_slice().map_err(|_| Self::not_contiguous(name))?;
+                if let Some(&t) = s.iter().find(|&&t| t < 0) {
+                    return Err(PyValueError::new_err(format!("{name}: negative token id {t}")));
+                }
+                // SAFETY: i32 and u32 have the same size and alignment, and every value is non-negative.
+                let u = unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u32, s.len()) };
+                Ok(std::borrow::Cow::Borrowed(u))
+            }
+            IntArray::I64(a) => {
+                let s = a.as_slice().map_err(|_| Self::not_contiguous(name))?;
+                s.iter()
+                    .map(|&t| {
+                        u32::try_from(t)
+                            .ok()
+                            .filter(|&u| u <= i32::MAX as u32)
+                            .ok_or_else(|| PyValueError::new_err(format!("{name}: token id {t} out of range [0, 2^31)")))
+                    })
+                    .collect::<PyResult<Vec<u32>>>()
+                    .map(std::borrow::Cow::Owned)
+            }
+        }
+    }
+
+    /// Request ids as u64 (bit pattern of the int64 value, so any Python int64 id works).
+    fn ids(&self, name: &str) -> PyResult<Vec<u64>> {
+        Ok(match self {
+            IntArray::I32(a) => {
+                a.as_slice().map_err(|_| Self::not_contiguous(name))?.iter().map(|&x| x as i64 as u64).collect()
+            }
+            IntArray::I64(a) => a.as_slice().map_err(|_| Self::not_contiguous(name))?.iter().map(|&x| x as u64).collect(),
+        })
+    }
+}
+
+/// Rust n-gram drafter core (use `sglang_hybrid.ngram.NgramDrafter`, which validates Python inputs).
+#[pyclass(frozen, module = "sglang_hybrid._ngram")]
+struct NgramCore {
+    inner: Mutex<Drafter>,
+    max_draft: usize,
+    max_nodes: usize,
+}
+
+fn lock(m: &Mutex<Drafter>) -> PyResult<MutexGuard<'_, Drafter>> {
+    m.lock().map_err(|_| PyRuntimeError::new_err("ngram drafter poisoned by an earlier panic"))
+}
+
+type Out<'py> = (
+    Bound<'py, PyArray2<i32>>,
+    Bound<'py, PyArray1<i32>>,
+    Bound<'py, PyArray2<i32>>,
+    Bound<'py, PyArray2<i32>>,
+    Bound<'py, PyArray2<i32>>,
+    Bound<'py, PyArray2<i32>>,
+    Bound<'py, PyArray2<i32>>,
+    Bound<'py, PyArray2<i8>>,
+);
+
+impl NgramCore {
+    fn propose_common<'py>(&self, py: Python<'py>, req_ids: &Bound<'py, PyAny>, width: usize, tree: bool) -> PyResult<Out<'py>> {
+        let ids = IntArray::new(req_ids, "req_ids")?.ids("req_ids")?;
+        let b = ids.len();
+        let tokens = PyArray2::<i32>::zeros(py, [b, width], false);
+        let lengths = PyArray1::<i32>::zeros(py, [b], false);
+        let parents = PyArray2::<i32>::zeros(py, [b, width], false);
+        let depth = PyArray2::<i32>::zeros(py, [b, width], false);
+        let match_len = PyArray2::<i32>::zeros(py, [b, width], false);
+        let count = PyArray2::<i32>::zeros(py, [b, width], false);
+        let total = PyArray2::<i32>::zeros(py, [b, width], false);
+        let source = PyArray2::<i8>::zeros(py, [b, width], false);
+        {
+            let mut t = tokens.readwrite();
+            let mut l = lengths.readwrite();
+            let mut p = parents.readwrite();
+            let mut d = depth.readwrite();
+            let mut m = match_len.readwrite();
+            let mut c = count.readwrite();
+            let mut tt = total.readwrite();
+            let mut s = source.readwrite();
+            let contiguous = "freshly allocated arrays are contiguous";
+            let mut rows = DraftRows {
+                width,
+                tokens: t.as_slice_mut().expect(contiguous),
+                parents: p.as_slice_mut().expect(contiguous),
+                depth: d.as_slice_mut().expect(contiguous),
+                match_len: m.as_slice_mut().expect(contiguous),
+                count: c.as_slice_mut().expect(contiguous),
+                total: tt.as_slice_mut().expect(contiguous),
+                source: s.as_slice_mut().expect(contiguous),
+                lengths: l.as_slice_mut().expect(contiguous),
+            };
+            let inner = &self.inner;
+            py.detach(|| -> PyResult<()> {
+                let mut dr = lock(inner)?;
+                if tree {
+                    dr.propose_tree(&ids, width, &mut rows).map_err(to_py)
+                } else {
+                    dr.propose(&ids, width, &mut rows).map_err(to_py)
+                }
+            })?;
+        }
+        Ok((tokens, lengths, parents, depth, match_len, count, total, source))
+    }
+}
+
+#[pymethods]
+impl NgramCore {
+    #[new]
+    #[pyo3(signature = (max_draft=8, max_nodes=64, min_match=1, max_backoff=2, scan_limit=8, use_corpus=true,
+                        corpus_cap_tokens=1<<20, vocab_size=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        max_draft: usize,
+        max_nodes: usize,
+        min_match: u32,
+        max_backoff: usize,
+        scan_limit: usize,
+        use_corpus: bool,
+        corpus_cap_tokens: usize,
+        vocab_size: Option<u32>,
+    ) -> PyResult<Self> {
+        let cfg = DrafterConfig {
+            max_draft,
+            max_nodes,
+            min_match,
+            max_backoff,
+            scan_limit,
+            use_corpus,
+            corpus_cap_tokens,
+            vocab_size,
+        };
+        let d = Drafter::new(cfg).map_err(to_py)?;
+        Ok(NgramCore { inner: Mutex::new(d), max_draft, max_nodes })
+    }
+
+    #[getter]
+    fn max_draft(&self) -> usize {
+        self.max_draft
+    }
+
+    #[getter]
+    fn max_nodes(&self) -> usize {
+        self.max_nodes
+    }
+
+    /// Registers `req_id` with its prompt (1-D int32/int64 array).
+    fn start(&self, py: Python<'_>, req_id: i64, prompt: &Bound<'_, PyAny>) -> PyResult<()> {
+        let a = IntArray::new(prompt, "prompt")?;
+        let toks = a.tokens("prompt")?;
+        let toks: &[u32] = &toks;
+        let inner = &self.inner;
+        py.detach(|| lock(inner)?.start(req_id as u64, toks).map_err(to_py))
+    }
+
+    /// Appends accepted tokens to `req_id`.
+    fn extend(&self, py: Python<'_>, req_id: i64, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+        let a = IntArray::new(tokens, "tokens")?;
+        let toks = a.tokens("tokens")?;
+        let toks: &[u32] = &toks;
+        let inner = &self.inner;
+        py.detach(|| lock(inner)?.extend(req_id as u64, toks).map_err(to_py))
+    }
+
+    /// Appends `tokens[offsets[b]:offsets[b+1]]` to `req_ids[b]` for all b in one call (ids distinct).
+    fn extend_batch(
+        &self,
+        py: Python<'_>,
+        req_ids: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        offsets: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let ids = IntArray::new(req_ids, "req_ids")?.ids("req_ids")?;
+        let a = IntArray::new(tokens, "tokens")?;
+        let toks = a.tokens("tokens")?;
+        let toks: &[u32] = &toks;
+        let offs = IntArray::new(offsets, "offsets")?.ids("offsets")?;
+        if offs.iter().any(|&o| o as i64 <= -1) {
+            return Err(PyValueError::new_err("offsets must be non-negative"));
+        }
+        let offs: Vec<usize> = offs.into_iter().map(|o| o as usize).collect();
+        let inner = &self.inner;
+        py.detach(|| lock(inner)?.extend_batch(&ids, toks, &offs).map_err(to_py))
+    }
+
+    /// Chain drafts: (tokens, lengths, parents, depth, match_len, count, total, source).
+    fn propose<'py>(&self, py: Python<'py>, req_ids: &Bound<'py, PyAny>, k: usize) -> PyResult<Out<'py>> {
+        self.propose_common(py, req_ids, k, false)
+    }
+
+    /// Tree drafts: (tokens, lengths, parents, depth, match_len, count, total, source).
+    fn propose_tree<'py>(&self, py: Python<'py>, req_ids: &Bound<'py, PyAny>, n_nodes: usize) -> PyResult<Out<'py>> {
+        self.propose_common(py, req_ids, n_nodes, true)
+    }
+
+    /// Finishes `req_id` (optionally donating its response to the shared corpus) and frees its automaton.
+    #[pyo3(signature = (req_id, donate=true))]
+    fn finish(&self, py: Python<'_>, req_id: i64, donate: bool) -> PyResult<()> {
+        let inner = &self.inner;
+        py.detach(|| lock(inner)?.finish(req_id as u64, donate).map_err(to_py))
+    }
+
+    /// Forgets `req_id`.
+    fn remove(&self, py: Python<'_>, req_id: i64) -> PyResult<()> {
+        let inner = &self.inner;
+        py.detach(|| lock(inner)?.remove(req_id as u64).map_err(to_py))
+    }
+
+    /// Adds one document to the static corpus.
+    fn add_corpus(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+        let a = IntArray::new(tokens, "tokens")?;
+        let toks = a.tokens("tokens")?;
+        let toks: &[u32] = &toks;
+        let inner = &self.inner;
+        py.detach(|| lock(inner)?.add_corpus(toks).map_err(to_py))
+    }
+
+    fn contains(&self, py: Python<'_>, req_id: i64) -> PyResult<bool> {
+        let inner = &self.inner;
+        py.detach(|| Ok(lock(inner)?.contains(req_id as u64)))
+    }
+
+    fn context_len(&self, py: Python<'_>, req_id: i64) -> PyResult<usize> {
+        let inner = &self.inner;
+        py.detach(|| lock(inner)?.context_len(req_id as u64).map_err(to_py))
+    }
+
+    fn num_requests(&self, py: Python<'_>) -> PyResult<usize> {
+        let inner = &self.inner;
+        py.detach(|| Ok(lock(inner)?.num_requests()))
+    }
+
+    fn memory_bytes(&self, py: Python<'_>) -> PyResult<usize> {
+        let inner = &self.inner;
+        py.detach(|| Ok(lock(inner)?.memory_bytes()))
+    }
+
+    fn request_memory_bytes(&self, py: Python<'_>, req_id: i64) -> PyResult<usize> {
+        let inner = &self.inner;
+        py.detach(|| lock(inner)?.request_memory_bytes(req_id as u64).map_err(to_py))
+    }
+
+    /// (donated tokens held, static tokens held, corpus bytes, generation rotations so far).
+    fn corpus_stats(&self, py: Python<'_>) -> PyResult<(usize, usize, usize, u64)> {
+        let inner = &self.inner;
+        py.detach(|| {
+            let d = lock(inner)?;
+            let c = d.corpus();
+            let stat = c.slot(rust_ngram::SLOT_STATIC).map_or(0, |s| s.len());
+            Ok((c.donated_tokens(), stat, c.memory_bytes(), c.rotations()))
+        })
+    }
+}
+
+/// Rust suffix-automaton n-gram drafter (see `sglang_hybrid.ngram`).
+#[pymodule]
+fn _ngram(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NgramCore>()?;
+    m.add("SEPARATOR", rust_ngram::SEPARATOR)?;
+    Ok(())
+}

@@ -1,0 +1,1 @@
+"""Hybrid Spark: adaptive speculative decoding (model drafter + suffix-automaton n-gram drafter) for SGLang."""

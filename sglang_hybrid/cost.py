@@ -1,0 +1,187 @@
+"""Step-time cost model ``T(n)``: seconds for one target forward verifying ``n`` tokens in the whole batch.
+
+The price of a verified slot is the goodput its marginal step time would earn elsewhere, so everything hinges on
+``T``. We do not model it; we profile it (``profile``) and interpolate the table piecewise linearly. The table must be
+positive and essentially non-decreasing: a decreasing ``T`` would make the marginal cost -- and the price -- negative.
+Small decreases (timing noise) are smoothed into a running maximum; large ones are rejected as a broken profile.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+FORMAT = "hybrid-spark-cost"
+VERSION = 1
+#: a drop larger than this fraction of the previous entry is treated as a broken profile, not noise
+MAX_NOISE_DROP = 0.10
+
+
+class CostFileError(ValueError):
+    """A cost table (file or arguments) is malformed."""
+
+
+def _validate(sizes: Sequence, seconds: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        s = np.asarray(sizes, dtype=np.float64)
+        t = np.asarray(seconds, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise CostFileError(f"cost table sizes/seconds must be numbers: {e}") from None
+    if s.ndim != 1 or t.ndim != 1:
+        raise CostFileError("cost table sizes and seconds must be flat lists")
+    if s.size == 0:
+        raise CostFileError("cost table is empty: need at least one (size, seconds) entry")
+    if s.size != t.size:
+        raise CostFileError(f"cost table has {s.size} sizes but {t.size} seconds")
+    if not np.all(np.isfinite(s)) or np.any(s != np.round(s)) or np.any(s < 1):
+        raise CostFileError("cost table sizes must be positive integers (batch tokens)")
+    if np.any(np.diff(s) <= 0):
+        raise CostFileError("cost table sizes must be strictly increasing")
+    if not np.all(np.isfinite(t)) or np.any(t <= 0):
+        raise CostFileError("cost table seconds must be finite and positive")
+    run = np.maximum.accumulate(t)
+    drop = (run - t) / run
+    if np.any(drop > MAX_NOISE_DROP):
+        i = int(np.argmax(drop > MAX_NOISE_DROP))
+        raise CostFileError(
+            f"cost table is not monotone: T({int(s[i])}) = {t[i]:.6g}s is {100 * drop[i]:.1f}% below an earlier "
+            f"entry ({run[i]:.6g}s); more than the {100 * MAX_NOISE_DROP:.0f}% allowed as timing noise")
+    return s.astype(np.int64), run
+
+
+@dataclass
+class CostModel:
+    """Host-side cost table. ``sizes`` strictly increasing batch-token counts, ``seconds`` step times."""
+
+    sizes: np.ndarray
+    seconds: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+    def __init__(self, sizes, seconds, meta: Optional[dict] = None):
+        self.sizes, self.seconds = _validate(sizes, seconds)
+        self.meta = dict(meta or {})
+
+    # -- host evaluation -------------------------------------------------------------------------------------------
+    def step_time_np(self, n) -> np.ndarray:
+        """Piecewise-linear ``T(n)``; clamped below ``sizes[0]``, last slope extrapolated past ``sizes[-1]``."""
+        n = np.asarray(n, dtype=np.float64)
+        x, y = self.sizes.astype(np.float64), self.seconds
+        out = np.interp(n, x, y)
+        if x.size >= 2:
+            slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+            out = np.where(n > x[-1], y[-1] + slope * (n - x[-1]), out)
+        return out
+
+    # -- device ----------------------------------------------------------------------------------------------------
+    def to(self, device=None) -> "CostTables":
+        return CostTables(torch.as_tensor(self.sizes, dtype=torch.float32, device=device),
+                          torch.as_tensor(self.seconds, dtype=torch.float32, device=device))
+
+    # -- files -----------------------------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "meta": self.meta,
+                "sizes": [int(v) for v in self.sizes], "seconds": [float(v) for v in self.seconds]}
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def from_json(cls, obj, where: str = "cost table") -> "CostModel":
+        if not isinstance(obj, dict):
+            raise CostFileError(f"{where}: top level must be a JSON object")
+        if obj.get("format") != FORMAT:
+            raise CostFileError(f"{where}: 'format' must be {FORMAT!r}, got {obj.get('format')!r}")
+        if obj.get("version") != VERSION:
+            raise CostFileError(f"{where}: unsupported 'version' {obj.get('version')!r} (expected {VERSION})")
+        for k in ("sizes", "seconds"):
+            if not isinstance(obj.get(k), list):
+                raise CostFileError(f"{where}: missing list field {k!r}")
+        meta = obj.get("meta", {})
+        if not isinstance(meta, dict):
+            raise CostFileError(f"{where}: 'meta' must be an object")
+        try:
+            return cls(obj["sizes"], obj["seconds"], meta)
+        except CostFileError as e:
+            raise CostFileError(f"{where}: {e}") from None
+
+    @classmethod
+    def load(cls, path) -> "CostModel":
+        try:
+            obj = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise CostFileError(f"{path}: not valid JSON ({e})") from None
+        return cls.from_json(obj, where=str(path))
+
+    @classmethod
+    def linear(cls, base: float, per_token: float, max_tokens: int = 4096, meta: Optional[dict] = None) -> "CostModel":
+        """``T(n) = base + per_token * n`` (tests and synthetic benchmarks)."""
+        return cls([1, max_tokens], [base + per_token, base + per_token * max_tokens], meta)
+
+
+class CostTables:
+    """Device copy of a ``CostModel``: ``step_time(n)`` with bucketize + gathers only."""
+
+    def __init__(self, sizes: torch.Tensor, seconds: torch.Tensor):
+        self.sizes = sizes
+        self.seconds = seconds
+        n = sizes.numel()
+        if n >= 2:
+            self.slopes = (seconds[1:] - seconds[:-1]) / (sizes[1:] - sizes[:-1])
+        else:
+            self.slopes = torch.zeros(1, dtype=torch.float32, device=sizes.device)
+        # slope used per segment index 0..n: segment 0 (below sizes[0]) is flat, segment n extrapolates the last
+        zero = torch.zeros(1, dtype=torch.float32, device=sizes.device)
+        self._seg_slope = torch.cat([zero, self.slopes, self.slopes[-1:]]) if n >= 2 else torch.zeros(
+            2, dtype=torch.float32, device=sizes.device)
+
+    @property
+    def device(self):
+        return self.sizes.device
+
+    def step_time(self, n: torch.Tensor) -> torch.Tensor:
+        """``T(n)`` in seconds, float32, same shape as ``n``."""
+        nf = n.to(torch.float32)
+        seg = torch.bucketize(nf, self.sizes, right=True)  # 0 = below first size, len = at/after last
+        left = (seg - 1).clamp(min=0)
+        x0 = torch.take(self.sizes, left)           # take (not []) so 0-dim indices stay tensor ops
+        y0 = torch.take(self.seconds, left)
+        slope = torch.take(self._seg_slope, seg)
+        return y0 + slope * (nf - x0).clamp(min=0.0)
+
+
+def profile(fn: Callable[[int], object], sizes: Sequence[int], warmup: int = 2, repeats: int = 5,
+            sync: Optional[Callable[[], None]] = None, meta: Optional[dict] = None) -> CostModel:
+    """Time ``fn(n)`` (one forward verifying ``n`` batch tokens) at each probe size; median of ``repeats``.
+
+    ``sync`` (e.g. ``torch.cuda.synchronize``) is called before reading the clock so asynchronous work is counted.
+    """
+    sizes = sorted(int(n) for n in sizes)
+    if not sizes:
+        raise ValueError("profile: need at least one probe size")
+    if warmup < 0 or repeats < 1:
+        raise ValueError("profile: warmup must be >= 0 and repeats >= 1")
+    secs = []
+    for n in sizes:
+        for _ in range(warmup):
+            fn(n)
+        if sync:
+            sync()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn(n)
+            if sync:
+                sync()
+            times.append(time.perf_counter() - t0)
+        secs.append(statistics.median(times))
+    m = dict(meta or {})
+    m.setdefault("warmup", warmup)
+    m.setdefault("repeats", repeats)
+    m.setdefault("statistic", "median")
+    return CostModel(sizes, secs, m)

@@ -1,0 +1,74 @@
+"""Goodput budget ``b*`` and price ``lambda`` per verified draft slot.
+
+With ``R`` requests each step emits ``R`` tokens for sure (the bonus) plus the accepted drafts. Verifying the ``b``
+most likely draft slots of the batch yields goodput ``G(b) = (R + sum_{i<=b} s_(i)) / T(R + b)``. At the optimum
+``b*`` one more slot costs ``T(R+b*+1) - T(R+b*)`` seconds, during which the batch would have produced ``G(b*)``
+tokens per second, so a slot is worth verifying iff its survival ``s >= lambda = G(b*) (T(R+b*+1) - T(R+b*))``.
+
+``price_device`` is sort + cumsum + argmax on the device (no host sync); ``price_host`` is the same in numpy for
+survivals that are already on the host (lagged by the overlap scheduler).
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import numpy as np
+import torch
+
+from . import _checks
+from .cost import CostModel, CostTables
+
+
+def price_device(survivals: torch.Tensor, num_requests: Union[int, torch.Tensor], cost: CostTables,
+                 check_values: Optional[bool] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(b_star, lam)`` as 0-dim int64 / float32 tensors on ``survivals.device``.
+
+    ``survivals``: ``[B, K]`` candidate survivals of the batch, ``0`` for padding. ``b_star`` is the first argmax of
+    ``G`` over ``b = 0..B*K`` (so zero-survival slots never enter the budget unless ``T`` is flat).
+    """
+    _checks.float_tensor(survivals, "survivals", 2)
+    if not isinstance(cost, CostTables):
+        raise TypeError("cost must be a CostTables (use CostModel.to(device))")
+    if cost.device != survivals.device:
+        raise ValueError(f"cost tables are on {cost.device} but survivals are on {survivals.device}")
+    if isinstance(num_requests, torch.Tensor):
+        if num_requests.dim() != 0:
+            raise ValueError("num_requests must be an int or a 0-dim tensor")
+        if num_requests.device != survivals.device:
+            raise ValueError(f"num_requests is on {num_requests.device} but survivals are on {survivals.device}")
+    elif not isinstance(num_requests, (int, np.integer)) or num_requests < 0:
+        raise ValueError(f"num_requests must be a non-negative int, got {num_requests!r}")
+    if _checks.want_values(check_values, survivals):
+        _checks.probabilities(survivals, "survivals")
+    flat = survivals.reshape(-1).to(torch.float32)
+    srt = torch.sort(flat, descending=True).values
+    csum = torch.cat([torch.zeros(1, dtype=torch.float32, device=flat.device), torch.cumsum(srt, 0)])
+    b = torch.arange(csum.numel(), device=flat.device)
+    # torch.full (a fill kernel), not as_tensor (a host-to-device copy that CUDA graph capture rejects)
+    r = (num_requests.to(torch.float32) if isinstance(num_requests, torch.Tensor)
+         else torch.full((), float(num_requests), dtype=torch.float32, device=flat.device))
+    g = (r + csum) / cost.step_time(r + b)
+    b_star = torch.argmax(g)          # first maximum: the smallest optimal budget
+    g_star = g.amax()
+    n_star = r + b_star.to(torch.float32)
+    lam = g_star * (cost.step_time(n_star + 1.0) - cost.step_time(n_star))
+    return b_star, lam
+
+
+def price_host(survivals, num_requests: int, cost: CostModel) -> tuple[int, float]:
+    """Numpy twin of ``price_device`` for (possibly lagged) host survivals. Returns ``(b_star, lam)``."""
+    s = np.asarray(survivals, dtype=np.float64).reshape(-1)
+    if not isinstance(cost, CostModel):
+        raise TypeError("cost must be a CostModel")
+    if s.size and (not np.all(np.isfinite(s)) or s.min() < 0 or s.max() > 1):
+        raise ValueError("survivals must be finite and lie in [0, 1]")
+    if not isinstance(num_requests, (int, np.integer)) or num_requests < 0:
+        raise ValueError(f"num_requests must be a non-negative int, got {num_requests!r}")
+    srt = -np.sort(-s)
+    csum = np.concatenate([[0.0], np.cumsum(srt)])
+    b = np.arange(csum.size)
+    g = (num_requests + csum) / cost.step_time_np(num_requests + b)
+    b_star = int(np.argmax(g))
+    n_star = num_requests + b_star
+    lam = float(g[b_star] * (cost.step_time_np(n_star + 1) - cost.step_time_np(n_star)))
+    return b_star, lam

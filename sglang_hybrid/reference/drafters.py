@@ -1,0 +1,156 @@
+"""Drafter adapters for the CPU reference loop: the EAGLE head with per-request KV state, and the n-gram drafter.
+
+The EAGLE adapter keeps, per request, the head's KV cache over the committed pairs `(f_t, x_{t+1})` and the head
+output `g` of the last pair (which approximates the feature of the root token). Drafting runs the head
+autoregressively on its own outputs and then rolls its cache back, so only committed pairs persist — the same
+protocol as SGLang's EAGLE worker (draft, then draft-extend with the target's features of the accepted tokens).
+
+The n-gram adapter is a thin shim over `sglang_hybrid.ngram.NgramDrafter` (the exact drafter the SGLang worker
+uses) that converts its numpy output into the torch tensors the shared core consumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sglang_hybrid.reference.eagle import EagleHead
+
+
+@dataclass
+class _HeadState:
+    cache: tuple[torch.Tensor, torch.Tensor] | None  # (k, v) [1, kvh, P, d]
+    n_pairs: int
+    g_last: torch.Tensor | None  # [h]
+
+
+class EagleDrafter:
+    """Chain drafts from an EAGLE head sharing the target's embeddings and lm_head.
+
+    `extend(rid, feats [m, h], next_tokens [m])` appends the pairs `(feats[i], next_tokens[i])` (feats are the
+    target's post-norm features of committed tokens, next_tokens the committed token after each).
+    `propose(rids, k)` -> `(tokens [B, k] int64, probs [B, k] float32, lengths [B] int64)`: greedy (argmax) chain with
+    the head's softmax probability of each drafted token; rows of requests without any pair yet have length 0.
+    """
+
+    def __init__(self, head: EagleHead, target):
+        self.head = head.eval()
+        self.embed = target.get_input_embeddings()
+        self.lm_w = target.get_output_embeddings().weight
+        self.states: dict[int, _HeadState] = {}
+
+    def start(self, rid: int) -> None:
+        if rid in self.states:
+            raise KeyError(f"request {rid} already started in the EAGLE drafter")
+        self.states[rid] = _HeadState(None, 0, None)
+
+    def remove(self, rid: int) -> None:
+        self.states.pop(rid, None)
+
+    @torch.no_grad()
+    def extend(self, rid: int, feats: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        st = self.states[rid]
+        m = feats.shape[0]
+        if m == 0:
+            return
+        pos = torch.arange(st.n_pairs, st.n_pairs + m)[None]
+        emb = self.embed(next_tokens.long()[None]).to(feats.dtype)
+        g, cache = self.head(emb, feats[None], pos, cache=st.cache)
+        self.states[rid] = _HeadState(cache, st.n_pairs + m, g[0, -1])
+
+    @torch.no_grad()
+    def _chain(self, st: _HeadState, k: int):
+        toks, probs = [], []
+        g, cache, n = st.g_last, st.cache, st.n_pairs
+        for i in range(k):
+            p = F.linear(g, self.lm_w).float().softmax(-1)
+            t = int(p.argmax())
+            toks.append(t)
+            probs.append(float(p[t]))
+            if i + 1 < k:
+                emb = self.embed(torch.tensor([[t]]))
+                out, cache = self.head(emb.to(g.dtype), g[None, None], torch.tensor([[n + i]]), cache=cache)
+                g = out[0, -1]
+        return toks, probs
+
+    def propose(self, rids, k: int):
+        B = len(rids)
+        tokens = torch.full((B, k), -1, dtype=torch.int64)
+        probs = torch.zeros((B, k), dtype=torch.float32)
+        lengths = torch.zeros(B, dtype=torch.int64)
+        for b, rid in enumerate(rids):
+            st = self.states[rid]
+            if st.g_last is None or k == 0:
+                continue
+            t, p = self._chain(st, k)
+            tokens[b] = torch.tensor(t)
+            probs[b] = torch.tensor(p)
+            lengths[b] = k
+        return tokens, probs, lengths
+
+    @torch.no_grad()
+    def trace_rows(self, feats: torch.Tensor, tokens: torch.Tensor, n_prompt: int, k: int):
+        """EAGLE chains after committing `tokens[:n]` for every `n = n_prompt .. len(tokens)-1`.
+
+        `feats [L, h]` are the target's teacher-forced features of `tokens [L]` (causal, so they equal the features
+        the loop sees incrementally). Row `p` drafts guesses for `tokens[n_prompt + p], ...`.
+        Returns `(tok [P, k] int64, prob [P, k] float32)`.
+        """
+        L = tokens.shape[0]
+        emb = self.embed(tokens[1:].long()[None]).to(feats.dtype)
+        pos = torch.arange(L - 1)[None]
+        g_all, (kc, vc) = self.head(emb, feats[None, :-1], pos)
+        rows_t, rows_p = [], []
+        for n in range(n_prompt, L):
+            if n < 2:
+                rows_t.append([-1] * k)
+                rows_p.append([0.0] * k)
+                continue
+            P = n - 1  # pairs committed: (f_t, x_{t+1}) for t < n - 1
+            st = _HeadState((kc[:, :, :P], vc[:, :, :P]), P, g_all[0, P - 1])
+            t, p = self._chain(st, k)
+            rows_t.append(t)
+            rows_p.append(p)
+        return torch.tensor(rows_t, dtype=torch.int64).reshape(-1, k), \
+            torch.tensor(rows_p, dtype=torch.float32).reshape(-1, k)
+
+
+class NgramSource:
+    """Shim over `sglang_hybrid.ngram.NgramDrafter`: same lifecycle, torch outputs for the shared core."""
+
+    def __init__(self, max_draft: int = 8, **kwargs):
+        from sglang_hybrid.ngram import NgramDrafter
+
+        self.d = NgramDrafter(max_draft=max_draft, **kwargs)
+
+    def start(self, rid: int, prompt) -> None:
+        self.d.start(rid, np.ascontiguousarray(np.asarray(prompt, dtype=np.int32)))
+
+    def extend(self, rid: int, tokens) -> None:
+        if len(tokens):
+            self.d.extend(rid, np.ascontiguousarray(np.asarray(tokens, dtype=np.int32)))
+
+    def finish(self, rid: int, donate: bool = False) -> None:
+        self.d.finish(rid, donate=donate)
+        self.d.remove(rid)
+
+    def propose(self, rids, k: int, tree: bool = False) -> dict:
+        """Chain (`tree=False`, parents `j-1`) or tree of `k` nodes; all fields as int64 torch tensors."""
+        ids = np.ascontiguousarray(np.asarray(rids, dtype=np.int64))
+        dr = self.d.propose_tree(ids, k) if tree else self.d.propose(ids, k)
+        t = lambda a: torch.as_tensor(np.asarray(a)).to(torch.int64)  # noqa: E731
+        out = {"tokens": t(dr.tokens), "lengths": t(dr.lengths), "match_len": t(dr.match_len),
+               "count": t(dr.count), "total": t(dr.total), "source": t(dr.source)}
+        B, K = out["tokens"].shape
+        if tree:
+            out["parents"] = t(dr.parents)
+            out["depth"] = t(dr.depth)
+        else:
+            j = torch.arange(K, dtype=torch.int64)[None].expand(B, K)
+            valid = j < out["lengths"][:, None]
+            out["parents"] = torch.where(valid, j - 1, torch.full_like(j, -1))
+            out["depth"] = torch.where(valid, j + 1, torch.zeros_like(j))
+        return out

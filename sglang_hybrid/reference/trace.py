@@ -1,0 +1,164 @@
+"""Per-position trace files (reference loop -> replay benchmark), format fixed in docs/ARCHITECTURE.md.
+
+JSON Lines, UTF-8. Line 1 is a header `{"format": "hybrid-spark-trace", "version": 1, "model", "draft_model",
+"temperature", "eagle_k", "created"}`; each further line is one request `{"id", "workload", "prompt", "output",
+"eagle_tokens", "eagle_probs"}` where row `p` of `eagle_tokens` / `eagle_probs` is the EAGLE chain drafted after
+committing `prompt + output[:p]` (guesses for `output[p], output[p+1], ...`).
+
+Why one EAGLE row per position rather than per loop step: the target is causal, so the draft after a given prefix
+does not depend on how the prefix was reached; with a row per position a replay can simulate any drafter policy.
+The rows are computed in one teacher-forced target pass over `prompt + output` (`eagle_rows`), exactly the features
+the loop would have seen incrementally. n-gram drafts are not stored: the drafter is deterministic in the committed
+tokens, so a replay recomputes them.
+
+Extra per-request keys (e.g. the loop's per-step statistics) are allowed and ignored by readers.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+FORMAT = "hybrid-spark-trace"
+VERSION = 1
+
+
+class TraceFormatError(ValueError):
+    """A trace file does not follow the documented format (the message names line and field)."""
+
+
+@dataclass
+class TraceHeader:
+    model: str
+    draft_model: str
+    temperature: float
+    eagle_k: int
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "model": self.model, "draft_model": self.draft_model,
+                "temperature": float(self.temperature), "eagle_k": int(self.eagle_k), "created": self.created}
+
+
+@dataclass
+class TraceRecord:
+    id: str
+    workload: str
+    prompt: list[int]
+    output: list[int]
+    eagle_tokens: list[list[int]]
+    eagle_probs: list[list[float]]
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        d = {"id": self.id, "workload": self.workload, "prompt": self.prompt, "output": self.output,
+             "eagle_tokens": self.eagle_tokens, "eagle_probs": self.eagle_probs}
+        d.update(self.extra)
+        return d
+
+
+def _check_record(rec: TraceRecord, k: int, where: str) -> None:
+    if not isinstance(rec.id, str) or not isinstance(rec.workload, str):
+        raise TraceFormatError(f"{where}: 'id' and 'workload' must be strings")
+    for name in ("prompt", "output"):
+        v = getattr(rec, name)
+        if not isinstance(v, list) or not all(isinstance(t, int) and t >= 0 for t in v):
+            raise TraceFormatError(f"{where}: '{name}' must be a list of non-negative ints")
+    if not rec.prompt:
+        raise TraceFormatError(f"{where}: 'prompt' is empty")
+    n = len(rec.output)
+    if len(rec.eagle_tokens) != n or len(rec.eagle_probs) != n:
+        raise TraceFormatError(f"{where}: 'eagle_tokens'/'eagle_probs' need one row per output position "
+                               f"({n}), got {len(rec.eagle_tokens)}/{len(rec.eagle_probs)}")
+    for p, (tr, pr) in enumerate(zip(rec.eagle_tokens, rec.eagle_probs)):
+        if len(tr) != k or len(pr) != k:
+            raise TraceFormatError(f"{where}: row {p} must have eagle_k={k} entries")
+        if not all(isinstance(t, int) and t >= -1 for t in tr):
+            raise TraceFormatError(f"{where}: eagle_tokens row {p} has a non-int or < -1 entry")
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) and 0.0 <= x <= 1.0 for x in pr):
+            raise TraceFormatError(f"{where}: eagle_probs row {p} must hold finite floats in [0, 1]")
+
+
+def write_trace(path: str | Path, header: TraceHeader, records: list[TraceRecord]) -> Path:
+    """Validate and write a trace (atomically: a temp file renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for i, r in enumerate(records):
+        _check_record(r, header.eagle_k, f"record {i} ({r.id})")
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(header.to_json()) + "\n")
+        for r in records:
+            fh.write(json.dumps(r.to_json(), separators=(",", ":")) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_trace(path: str | Path) -> tuple[TraceHeader, list[TraceRecord]]:
+    """Read and validate a trace; raises `TraceFormatError` naming the line and field on any deviation."""
+    path = Path(path)
+    with open(path, encoding="utf-8") as fh:
+        lines = [ln for ln in fh.read().splitlines() if ln.strip()]
+    if not lines:
+        raise TraceFormatError(f"{path}: empty file")
+    try:
+        h = json.loads(lines[0])
+    except ValueError as e:
+        raise TraceFormatError(f"{path}:1: invalid JSON ({e})") from None
+    if not isinstance(h, dict) or h.get("format") != FORMAT:
+        raise TraceFormatError(f"{path}:1: header 'format' must be {FORMAT!r}")
+    if h.get("version") != VERSION:
+        raise TraceFormatError(f"{path}:1: unsupported version {h.get('version')!r} (expected {VERSION})")
+    try:
+        header = TraceHeader(model=str(h["model"]), draft_model=str(h["draft_model"]),
+                             temperature=float(h["temperature"]), eagle_k=int(h["eagle_k"]),
+                             created=str(h["created"]))
+    except KeyError as e:
+        raise TraceFormatError(f"{path}:1: header misses {e}") from None
+    if header.eagle_k < 0:
+        raise TraceFormatError(f"{path}:1: eagle_k must be >= 0")
+    records = []
+    for ln, line in enumerate(lines[1:], start=2):
+        try:
+            d = json.loads(line)
+        except ValueError as e:
+            raise TraceFormatError(f"{path}:{ln}: invalid JSON ({e})") from None
+        keys = ("id", "workload", "prompt", "output", "eagle_tokens", "eagle_probs")
+        missing = [k for k in keys if k not in d]
+        if missing:
+            raise TraceFormatError(f"{path}:{ln}: missing {missing}")
+        rec = TraceRecord(*(d[k] for k in keys), extra={k: v for k, v in d.items() if k not in keys})
+        _check_record(rec, header.eagle_k, f"{path}:{ln}")
+        records.append(rec)
+    return header, records
+
+
+@torch.no_grad()
+def eagle_rows(target, head, prompt: list[int], output: list[int], k: int):
+    """EAGLE chains (tokens, probs as lists) for every output position, via one teacher-forced target pass."""
+    from sglang_hybrid.reference.drafters import EagleDrafter
+
+    if not output:
+        return [], []
+    tokens = torch.tensor(prompt + output)
+    feats = target.model(input_ids=tokens[None]).last_hidden_state[0].float()
+    dr = EagleDrafter(head, target)
+    toks, probs = dr.trace_rows(feats, tokens, len(prompt), k)
+    return toks.tolist(), [[round(float(x), 6) for x in row] for row in probs.tolist()]
+
+
+def records_from_results(target, head, results, k: int, progress: bool = False) -> list[TraceRecord]:
+    """Trace records for loop `Result`s (their outputs), with the loop's per-step stats as extra keys."""
+    from tqdm import tqdm
+
+    out = []
+    for r in tqdm(results, desc="trace rows", disable=not progress, leave=False):
+        toks, probs = eagle_rows(target, head, r.prompt, r.output, k)
+        extra = {"steps": [[s.source, s.n_nodes, s.accepted] for s in r.steps]}
+        out.append(TraceRecord(r.id, r.workload, list(r.prompt), list(r.output), toks, probs, extra))
+    return out

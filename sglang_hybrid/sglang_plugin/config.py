@@ -1,0 +1,165 @@
+"""HYBRID's own settings: one validated object, read from a config file and environment variables.
+
+Why environment variables: SGLang's argument parser is closed to plugins (``ServerArgs`` fields are fixed), and every
+SGLang process (main, scheduler, detokenizer) inherits the environment, so the scheduler that builds the worker sees
+exactly what the launcher validated.
+
+Sources, later wins:
+
+1. ``SGLANG_HYBRID_CONFIG=/path/file.json`` or ``.toml``: a table of the fields below (TOML may nest them under
+   ``[hybrid]``).
+2. ``SGLANG_HYBRID_<FIELD>`` for any single field, e.g. ``SGLANG_HYBRID_MODE=choose``,
+   ``SGLANG_HYBRID_NGRAM_K=6``, ``SGLANG_HYBRID_NGRAM_OPTIONS='{"min_match": 2}'`` (JSON for dict values).
+
+Unknown keys, unknown ``SGLANG_HYBRID_*`` variables, wrong types and out-of-range values raise ``HybridConfigError``
+naming the setting and its source: nothing silently falls back to a default.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+ENV_CONFIG = "SGLANG_HYBRID_CONFIG"
+ENV_PREFIX = "SGLANG_HYBRID_"
+#: Variables with the prefix that are not settings (set by the plugin itself for child processes).
+_INTERNAL_ENV = {"SGLANG_HYBRID_DRAFT_IS_EAGLE3"}
+
+
+class HybridConfigError(ValueError):
+    """A HYBRID setting is invalid; the message names the setting, where it came from, and the fix."""
+
+
+class HybridSettings(BaseModel):
+    """Every HYBRID setting (documented in docs/sglang.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["choose", "merge"] = Field(
+        "merge", description="choose: verify the better of the EAGLE chain and the n-gram draft; merge: verify both "
+                             "as branches of one tree (shared prefix merged)")
+    ngram_k: int = Field(8, ge=1, le=32, description="longest n-gram chain proposed per request and step")
+    n_nodes: Optional[int] = Field(
+        None, ge=1, le=63, description="draft nodes verified per request (verify width W = n_nodes + 1); default: "
+                                       "steps + ngram_k in merge mode, max(steps, ngram_k) in choose mode")
+    ngram_calibration: Optional[str] = Field(
+        None, description="n-gram calibration JSON (python -m sglang_hybrid.calibrate); default: the shipped table")
+    model_calibration: Optional[str] = Field(
+        None, description="EAGLE per-position temperature JSON; default: identity (draft probability as is)")
+    cost_table: Optional[str] = Field(
+        None, description="profiled step-time table JSON (sglang_hybrid.cost); default: none, price lambda = 0 "
+                          "(verify every useful draft; right while the batch is memory-bound)")
+    ngram_donate: bool = Field(True, description="donate finished responses to the shared n-gram corpus")
+    ngram_options: dict = Field(
+        default_factory=dict, description="extra keyword options for NgramDrafter (e.g. min_match, "
+                                          "corpus_cap_tokens, use_corpus), checked by constructing one at start")
+    log_interval: int = Field(
+        50, ge=0, description="decode steps between HYBRID counter log lines (0 = off)")
+
+    def resolved_n_nodes(self, num_steps: int) -> int:
+        if self.n_nodes is not None:
+            return self.n_nodes
+        return num_steps + self.ngram_k if self.mode == "merge" else max(num_steps, self.ngram_k)
+
+
+_FIELDS = tuple(HybridSettings.model_fields)
+
+
+def _read_file(path_str: str) -> dict:
+    path = Path(path_str)
+    if not path.is_file():
+        raise HybridConfigError(
+            f"{ENV_CONFIG}={path_str!r}: file not found; point it at a readable .json or .toml file or unset it")
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise HybridConfigError(f"{ENV_CONFIG}={path_str!r}: cannot read ({e})") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            import tomllib
+            obj = tomllib.loads(text)
+            if isinstance(obj.get("hybrid"), dict):
+                obj = obj["hybrid"]
+        elif path.suffix.lower() == ".json":
+            obj = json.loads(text)
+        else:
+            raise HybridConfigError(f"{ENV_CONFIG}={path_str!r}: extension must be .json or .toml")
+    except HybridConfigError:
+        raise
+    except Exception as e:  # json.JSONDecodeError, tomllib.TOMLDecodeError
+        raise HybridConfigError(f"{ENV_CONFIG}={path_str!r}: not valid {path.suffix[1:]} ({e})") from None
+    if not isinstance(obj, dict):
+        raise HybridConfigError(f"{ENV_CONFIG}={path_str!r}: top level must be a table of settings")
+    return dict(obj)
+
+
+def _env_value(name: str, raw: str):
+    """Environment strings -> JSON values where they parse (numbers, booleans, dicts), else the string itself."""
+    if name == "ngram_options":
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise HybridConfigError(f"{ENV_PREFIX}NGRAM_OPTIONS: must be a JSON object ({e})") from None
+    low = raw.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null", ""):
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def load_settings(environ: Optional[dict] = None) -> HybridSettings:
+    """Settings from ``SGLANG_HYBRID_CONFIG`` plus ``SGLANG_HYBRID_<FIELD>`` overrides (``environ`` for tests)."""
+    env = os.environ if environ is None else environ
+    values: dict = {}
+    origin: dict = {}
+    if env.get(ENV_CONFIG):
+        for k, v in _read_file(env[ENV_CONFIG]).items():
+            values[k] = v
+            origin[k] = f"{env[ENV_CONFIG]} [{k}]"
+    for key, raw in env.items():
+        if not key.startswith(ENV_PREFIX) or key == ENV_CONFIG or key in _INTERNAL_ENV:
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name not in _FIELDS:
+            raise HybridConfigError(
+                f"{key}: unknown HYBRID setting; known: {', '.join(ENV_PREFIX + f.upper() for f in _FIELDS)}")
+        values[name] = _env_value(name, raw)
+        origin[name] = key
+    try:
+        return HybridSettings(**values)
+    except ValidationError as e:
+        msgs = []
+        for err in e.errors():
+            field = str(err["loc"][0]) if err["loc"] else "?"
+            where = origin.get(field, f"{ENV_CONFIG} file" if field not in _FIELDS else field)
+            msgs.append(f"HYBRID setting '{field}' (from {where}): {err['msg']}")
+        raise HybridConfigError("; ".join(msgs)) from None
+
+
+def check_files(settings: HybridSettings) -> None:
+    """Load every file a setting names, so a bad file stops the server at start with the setting's name."""
+    from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
+    from sglang_hybrid.cost import CostModel
+
+    checks = (("ngram_calibration", NgramCalibration.load), ("model_calibration", ModelCalibration.load),
+              ("cost_table", CostModel.load))
+    for name, loader in checks:
+        path = getattr(settings, name)
+        if path is None:
+            continue
+        if not os.access(path, os.R_OK) or not Path(path).is_file():
+            raise HybridConfigError(
+                f"HYBRID setting '{name}' = {path!r}: file missing or unreadable; fix the path "
+                f"(SGLANG_HYBRID_{name.upper()} or the config file) or unset it to use the default")
+        try:
+            loader(path)
+        except (ValueError, OSError, KeyError, TypeError) as e:
+            raise HybridConfigError(f"HYBRID setting '{name}' = {path!r}: invalid file ({e}); regenerate it "
+                                    f"(see docs/sglang.md) or unset the setting") from None

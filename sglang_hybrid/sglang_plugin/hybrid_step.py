@@ -1,0 +1,82 @@
+"""One HYBRID decode step on the device, between the EAGLE draft and the verify forward.
+
+Inputs: the EAGLE chain (tokens + per-step draft confidence) and the slot-indexed n-gram proposal buffers. Output:
+the ``VerifyTree`` that ``verify_input.build_verify_input`` turns into SGLang's verify input.
+
+    align n-gram proposals -> calibrate (n-gram table, model temperature) -> survivals -> price lambda -> select
+
+Kept apart from the SGLang worker so it runs (and is tested) on CPU tensors with no SGLang objects; the worker only
+adapts tensors. Static shapes, no host sync: CUDA-graph and ``torch.compile`` safe.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
+from sglang_hybrid.cost import CostModel
+from sglang_hybrid.price import price_device
+from sglang_hybrid.selector import VerifyTree, select
+from sglang_hybrid.survival import chain_parents, chain_survival
+
+from . import alignment
+from .config import HybridSettings
+from .metrics import HybridCounters
+
+
+class HybridStep:
+    """Per-worker device state (proposal buffers, calibration and cost tables) and the per-step selection."""
+
+    def __init__(self, settings: HybridSettings, *, num_steps: int, pool_size: int, device,
+                 counters: Optional[HybridCounters] = None):
+        self.settings = settings
+        self.num_steps = num_steps
+        self.k = settings.ngram_k
+        self.n_nodes = settings.resolved_n_nodes(num_steps)
+        #: deepest draft path the configuration allows (model chain or n-gram chain; merge shares prefixes)
+        self.max_depth = min(self.n_nodes, max(num_steps, self.k))
+        self.device = torch.device(device)
+        self.ngram_cal = NgramCalibration.load(settings.ngram_calibration).to(self.device)
+        self.model_cal = (ModelCalibration.load(settings.model_calibration) if settings.model_calibration
+                          else ModelCalibration.identity()).to(self.device)
+        self.cost = CostModel.load(settings.cost_table).to(self.device) if settings.cost_table else None
+        self.buffers = alignment.alloc_buffers(pool_size, self.k, max(2 * self.k, 16), self.device)
+        self.counters = counters if counters is not None else HybridCounters(self.device)
+        self._zero = torch.zeros((), dtype=torch.float32, device=self.device)
+
+    def select(self, root_tokens: torch.Tensor, model_tokens: torch.Tensor, model_conf: torch.Tensor,
+               slots: torch.Tensor, cur_gen: torch.Tensor, seq_lens: torch.Tensor) -> VerifyTree:
+        """Verify tree for a decode batch.
+
+        ``root_tokens [B]``: last committed token (EAGLE's bonus); ``model_tokens [B, S]``: EAGLE chain;
+        ``model_conf [B, S]``: draft softmax probability of each drafted token; ``slots [B]``: request-pool slots;
+        ``cur_gen [B]``: their current generations; ``seq_lens [B]``: committed tokens in the KV cache (root excluded).
+        """
+        b, s = model_tokens.shape
+        dev = model_tokens.device
+        alignment.ring_write_root(self.buffers, slots, seq_lens, root_tokens)
+        ng = alignment.align(self.buffers, slots, cur_gen, seq_lens)
+        a_ng = self.ngram_cal.acceptance(ng.match_len, ng.count, ng.total, ng.depth, ng.source, check_values=False)
+        s_ng = chain_survival(a_ng, ng.length, check_values=False)
+        depth_m = torch.arange(1, s + 1, device=dev, dtype=torch.int64).expand(b, s)
+        conf = model_conf.to(torch.float32).clamp(0.0, 1.0)
+        a_m = self.model_cal.acceptance(conf, depth_m, check_values=False)
+        model_len = torch.full((b,), s, dtype=torch.int64, device=dev)
+        s_m = chain_survival(a_m, model_len, check_values=False)
+        if self.cost is not None:
+            b_star, lam = price_device(torch.cat([s_m, s_ng], 1), b, self.cost, check_values=False)
+        else:
+            b_star, lam = torch.full((), b * (s + self.k), dtype=torch.int64, device=dev), self._zero
+        tree = select(root_tokens.to(torch.int64), model_tokens.to(torch.int64), s_m, model_len, ng.tokens,
+                      chain_parents(b, self.k, dev), s_ng, ng.length, lam, mode=self.settings.mode,
+                      n_nodes=self.n_nodes, check_values=False)
+        self.counters.on_select(tree, ng.length, lam, b_star)
+        return tree
+
+    def after_verify(self, tree: VerifyTree, slots: torch.Tensor, seq_lens_before: torch.Tensor,
+                     emitted: torch.Tensor, accept_lens: torch.Tensor) -> None:
+        """Record emitted tokens (``emitted[b, :accept_lens[b]]``, bonus included) in the ring; count acceptance."""
+        d = min(emitted.shape[1], self.max_depth + 1)
+        alignment.ring_write_emitted(self.buffers, slots, seq_lens_before, emitted[:, :d], accept_lens)
+        self.counters.on_accept(tree, accept_lens)

@@ -1,0 +1,113 @@
+"""HYBRID's per-step counters: accumulated on the device, logged from the host without blocking.
+
+Why this shape: reading counters every step would put a device-to-host sync in the step. Instead the device adds
+into one small tensor; every ``log_interval`` steps the host starts a non-blocking copy of it and, on a later step,
+logs the difference once the copy has landed (``Event.query()``, never ``synchronize``).
+
+Per request and step the verify tree is classed by where its draft nodes came from: *none* (no draft worth
+verifying), *model* (EAGLE only), *ngram* (n-gram only), *mixed* (a merged tree, or tokens both drafters proposed).
+Logged: requests per class, mean accepted draft tokens per class, mean price lambda, mean budget b*, how often an
+aligned n-gram proposal existed, and mean drafted nodes.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+logger = logging.getLogger("sglang_hybrid")
+
+CLASSES = ("none", "model", "ngram", "mixed")
+# layout of the counter vector
+STEPS, LAM, BSTAR, NGRAM_AVAIL, NODES, REQS = 0, 1, 2, 3, 4, 5
+REQ = {c: 6 + i for i, c in enumerate(CLASSES)}
+ACC = {c: 10 + i for i, c in enumerate(CLASSES)}
+SIZE = 14
+
+
+def tree_class(source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``[B]`` int64 class index into ``CLASSES`` from a VerifyTree's ``source``/``valid``."""
+    draft = valid.clone()
+    draft[:, 0] = False
+    has_m = (draft & (source == 0)).any(1)
+    has_n = (draft & (source == 1)).any(1)
+    has_both = (draft & (source == 2)).any(1)
+    mixed = has_both | (has_m & has_n)
+    return torch.where(mixed, 3, torch.where(has_n, 2, torch.where(has_m, 1, 0))).to(torch.int64)
+
+
+class HybridCounters:
+    def __init__(self, device, log_interval: int = 0):
+        self.device = torch.device(device)
+        self.totals = torch.zeros(SIZE, dtype=torch.float64, device=self.device)
+        self.log_interval = log_interval
+        self._host_steps = 0
+        pin = self.device.type == "cuda"
+        self._staging = torch.zeros(SIZE, dtype=torch.float64, pin_memory=pin)
+        self._event: Optional[torch.cuda.Event] = None
+        self._pending = False
+        self._last = torch.zeros(SIZE, dtype=torch.float64)
+
+    def on_select(self, tree, ngram_len: torch.Tensor, lam: torch.Tensor, b_star: torch.Tensor) -> None:
+        b = tree.tokens.shape[0]
+        cls = tree_class(tree.source, tree.valid)
+        upd = torch.zeros(SIZE, dtype=torch.float64, device=tree.tokens.device)
+        upd[STEPS] = 1
+        upd[LAM] = lam.to(torch.float64)
+        upd[BSTAR] = b_star.to(torch.float64)
+        upd[NGRAM_AVAIL] = (ngram_len > 0).sum().to(torch.float64)
+        upd[NODES] = (tree.valid.sum() - b).to(torch.float64)
+        upd[REQS] = b
+        upd[6:10] = torch.nn.functional.one_hot(cls, 4).sum(0).to(torch.float64)
+        self.totals += upd
+
+    def on_accept(self, tree, accept_lens: torch.Tensor) -> None:
+        cls = tree_class(tree.source, tree.valid)
+        acc = (accept_lens.to(torch.float64) - 1).clamp(min=0)
+        self.totals[10:14] += torch.zeros(4, dtype=torch.float64, device=acc.device).index_add_(0, cls, acc)
+
+    def snapshot(self) -> dict:
+        """Host dict of the totals (synchronous: for tests and shutdown, not the step)."""
+        return summarize(self.totals.detach().cpu())
+
+    def maybe_log(self) -> Optional[dict]:
+        """Called once per step on the host; logs (and returns) the interval's summary when a copy has landed."""
+        if self.log_interval <= 0:
+            return None
+        self._host_steps += 1
+        out = None
+        if self._pending and (self._event is None or self._event.query()):
+            cur = self._staging.clone()
+            out = summarize(cur - self._last)
+            self._last = cur
+            self._pending = False
+            logger.info("HYBRID %s", format_summary(out))
+        if not self._pending and self._host_steps % self.log_interval == 0:
+            self._staging.copy_(self.totals, non_blocking=self.device.type == "cuda")
+            if self.device.type == "cuda":
+                self._event = torch.cuda.Event()
+                self._event.record()
+            self._pending = True
+        return out
+
+
+def summarize(v: torch.Tensor) -> dict:
+    v = v.tolist()
+    reqs = max(v[REQS], 1.0)
+    out = {"steps": int(v[STEPS]), "requests": int(v[REQS]),
+           "mean_lambda": v[LAM] / max(v[STEPS], 1.0), "mean_b_star": v[BSTAR] / max(v[STEPS], 1.0),
+           "ngram_available": v[NGRAM_AVAIL] / reqs, "mean_nodes": v[NODES] / reqs}
+    for c in CLASSES:
+        n = v[REQ[c]]
+        out[f"chosen_{c}"] = int(n)
+        out[f"mean_accepted_{c}"] = v[ACC[c]] / n if n else 0.0
+    return out
+
+
+def format_summary(s: dict) -> str:
+    parts = [f"steps={s['steps']}", f"lambda={s['mean_lambda']:.4f}", f"b*={s['mean_b_star']:.1f}",
+             f"ngram_avail={s['ngram_available']:.2f}", f"nodes/req={s['mean_nodes']:.2f}"]
+    for c in CLASSES:
+        parts.append(f"{c}={s[f'chosen_{c}']}(acc {s[f'mean_accepted_{c}']:.2f})")
+    return " ".join(parts)

@@ -1,0 +1,134 @@
+"""Server-argument validation and defaults for HYBRID.
+
+Why here: for plugin algorithms SGLang runs none of its built-in handlers (``_handle_eagle_family`` sets steps, topk,
+draft tokens, ``max_running_requests`` only for the literal EAGLE names), so HYBRID must set them itself. SGLang calls
+``validate_server_args`` and then ``handle_server_args`` during ``ServerArgs.resolve_once`` with a stand-in object
+that reads the resolving view and records attribute writes as declarations.
+
+Every rejection names the setting and the fix, and happens at start, before any model is loaded.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from .config import HybridConfigError, HybridSettings, check_files, load_settings
+from .spec_algo import ENV_EAGLE3, draft_is_eagle3
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_NUM_STEPS = 4
+DEFAULT_MAX_RUNNING_REQUESTS = 48
+
+
+class HybridArgsError(ValueError):
+    """An SGLang argument combination HYBRID cannot run with."""
+
+
+def _get(args, name, default=None):
+    return getattr(args, name, default)
+
+
+def _check_ngram_available(settings: HybridSettings) -> None:
+    try:
+        from sglang_hybrid.ngram import NgramDrafter
+    except ImportError as e:
+        raise HybridArgsError(
+            f"HYBRID needs the compiled n-gram drafter (sglang_hybrid._ngram), which failed to import ({e}); "
+            "reinstall the package with `pip install -e .` (builds the Rust extension)") from None
+    try:
+        NgramDrafter(max_draft=settings.ngram_k, **settings.ngram_options)
+    except (TypeError, ValueError) as e:
+        raise HybridConfigError(
+            f"HYBRID setting 'ngram_options' = {settings.ngram_options!r} (or 'ngram_k' = {settings.ngram_k}) is "
+            f"rejected by NgramDrafter: {e}") from None
+
+
+def validate_server_args(server_args, *, check_ngram: bool = True) -> HybridSettings:
+    """Reject combinations HYBRID cannot run; returns the loaded settings (tests use the return value)."""
+    if _get(server_args, "speculative_draft_model_path") is None:
+        raise HybridArgsError(
+            "--speculative-algorithm HYBRID needs an EAGLE draft model: pass --speculative-draft-model-path "
+            "<EAGLE or EAGLE-3 head for this target>")
+    topk = _get(server_args, "speculative_eagle_topk")
+    settings = load_settings()
+    if topk is not None and int(topk) > 1:
+        raise HybridArgsError(
+            f"--speculative-eagle-topk {topk}: HYBRID mode '{settings.mode}' takes the EAGLE draft as a chain (the "
+            "n-gram branch supplies the alternatives); pass --speculative-eagle-topk 1 or omit it")
+    twn = _get(server_args, "tokenizer_worker_num", 1) or 1
+    if int(twn) > 1:
+        raise HybridArgsError(
+            f"--tokenizer-worker-num {twn}: multi-process tokenizer workers never load plugins, so they cannot "
+            "resolve HYBRID; use --tokenizer-worker-num 1")
+    checks = (
+        ("disaggregation_mode", lambda v: v not in (None, "null"),
+         "prefill/decode disaggregation is not supported by HYBRID; drop --disaggregation-mode"),
+        ("pp_size", lambda v: v is not None and int(v) > 1,
+         "pipeline parallelism is not supported by HYBRID (the PP tail-draft relays EAGLE-only trees); use --pp-size 1"),
+        ("speculative_adaptive", bool,
+         "--speculative-adaptive tunes EAGLE steps only; HYBRID prices its drafts itself: drop the flag"),
+        ("enable_multi_layer_eagle", bool,
+         "--enable-multi-layer-eagle is not supported by HYBRID; drop the flag"),
+        ("speculative_use_rejection_sampling", bool,
+         "--speculative-use-rejection-sampling needs draft distributions that n-gram drafts do not have; HYBRID "
+         "samples losslessly with deterministic-proposal tree sampling: drop the flag"),
+        ("speculative_use_block_verification", bool,
+         "--speculative-use-block-verification is not supported by HYBRID; drop the flag"),
+        ("speculative_accept_threshold_single", lambda v: v is not None and float(v) != 1.0,
+         "accept thresholds below 1 make verification lossy; HYBRID is lossless: leave "
+         "--speculative-accept-threshold-single at 1.0"),
+        ("speculative_accept_threshold_acc", lambda v: v is not None and float(v) != 1.0,
+         "accept thresholds below 1 make verification lossy; leave --speculative-accept-threshold-acc at 1.0"),
+        ("page_size", lambda v: v is not None and int(v) > 1,
+         "HYBRID verifies irregular trees and compacts the accepted path token by token; use --page-size 1"),
+    )
+    for name, bad, fix in checks:
+        value = _get(server_args, name)
+        if bad(value):
+            raise HybridArgsError(f"{name}={value!r}: {fix}")
+    n_nodes = settings.resolved_n_nodes(int(_get(server_args, "speculative_num_steps") or DEFAULT_NUM_STEPS))
+    ndt = _get(server_args, "speculative_num_draft_tokens")
+    if ndt is not None and int(ndt) != n_nodes + 1:
+        raise HybridArgsError(
+            f"--speculative-num-draft-tokens {ndt}: HYBRID's verify width is n_nodes + 1 = {n_nodes + 1} "
+            f"(mode '{settings.mode}'); omit the flag or set SGLANG_HYBRID_N_NODES={int(ndt) - 1}")
+    steps = _get(server_args, "speculative_num_steps")
+    if steps is not None and int(steps) < 1:
+        raise HybridArgsError(f"--speculative-num-steps {steps}: HYBRID needs at least one EAGLE step")
+    check_files(settings)
+    if check_ngram:
+        _check_ngram_available(settings)
+    return settings
+
+
+def handle_server_args(server_args) -> None:
+    """Fill SGLang's speculative fields for HYBRID (the job ``_handle_eagle_family`` does for EAGLE)."""
+    settings = load_settings()
+    steps = _get(server_args, "speculative_num_steps")
+    if steps is None:
+        steps = DEFAULT_NUM_STEPS
+        server_args.speculative_num_steps = steps
+    steps = int(steps)
+    n_nodes = settings.resolved_n_nodes(steps)
+    if n_nodes < steps:
+        raise HybridConfigError(
+            f"HYBRID setting 'n_nodes' = {n_nodes} is below --speculative-num-steps {steps}: the whole EAGLE chain "
+            f"must fit the verify tree; raise SGLANG_HYBRID_N_NODES or lower --speculative-num-steps")
+    server_args.speculative_eagle_topk = 1
+    server_args.speculative_num_draft_tokens = n_nodes + 1
+    if _get(server_args, "max_running_requests") is None:
+        server_args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
+        logger.warning("HYBRID: --max-running-requests defaults to %d; set it explicitly to change",
+                       DEFAULT_MAX_RUNNING_REQUESTS)
+    if _get(server_args, "enable_mixed_chunk"):
+        server_args.enable_mixed_chunk = False
+        logger.warning("HYBRID: mixed chunked prefill disabled (it degrades running requests to plain decode)")
+    if _get(server_args, "device") == "cpu" and not _get(server_args, "disable_overlap_schedule"):
+        server_args.disable_overlap_schedule = True
+        logger.warning("HYBRID: overlap scheduling is not implemented for speculative decoding on CPU; disabled")
+    # Spawned children (scheduler, detokenizer) inherit the environment: they answer is_eagle3() from it.
+    os.environ[ENV_EAGLE3] = "1" if draft_is_eagle3(_get(server_args, "speculative_draft_model_path")) else "0"
+    logger.info("HYBRID: mode=%s eagle_steps=%d n_nodes=%d (verify width %d) ngram_k=%d cost_table=%s",
+                settings.mode, steps, n_nodes, n_nodes + 1, settings.ngram_k,
+                settings.cost_table or "none (price 0)")

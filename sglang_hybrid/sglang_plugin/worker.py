@@ -1,0 +1,262 @@
+"""``HybridWorkerV2``: SGLang's ``EAGLEWorkerV2`` with HYBRID's draft selection between draft and verify.
+
+Decode step (everything on the device except the first bullet, which is host bookkeeping that does not wait):
+
+* host: feed the Rust n-gram automaton with the tokens SGLang has committed on the host (one step late), propose,
+  publish the proposals into slot-indexed device buffers (``NgramFeeder``);
+* ``HybridDraftWorker.draft``: the EAGLE chain (topk = 1, ``num_steps`` tokens; CUDA graph when available) plus the
+  softmax probability of every drafted token (``step_conf``, recorded inside ``draft_forward`` so the draft graph
+  captures it);
+* ``HybridStep.select``: align n-gram proposals, calibrate, survivals, price, choose or merge -> ``VerifyTree``;
+* ``build_verify_input`` -> ``HybridVerifyInput``; SGLang's verify body (``run_eagle_verify``) with the tree branch
+  on, which compacts the accepted path to the front when it is not a front prefix (n-gram branch of a merged tree);
+* ``on_publish``, draft extend (EAGLE's), then the emitted tokens go into the per-slot ring used by alignment.
+
+Lossless: the verify rules are SGLang's (greedy tree walk; tree speculative sampling with zero draft probabilities,
+exact for deterministic proposals, which both EAGLE's argmax chain and n-gram copies are). Padding nodes are
+unreachable in the retrieve lists (see ``verify_input``).
+
+Not supported (rejected at start by ``server_args.validate_server_args``): pipeline parallelism, disaggregation,
+adaptive steps, multi-layer EAGLE, rejection sampling, page size > 1; attention backends that preallocate a verify
+mask (DeepSeek V4) are rejected at the first decode step.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Optional
+
+import torch
+
+import sglang.srt.speculative.eagle_worker_v2 as _eagle_v2
+from sglang.srt.speculative.eagle_info import EagleVerifyInput
+from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
+from sglang.srt.speculative.eagle_worker_common import prepare_for_draft, run_eagle_verify
+from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+from .config import load_settings
+from .hybrid_step import HybridStep
+from .metrics import HybridCounters
+from .ngram_host import NgramFeeder
+from .verify_input import TreeMaskMode, build_verify_input
+
+logger = logging.getLogger(__name__)
+
+#: ``run_eagle_verify`` compacts the accepted path to the front of each request's block only for ``topk > 1``; any
+#: value above one selects that branch (our trees are irregular, the value is not used as a branching factor there).
+_TREE_VERIFY_TOPK = 2
+_construct_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _draft_worker_class(cls):
+    """``EAGLEWorkerV2.__init__`` instantiates ``EagleDraftWorker`` by its module-level name; let it build ours.
+
+    Scoped to the constructor call and serialised by a lock; the module attribute is restored afterwards.
+    """
+    with _construct_lock:
+        original = _eagle_v2.EagleDraftWorker
+        _eagle_v2.EagleDraftWorker = cls
+        try:
+            yield
+        finally:
+            _eagle_v2.EagleDraftWorker = original
+
+
+class HybridDraftWorker(EagleDraftWorker):
+    """EAGLE draft worker that records per-step draft confidence and hands the chain to HYBRID's selection."""
+
+    hybrid_owner: Optional["HybridWorkerV2"] = None
+
+    def __init__(self, *args, **kwargs):
+        self._conf_col: Optional[int] = None
+        self._extend_capture: Optional[list] = None
+        super().__init__(*args, **kwargs)
+        cap = self._topk1_parents_prealloc.shape[0]
+        #: [max_bs, num_steps] softmax probability of each drafted token (column 0 from draft extend)
+        self.step_conf = torch.ones((cap, self.speculative_num_steps), dtype=torch.float32, device=self.device)
+        original_forward = self.draft_runner.forward
+
+        def forward_recording_confidence(*args, **kwargs):
+            out = original_forward(*args, **kwargs)
+            self._record(out.logits_output)
+            return out
+
+        self.draft_runner.forward = forward_recording_confidence
+
+    def _rebuild_topk1_chain_buffers(self) -> None:
+        # The chain buffers depend on num_steps only; SGLang asserts num_draft_tokens == num_steps + 1 because
+        # EAGLE's verify width is the chain. HYBRID's verify width is larger (chain + n-gram branch).
+        width = self.speculative_num_draft_tokens
+        self.speculative_num_draft_tokens = self.speculative_num_steps + 1
+        try:
+            super()._rebuild_topk1_chain_buffers()
+        finally:
+            self.speculative_num_draft_tokens = width
+
+    def _record(self, logits_output) -> None:
+        if self._extend_capture is not None:
+            self._extend_capture.append(logits_output)
+        if self._conf_col is None or self._conf_col >= self.speculative_num_steps:
+            return
+        logits = logits_output.next_token_logits
+        p = torch.softmax(logits.float(), dim=-1).amax(dim=-1)     # the chain is argmax-drafted
+        self.step_conf[: p.shape[0], self._conf_col].copy_(p)
+        self._conf_col += 1
+
+    def draft_forward(self, forward_batch):
+        if forward_batch.forward_mode.is_idle():
+            return super().draft_forward(forward_batch)
+        topk_p = forward_batch.spec_info.topk_p
+        self.step_conf[: topk_p.shape[0], 0].copy_(topk_p[:, 0])
+        self._conf_col = 1
+        try:
+            return super().draft_forward(forward_batch)
+        finally:
+            self._conf_col = None
+
+    def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
+        # Step-0 confidence: EAGLE's topk=1 extend reports 1.0; recompute the drafted token's probability from the
+        # extend logits (row-selected by the time the base method returns, on both eager and graph paths).
+        captured: list = []
+        runner = self.cuda_graph_runner_for_draft_extend
+        original_execute = runner.execute if runner is not None else None
+        if runner is not None:
+            def execute_capturing(*args, **kwargs):
+                out = original_execute(*args, **kwargs)
+                captured.append(out)
+                return out
+            runner.execute = execute_capturing
+        self._extend_capture = captured
+        try:
+            super()._draft_extend_for_decode(batch, batch_result, kv_loc_plan=kv_loc_plan)
+        finally:
+            self._extend_capture = None
+            if runner is not None:
+                runner.execute = original_execute
+        nd = batch_result.next_draft_input
+        if captured and nd.topk_index is not None:
+            logits = captured[-1].next_token_logits
+            if logits.shape[0] == nd.topk_index.shape[0]:
+                nd.topk_p = torch.softmax(logits.float(), dim=-1).gather(-1, nd.topk_index.to(torch.int64))
+
+    def draft(self, batch, *, with_topology: bool = False):
+        if with_topology:
+            raise NotImplementedError("HYBRID does not support pipeline parallelism (PP tail-draft)")
+        draft_input = batch.spec_info
+        forward_batch, can_graph, kv_loc_plan = prepare_for_draft(
+            draft_input, self.req_to_token_pool, batch, self.cuda_graph_runner, self.draft_runner, self.topk,
+            self.speculative_num_steps, target_translator=self.target_worker.model_runner.kv_index_translator,
+            num_draft_tokens=self.speculative_num_draft_tokens)
+        if batch.forward_mode.is_idle():
+            self.draft_forward(forward_batch)   # every rank enters the collectives
+            return EagleVerifyInput.create_idle_input(self.topk, self.speculative_num_steps,
+                                                      self.speculative_num_draft_tokens, self.device)
+        if can_graph:
+            _, _, draft_tokens, _ = self.cuda_graph_runner.execute(forward_batch)
+        else:
+            if self.speculative_num_steps > 1:
+                self.draft_attn_backend.init_forward_metadata(forward_batch)
+                forward_batch.mark_forward_metadata_ready()
+            _, _, draft_tokens, _ = self.draft_forward(forward_batch)
+        bs = draft_tokens.shape[0]
+        verify_input = self.hybrid_owner.build_verify(batch, draft_input, draft_tokens, self.step_conf[:bs])
+        if kv_loc_plan is not None:
+            verify_input.kv_loc_plan = kv_loc_plan
+            verify_input.prepared_out_cache_loc = kv_loc_plan.write_virtual
+        return verify_input
+
+
+class HybridWorkerV2(EAGLEWorkerV2):
+    """SGLang V2 speculative worker for ``--speculative-algorithm HYBRID``."""
+
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
+        with _draft_worker_class(HybridDraftWorker):
+            super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        self.settings = load_settings()
+        self.counters = HybridCounters(self.device, self.settings.log_interval)
+        self.hybrid_step: Optional[HybridStep] = None
+        self.feeder: Optional[NgramFeeder] = None
+        self._cur_gen: Optional[torch.Tensor] = None
+        self._last_tree = None
+        if self._draft_worker is not None:
+            self._draft_worker.hybrid_owner = self
+
+    # -- setup ------------------------------------------------------------------------------------------------------
+    def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
+        super().alloc_memory_pool(memory_pool_config=memory_pool_config, req_to_token_pool=req_to_token_pool,
+                                  token_to_kv_pool_allocator=token_to_kv_pool_allocator)
+        pool_size = int(self.req_to_token_pool.req_to_token.shape[0])
+        self.hybrid_step = HybridStep(self.settings, num_steps=self.speculative_num_steps, pool_size=pool_size,
+                                      device=self.device, counters=self.counters)
+        if self.hybrid_step.n_nodes + 1 != self.speculative_num_draft_tokens:
+            raise RuntimeError(
+                f"HYBRID settings changed between argument resolution and worker start: verify width "
+                f"{self.speculative_num_draft_tokens} vs n_nodes + 1 = {self.hybrid_step.n_nodes + 1}")
+        from sglang_hybrid.ngram import NgramDrafter
+
+        drafter = NgramDrafter(max_draft=self.settings.ngram_k, **self.settings.ngram_options)
+        self.feeder = NgramFeeder(drafter, self.settings.ngram_k, self.device, pool_size, self.settings.ngram_donate)
+
+    # -- per step ---------------------------------------------------------------------------------------------------
+    def build_verify(self, batch, draft_input, draft_tokens: torch.Tensor, conf: torch.Tensor):
+        """Called by ``HybridDraftWorker.draft`` with the EAGLE chain; returns the verify input."""
+        attn = self.target_worker.model_runner.attn_backend
+        if attn.verify_mask is not None:
+            raise NotImplementedError(
+                f"HYBRID does not support attention backends with a preallocated verify mask "
+                f"({type(attn).__name__}); choose another --attention-backend")
+        slots = batch.req_pool_indices
+        cur_gen = self._cur_gen if self._cur_gen is not None else self.hybrid_step.buffers.gen[slots]
+        tree = self.hybrid_step.select(draft_input.bonus_tokens, draft_tokens, conf, slots, cur_gen, batch.seq_lens)
+        self._last_tree = tree
+        mode = self._draft_worker.tree_mask_mode if self._draft_worker is not None else default_tree_mask_mode()
+        seq_lens_sum = None
+        if mode == TreeMaskMode.FULL_MASK:
+            seq_lens_sum = batch.seq_lens_sum
+            if seq_lens_sum is None:
+                seq_lens_sum = batch.seq_lens.shape[0] * attn.max_context_len
+        return build_verify_input(tree, batch.seq_lens, num_steps=self.speculative_num_steps,
+                                  max_depth=self.hybrid_step.max_depth, mask_mode=mode, seq_lens_sum=seq_lens_sum)
+
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
+        slots = seq_before = None
+        if decode and self.feeder is not None:
+            reqs = getattr(batch, "reqs", None) or []
+            slots = batch.req_pool_indices
+            seq_before = batch.seq_lens.clone()
+            if len(reqs) == slots.shape[0]:
+                gens = [int(self.req_to_token_pool.req_generation[r.req_pool_idx]) for r in reqs]
+                staged = self.feeder.stage_batch(reqs, gens)
+                self._cur_gen = self.feeder.publish(staged, slots, self.hybrid_step.buffers)
+                self.feeder.drop_absent({r.rid for r in reqs})
+            else:
+                # No host view of this batch's requests: invalidate their proposals (no n-gram candidate this step).
+                self.hybrid_step.buffers.length[slots] = 0
+                self._cur_gen = None
+        out = super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
+                                               pp_proxy_tensors=pp_proxy_tensors)
+        if decode and self._last_tree is not None and slots is not None:
+            bs = slots.shape[0]
+            emitted = out.next_token_ids.view(bs, self.speculative_num_draft_tokens).to(torch.int64)
+            self.hybrid_step.after_verify(self._last_tree, slots, seq_before, emitted, out.accept_lens)
+        self._last_tree = None
+        self._cur_gen = None
+        self.counters.maybe_log()
+        return out
+
+    def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
+        return run_eagle_verify(
+            batch, pp_proxy_tensors=pp_proxy_tensors, target_worker=self.target_worker,
+            req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
+            plan_stream=self.plan_stream, plan_stream_ctx=self.plan_stream_ctx, topk=_TREE_VERIFY_TOPK,
+            num_draft_tokens=self.speculative_num_draft_tokens, device=self.device, metadata_ready_pre_pad=False,
+            finalize_tree_path=True, grammar_barrier=grammar_barrier)
+
+    # -- host hooks -------------------------------------------------------------------------------------------------
+    def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        super().note_request_finished(rid=rid, natural_stop=natural_stop)
+        if self.feeder is not None:
+            self.feeder.finish(rid, natural_stop)

@@ -1,0 +1,150 @@
+"""Cost model (table validation, interpolation, profiling helper) and the goodput budget / price."""
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from sglang_hybrid import cost as cost_mod
+from sglang_hybrid.cost import CostFileError, CostModel, profile
+from sglang_hybrid.price import price_device, price_host
+
+torch.set_num_threads(1)
+
+STAIRCASE = CostModel([1, 4, 8, 16, 32, 64, 128, 256], [10.0, 10.2, 10.5, 12.0, 13.0, 16.0, 24.0, 45.0])
+
+
+def test_step_time_device_equals_host_and_interpolates():
+    n = np.array([0, 1, 2, 4, 6, 8, 100, 256, 300, 1000])
+    host = STAIRCASE.step_time_np(n)
+    dev = STAIRCASE.to().step_time(torch.tensor(n)).numpy()
+    assert np.allclose(host, dev, rtol=1e-6)
+    assert host[0] == 10.0 and host[1] == 10.0                 # clamped below the first size
+    assert abs(host[4] - 10.35) < 1e-12                         # n = 6: halfway between 4 and 8
+    slope = (45.0 - 24.0) / 128
+    assert abs(host[8] - (45.0 + slope * 44)) < 1e-9            # last slope extrapolated
+
+
+def test_small_noise_is_smoothed_and_large_drops_rejected():
+    m = CostModel([1, 2, 3], [1.0, 0.95, 1.2])
+    assert m.seconds.tolist() == [1.0, 1.0, 1.2]
+    with pytest.raises(CostFileError, match="not monotone"):
+        CostModel([1, 2, 3], [1.0, 0.5, 1.2])
+
+
+@pytest.mark.parametrize("sizes,seconds,match", [
+    ([], [], "empty"),
+    ([1, 2], [1.0], "2 sizes but 1 seconds"),
+    ([2, 1], [1.0, 2.0], "strictly increasing"),
+    ([0, 1], [1.0, 2.0], "positive integers"),
+    ([1, 2.5], [1.0, 2.0], "positive integers"),
+    ([1, 2], [1.0, -2.0], "finite and positive"),
+    ([1, 2], [1.0, float("nan")], "finite and positive"),
+    ([1, 2], ["a", 1.0], "must be numbers"),
+])
+def test_bad_tables(sizes, seconds, match):
+    with pytest.raises(CostFileError, match=match):
+        CostModel(sizes, seconds)
+
+
+def test_file_roundtrip_and_malformed_files(tmp_path):
+    p = tmp_path / "cost.json"
+    STAIRCASE.save(p)
+    m = CostModel.load(p)
+    assert m.sizes.tolist() == STAIRCASE.sizes.tolist() and np.allclose(m.seconds, STAIRCASE.seconds)
+    bad = {
+        "notjson.json": "{not json",
+        "format.json": json.dumps({"format": "other", "version": 1, "sizes": [1], "seconds": [1.0]}),
+        "version.json": json.dumps({"format": "hybrid-spark-cost", "version": 9, "sizes": [1], "seconds": [1.0]}),
+        "missing.json": json.dumps({"format": "hybrid-spark-cost", "version": 1, "sizes": [1]}),
+        "values.json": json.dumps({"format": "hybrid-spark-cost", "version": 1, "sizes": [1, 2],
+                                   "seconds": [1.0, 0.0]}),
+    }
+    msgs = {"notjson.json": "not valid JSON", "format.json": "'format'", "version.json": "version",
+            "missing.json": "seconds", "values.json": "finite and positive"}
+    for name, text in bad.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(CostFileError, match=msgs[name]):
+            CostModel.load(tmp_path / name)
+
+
+def test_profile_takes_median_after_warmup(monkeypatch):
+    calls = []
+    clock = [0.0]
+    jitter = iter([5.0, 1.0, 2.0] * 10)
+
+    def fn(n):
+        calls.append(n)
+        clock[0] += n * next(jitter)
+
+    monkeypatch.setattr(cost_mod.time, "perf_counter", lambda: clock[0])
+    m = profile(fn, [8, 2], warmup=1, repeats=3)
+    assert calls == [2, 2, 2, 2, 8, 8, 8, 8]          # sorted sizes, 1 warm-up + 3 timed each
+    # timed durations are n * (1, 2, 5) in some order after the warm-up consumed one jitter value -> median 2n
+    assert m.sizes.tolist() == [2, 8]
+    assert np.allclose(m.seconds, [2 * 2.0, 8 * 2.0])
+    assert m.meta["statistic"] == "median"
+
+
+def brute_budget(s, r, cost):
+    """Max goodput over every subset of slots (the top-b set must be optimal among subsets of size b)."""
+    best, best_b = -1.0, None
+    flat = s.reshape(-1)
+    for k in range(flat.size + 1):
+        for sub in itertools.combinations(range(flat.size), k):
+            g = (r + flat[list(sub)].sum()) / cost.step_time_np(r + k)
+            if g > best + 1e-12:
+                best, best_b = g, k
+    return best, best_b
+
+
+def test_budget_equals_brute_force_and_device_equals_host():
+    rng = np.random.default_rng(0)
+    for cost in (STAIRCASE, CostModel.linear(1.0, 0.2), CostModel([1, 3, 6, 10], [1.0, 1.0, 2.5, 3.0])):
+        ct = cost.to()
+        for trial in range(6):
+            b, k = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+            s = np.sort(rng.random((b, k)), axis=1)[:, ::-1] * (rng.random((b, 1)) < 0.8)
+            r = b
+            g_best, b_best = brute_budget(s, r, cost)
+            b_host, lam_host = price_host(s, r, cost)
+            g_host = (r + np.sort(s.reshape(-1))[::-1][:b_host].sum()) / cost.step_time_np(r + b_host)
+            assert abs(g_host - g_best) < 1e-9 and b_host == b_best
+            want_lam = g_best * (cost.step_time_np(r + b_best + 1) - cost.step_time_np(r + b_best))
+            assert abs(lam_host - want_lam) < 1e-9
+            b_dev, lam_dev = price_device(torch.tensor(s.copy(), dtype=torch.float32), r, ct)
+            assert b_dev.dim() == 0 and lam_dev.dim() == 0
+            assert int(b_dev) == b_host
+            assert abs(float(lam_dev) - lam_host) < 1e-4 * max(1.0, lam_host)
+
+
+def test_price_is_zero_when_memory_bound_and_rises_with_batch():
+    flat = CostModel([1, 1024], [0.05, 0.05])
+    s = torch.rand(4, 8)
+    b, lam = price_device(s, 4, flat.to())
+    assert float(lam) == 0.0
+    lin = CostModel.linear(0.01, 0.0005, max_tokens=8192).to()
+    lams = []
+    for batch in (1, 8, 64, 256):
+        surv = torch.full((batch, 8), 0.5)
+        lams.append(float(price_device(surv, batch, lin)[1]))
+    assert all(x < y for x, y in zip(lams, lams[1:])), lams
+
+
+def test_price_bad_input():
+    ct = STAIRCASE.to()
+    with pytest.raises(ValueError, match="survivals must lie"):
+        price_device(torch.tensor([[1.5]]), 1, ct)
+    with pytest.raises(ValueError, match="NaN"):
+        price_device(torch.tensor([[float("nan")]]), 1, ct)
+    with pytest.raises(ValueError, match="survivals must be 2-D"):
+        price_device(torch.tensor([0.5]), 1, ct)
+    with pytest.raises(TypeError, match="CostTables"):
+        price_device(torch.tensor([[0.5]]), 1, STAIRCASE)
+    with pytest.raises(ValueError, match="num_requests"):
+        price_device(torch.tensor([[0.5]]), -1, ct)
+    with pytest.raises(ValueError, match="cost tables are on"):
+        price_device(torch.zeros((1, 1), device="meta"), 1, ct)
+    with pytest.raises(ValueError, match="survivals must be finite"):
+        price_host(np.array([[2.0]]), 1, STAIRCASE)

@@ -1,0 +1,360 @@
+"""Survival and selector: brute-force checks of expected accepted tokens, choose/merge rules, layout invariants."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from sglang_hybrid.selector import VerifyTree, ancestors_from_parents, select
+from sglang_hybrid.survival import chain_parents, chain_survival, tree_survival
+
+torch.set_num_threads(1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------------------------
+
+def random_tree(rng, n, vocab, max_children=3):
+    """Random topological tree: parents[i] < i (or -1), distinct sibling tokens, sibling a's summing to <= 1."""
+    parents, tokens = [], []
+    for i in range(n):
+        for _ in range(20):
+            p = int(rng.integers(-1, i)) if i else -1
+            used = {tokens[j] for j in range(i) if parents[j] == p}
+            free = [t for t in range(vocab) if t not in used]
+            if free and len(used) < max_children:
+                parents.append(p)
+                tokens.append(int(rng.choice(free)))
+                break
+        else:
+            parents.append(-1)
+            tokens.append(int(rng.choice([t for t in range(vocab) if t not in
+                                          {tokens[j] for j in range(i) if parents[j] == -1}])))
+    a = np.zeros(n)
+    for p in set(parents):
+        kids = [i for i in range(n) if parents[i] == p]
+        w = rng.dirichlet(np.ones(len(kids) + 1))     # leftover mass = "no child accepted"
+        a[kids] = w[:len(kids)]
+    return np.array(tokens), np.array(parents), a
+
+
+def brute_survival(a, parents):
+    s = np.zeros(len(a))
+    for i in range(len(a)):
+        s[i] = a[i] * (s[parents[i]] if parents[i] >= 0 else 1.0)
+    return s
+
+
+def brute_expected_accepted(a, parents):
+    """Enumerate where the accepted path ends: E = sum_i depth_i * P(end at i)."""
+    n = len(a)
+    s = brute_survival(a, parents)
+    depth = [0] * n
+    for i in range(n):
+        depth[i] = 1 + (depth[parents[i]] if parents[i] >= 0 else 0)
+    exp = 0.0
+    for i in range(n):
+        p_stop = 1.0 - sum(a[j] for j in range(n) if parents[j] == i)
+        exp += depth[i] * s[i] * p_stop
+    return exp
+
+
+def make_batch(rng, b, km, kn, vocab=6, tree=True, overlap=0.5):
+    root = torch.tensor(rng.integers(0, vocab, b))
+    mt = rng.integers(0, vocab, (b, km))
+    ma = rng.uniform(0.3, 1.0, (b, km))
+    ml = rng.integers(0, km + 1, b)
+    nt = np.full((b, kn), -1)
+    npar = np.full((b, kn), -1)
+    na = np.zeros((b, kn))
+    nl = rng.integers(0, kn + 1, b)
+    for r in range(b):
+        if tree:
+            t, p, a = random_tree(rng, int(nl[r]), vocab)
+        else:
+            t = rng.integers(0, vocab, nl[r])
+            p = np.arange(nl[r]) - 1
+            a = rng.uniform(0.3, 1.0, nl[r])
+        # copy the model chain prefix sometimes so that merge has something to fold
+        if rng.random() < overlap:
+            for i in range(len(t)):
+                d, j = 0, i
+                while j >= 0:
+                    d, j = d + 1, p[j]
+                if d <= km and (p[i] < 0 or t[p[i]] == mt[r, d - 2]) and rng.random() < 0.7:
+                    used = {t[q] for q in range(i) if p[q] == p[i]}
+                    if mt[r, d - 1] not in used:
+                        t[i] = mt[r, d - 1]
+        nt[r, :len(t)], npar[r, :len(t)], na[r, :len(t)] = t, p, a
+    ms = chain_survival(torch.tensor(ma, dtype=torch.float32), torch.tensor(ml))
+    ns = tree_survival(torch.tensor(na, dtype=torch.float32), torch.tensor(npar), torch.tensor(nl))
+    return dict(root_tokens=root, model_tokens=torch.tensor(mt), model_surv=ms, model_len=torch.tensor(ml),
+                ngram_tokens=torch.tensor(nt), ngram_parents=torch.tensor(npar), ngram_surv=ns,
+                ngram_len=torch.tensor(nl))
+
+
+def check_layout(tree: VerifyTree, n_nodes):
+    b, w = tree.tokens.shape
+    assert w == n_nodes + 1
+    assert tree.ancestors.shape == (b, w, w)
+    assert tree.valid[:, 0].all()
+    idx = torch.arange(w)
+    for r in range(b):
+        v = tree.valid[r]
+        n = int(v.sum())
+        assert v[:n].all() and not v[n:].any(), "valid nodes must be a prefix"
+        assert tree.parents[r, 0] == -1 and tree.depth[r, 0] == 0 and tree.survival[r, 0] == 1
+        for i in range(1, n):
+            p = int(tree.parents[r, i])
+            assert 0 <= p < i
+            assert tree.depth[r, i] == tree.depth[r, p] + 1
+            assert tree.survival[r, i] <= tree.survival[r, p] + 1e-6
+        for i in range(n, w):
+            assert tree.tokens[r, i] == -1 and tree.parents[r, i] == -1 and tree.source[r, i] == -1
+            assert tree.survival[r, i] == 0 and tree.depth[r, i] == 0
+            assert torch.equal(tree.ancestors[r, i], idx == i)
+        # ancestors from parents, by walking
+        for i in range(n):
+            want = torch.zeros(w, dtype=torch.bool)
+            j = i
+            while j >= 0:
+                want[j] = True
+                j = int(tree.parents[r, j])
+            assert torch.equal(tree.ancestors[r, i], want)
+        draft = tree.survival[r, 1:n].sum()
+        assert torch.isclose(tree.expected_accepted[r], draft, atol=1e-5)
+
+
+def paths(tree, r):
+    """Token path (tuple) of every valid draft node."""
+    out = {}
+    for i in range(1, int(tree.valid[r].sum())):
+        p, j = [], i
+        while j > 0:
+            p.append(int(tree.tokens[r, j]))
+            j = int(tree.parents[r, j])
+        out[i] = tuple(reversed(p))
+    return out
+
+
+def candidate_paths(batch, r):
+    """path -> list of survivals for every valid candidate node of request r (model chain, n-gram tree)."""
+    out = {}
+    ml = int(batch["model_len"][r])
+    for j in range(ml):
+        out.setdefault(tuple(batch["model_tokens"][r, :j + 1].tolist()), []).append(
+            ("m", float(batch["model_surv"][r, j])))
+    nl = int(batch["ngram_len"][r])
+    for i in range(nl):
+        p, j = [], i
+        while j >= 0:
+            p.append(int(batch["ngram_tokens"][r, j]))
+            j = int(batch["ngram_parents"][r, j])
+        out.setdefault(tuple(reversed(p)), []).append(("n", float(batch["ngram_surv"][r, i])))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# survival
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_chain_survival_is_cumprod_and_zero_past_length():
+    a = torch.tensor([[0.9, 0.5, 0.5, 0.5], [1.0, 0.2, 0.3, 0.4]])
+    s = chain_survival(a, torch.tensor([2, 4]))
+    assert torch.allclose(s, torch.tensor([[0.9, 0.45, 0, 0], [1.0, 0.2, 0.06, 0.024]]))
+
+
+def test_tree_survival_matches_brute_force():
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 5, 9, 17, 33):
+        t, p, a = random_tree(rng, n, vocab=50)
+        pad = 3
+        ap = torch.tensor(np.concatenate([a, rng.random(pad)]), dtype=torch.float32)[None]
+        pp = torch.tensor(np.concatenate([p, -np.ones(pad, int)]))[None]
+        s = tree_survival(ap, pp, torch.tensor([n]))
+        assert torch.allclose(s[0, :n], torch.tensor(brute_survival(a, p), dtype=torch.float32), atol=1e-6)
+        assert (s[0, n:] == 0).all()
+
+
+def test_expected_accepted_matches_enumeration():
+    """sum of survivals == E[accepted tokens] by enumerating where the accepted path ends."""
+    rng = np.random.default_rng(2)
+    for trial in range(30):
+        n = int(rng.integers(1, 9))
+        t, p, a = random_tree(rng, n, vocab=5)
+        batch = {
+            "root_tokens": torch.tensor([0]), "model_tokens": torch.zeros((1, 0), dtype=torch.int64),
+            "model_surv": torch.zeros((1, 0)), "model_len": torch.tensor([0]),
+            "ngram_tokens": torch.tensor(t)[None], "ngram_parents": torch.tensor(p)[None],
+            "ngram_surv": tree_survival(torch.tensor(a, dtype=torch.float32)[None], torch.tensor(p)[None],
+                                        torch.tensor([n])),
+            "ngram_len": torch.tensor([n])}
+        tree = select(**batch, lam=0.0, mode="merge", n_nodes=n)
+        want = brute_expected_accepted(a, p)
+        assert abs(float(tree.expected_accepted[0]) - want) < 1e-5, (trial, want)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# selector
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["choose", "merge"])
+@pytest.mark.parametrize("tree_shape", [True, False])
+def test_layout_invariants_and_paths_come_from_candidates(mode, tree_shape):
+    rng = np.random.default_rng(3)
+    for lam in (0.0, 0.2, 0.5):
+        batch = make_batch(rng, 16, 5, 6, tree=tree_shape)
+        out = select(**batch, lam=torch.tensor(lam), mode=mode, n_nodes=6)
+        check_layout(out, 6)
+        for r in range(16):
+            cands = candidate_paths(batch, r)
+            for i, path in paths(out, r).items():
+                assert path in cands, "every verified path must be drafted by some source"
+                src = int(out.source[r, i])
+                kinds = {k for k, _ in cands[path]}
+                s = float(out.survival[r, i])
+                assert s >= lam - 1e-7 and s > 0
+                if mode == "choose":
+                    assert src in (0, 1)
+                    want = [v for k, v in cands[path] if k == "mn"[src]]
+                    assert want and abs(s - want[0]) < 1e-6
+                else:
+                    assert src == (2 if kinds == {"m", "n"} else (0 if kinds == {"m"} else 1))
+                    assert abs(s - max(v for _, v in cands[path])) < 1e-6
+            if mode == "choose":
+                srcs = set(out.source[r, 1:int(out.valid[r].sum())].tolist())
+                assert len(srcs) <= 1, "choose verifies one source per request"
+
+
+def brute_best(cands, lam, n_nodes):
+    """Best prefix-closed subset (<= n_nodes paths, all s >= lam, s > 0) of a candidate trie: max sum of s."""
+    items = [(p, max(v for _, v in vs)) for p, vs in cands.items()]
+    items = [(p, s) for p, s in items if s >= lam and s > 0]
+    best = 0.0
+    for k in range(min(n_nodes, len(items)) + 1):
+        for sub in itertools.combinations(items, k):
+            ps = {p for p, _ in sub}
+            if all(len(p) == 1 or p[:-1] in ps for p in ps):
+                best = max(best, sum(s for _, s in sub))
+    return best
+
+
+def test_merge_is_the_best_prefix_closed_tree_and_never_below_choose():
+    rng = np.random.default_rng(4)
+    for trial in range(8):
+        batch = make_batch(rng, 6, 4, 5, vocab=3, tree=True, overlap=0.8)
+        lam = float(rng.choice([0.0, 0.1, 0.3]))
+        n_nodes = int(rng.integers(1, 6))
+        m = select(**batch, lam=lam, mode="merge", n_nodes=n_nodes)
+        c = select(**batch, lam=lam, mode="choose", n_nodes=n_nodes)
+        assert (m.expected_accepted >= c.expected_accepted - 1e-6).all()
+        for r in range(6):
+            want = brute_best(candidate_paths(batch, r), lam, n_nodes)
+            assert abs(float(m.expected_accepted[r]) - want) < 1e-5, (trial, r)
+
+
+def test_choose_picks_larger_net_value_and_truncates_below_lam():
+    # model: 0.9, 0.6, 0.3 ; n-gram chain: 0.95, 0.5, 0.45, 0.4
+    batch = dict(root_tokens=torch.tensor([7]), model_tokens=torch.tensor([[1, 2, 3]]),
+                 model_surv=torch.tensor([[0.9, 0.6, 0.3]]), model_len=torch.tensor([3]),
+                 ngram_tokens=torch.tensor([[4, 5, 6, 8]]), ngram_parents=chain_parents(1, 4),
+                 ngram_surv=torch.tensor([[0.95, 0.5, 0.45, 0.4]]), ngram_len=torch.tensor([4]))
+    # lam = 0.35: V_model = 0.55 + 0.25 = 0.8 ; V_ngram = 0.6 + 0.15 + 0.1 + 0.05 = 0.9 -> n-gram, all 4 nodes
+    t = select(**batch, lam=0.35, mode="choose", n_nodes=8)
+    assert t.tokens[0, :5].tolist() == [7, 4, 5, 6, 8] and (t.source[0, 1:5] == 1).all()
+    # lam = 0.45: V_model = 0.45 + 0.15 = 0.6 ; V_ngram = 0.5 + 0.05 + 0 = 0.55 -> model, truncated before 0.3
+    t = select(**batch, lam=0.45, mode="choose", n_nodes=8)
+    assert t.tokens[0, :4].tolist() == [7, 1, 2, -1] and int(t.valid.sum()) == 3
+    # node budget of 2 truncates the chosen chain
+    t = select(**batch, lam=0.35, mode="choose", n_nodes=2)
+    assert t.tokens[0].tolist() == [7, 4, 5]
+
+
+def test_lambda_zero_keeps_everything_positive_and_huge_lambda_keeps_only_root():
+    rng = np.random.default_rng(5)
+    batch = make_batch(rng, 8, 4, 4, tree=True, overlap=0.0)
+    for mode in ("choose", "merge"):
+        big = select(**batch, lam=torch.tensor(1e9), mode=mode, n_nodes=16)
+        assert big.valid[:, 1:].sum() == 0 and (big.expected_accepted == 0).all()
+        assert (big.tokens[:, 0] == batch["root_tokens"]).all()
+    zero = select(**batch, lam=0.0, mode="merge", n_nodes=16)
+    for r in range(8):   # every distinct drafted path with positive survival is verified
+        want = sum(max(v for _, v in vs) > 0 for vs in candidate_paths(batch, r).values())
+        assert int(zero.valid[r, 1:].sum()) == want
+    zero_c = select(**batch, lam=0.0, mode="choose", n_nodes=16)
+    use_ng = batch["ngram_surv"].sum(1) > batch["model_surv"].sum(1)   # lam = 0: V = sum of survivals
+    want = torch.where(use_ng, (batch["ngram_surv"] > 0).sum(1), (batch["model_surv"] > 0).sum(1))
+    assert torch.equal(zero_c.valid[:, 1:].sum(1), want)
+
+
+def test_merge_folds_shared_prefix():
+    batch = dict(root_tokens=torch.tensor([0]), model_tokens=torch.tensor([[1, 2, 3]]),
+                 model_surv=torch.tensor([[0.8, 0.5, 0.2]]), model_len=torch.tensor([3]),
+                 ngram_tokens=torch.tensor([[1, 2, 9, 4]]), ngram_parents=torch.tensor([[-1, 0, 1, 0]]),
+                 ngram_surv=torch.tensor([[0.9, 0.7, 0.6, 0.1]]), ngram_len=torch.tensor([4]))
+    t = select(**batch, lam=0.0, mode="merge", n_nodes=8)
+    check_layout(t, 8)
+    got = {paths(t, 0)[i]: (int(t.source[0, i]), round(float(t.survival[0, i]), 4)) for i in paths(t, 0)}
+    assert got == {(1,): (2, 0.9), (1, 2): (2, 0.7), (1, 2, 9): (1, 0.6), (1, 2, 3): (0, 0.2), (1, 4): (1, 0.1)}
+    assert abs(float(t.expected_accepted[0]) - 2.5) < 1e-6
+
+
+def test_ancestors_from_parents_matches_walk():
+    par = torch.tensor([[-1, 0, 1, 0, 3, -1], [-1, 0, 0, 2, 3, 4]])
+    anc = ancestors_from_parents(par)
+    for r in range(2):
+        for i in range(6):
+            want, j = set(), i
+            while j >= 0:
+                want.add(j)
+                j = int(par[r, j])
+            assert set(anc[r, i].nonzero().flatten().tolist()) == want
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bad input
+# ---------------------------------------------------------------------------------------------------------------
+
+def good_batch():
+    return dict(root_tokens=torch.tensor([0, 1]), model_tokens=torch.tensor([[1, 2], [3, 4]]),
+                model_surv=torch.tensor([[0.5, 0.2], [0.4, 0.1]]), model_len=torch.tensor([2, 2]),
+                ngram_tokens=torch.tensor([[5, 6], [7, -1]]), ngram_parents=torch.tensor([[-1, 0], [-1, -1]]),
+                ngram_surv=torch.tensor([[0.9, 0.1], [0.3, 0.0]]), ngram_len=torch.tensor([2, 1]))
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(model_surv=torch.tensor([[0.5, 0.2, 0.1], [0.4, 0.1, 0.1]])), "model_surv has shape"),
+    (dict(ngram_len=torch.tensor([2])), "ngram_len has shape"),
+    (dict(model_surv=torch.tensor([[1, 0], [0, 0]])), "model_surv must have a floating dtype"),
+    (dict(ngram_tokens=torch.tensor([[5.0, 6.0], [7.0, 0.0]])), "ngram_tokens must have an integer dtype"),
+    (dict(ngram_surv=torch.tensor([[float("nan"), 0.1], [0.3, 0.0]])), "ngram_surv contains NaN"),
+    (dict(model_surv=torch.tensor([[1.5, 0.2], [0.4, 0.1]])), r"model_surv must lie in \[0, 1\]"),
+    (dict(model_len=torch.tensor([3, 2])), "model_len must lie in"),
+    (dict(ngram_parents=torch.tensor([[-1, 1], [-1, -1]])), "parents must satisfy"),
+    (dict(ngram_tokens=torch.tensor([[5, -1], [7, -1]])), "negative token id"),
+    (dict(model_tokens=torch.zeros((2, 2), dtype=torch.int64, device="meta")), "must share one device"),
+])
+def test_bad_input_is_named(change, match):
+    b = good_batch()
+    b.update(change)
+    with pytest.raises((ValueError, TypeError), match=match):
+        select(**b, lam=0.1, mode="merge", n_nodes=4)
+
+
+def test_bad_mode_budget_lambda_and_empty_batch():
+    with pytest.raises(ValueError, match="mode"):
+        select(**good_batch(), lam=0.1, mode="best", n_nodes=4)
+    with pytest.raises(ValueError, match="n_nodes"):
+        select(**good_batch(), lam=0.1, mode="merge", n_nodes=0)
+    with pytest.raises(ValueError, match="lam must be a 0-dim"):
+        select(**good_batch(), lam=torch.tensor([0.1]), mode="merge", n_nodes=4)
+    with pytest.raises(ValueError, match="lam must be a non-negative"):
+        select(**good_batch(), lam=float("nan"), mode="merge", n_nodes=4)
+    empty = {k: v[:0] for k, v in good_batch().items()}
+    with pytest.raises(ValueError, match="empty batch"):
+        select(**empty, lam=0.1, mode="merge", n_nodes=4)
+    with pytest.raises(ValueError, match="a must lie"):
+        chain_survival(torch.tensor([[1.2]]), torch.tensor([1]))
+    with pytest.raises(ValueError, match="lengths has shape"):
+        tree_survival(torch.tensor([[0.2]]), torch.tensor([[-1]]), torch.tensor([1, 1]))

@@ -1,0 +1,253 @@
+"""HYBRID's verify-input builder against SGLang's own tree kernels and our reference verification.
+
+SGLang 0.5.23 ships the tree kernels it uses on GPUs (``reconstruct_indices_from_tree_mask``, ``verify_tree_greedy``)
+as CUDA JIT modules plus Triton twins (``reconstruct_tree._reconstruct_tree_mask_kernel``,
+``spec_tree.verify_tree_greedy_kernel_triton``). Without a GPU we run those Triton twins in Triton's CPU interpreter
+(``TRITON_INTERPRET=1``, in a subprocess because the flag must be set before Triton is imported). The CPU
+``sgl_kernel`` ops are not installed, so the subprocess stubs that import (never called) to load SGLang's module.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.speculative.eagle_info", reason="sglang is not installed (scripts/setup.sh installs it)")
+
+from sglang_hybrid.selector import VerifyTree, select  # noqa: E402
+from sglang_hybrid.sglang_plugin.verify_input import (  # noqa: E402
+    HybridVerifyInput, TreeMaskMode, build_verify_input, full_mask, tree_links_torch)
+from sglang_hybrid.survival import chain_parents  # noqa: E402
+from sglang_hybrid.verify import greedy_accept  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+N_NODES = 6
+W = N_NODES + 1
+VOCAB = 32
+
+
+def _cat(trees) -> VerifyTree:
+    return VerifyTree(*[torch.cat([getattr(t, f) for t in trees], 0) for f in VerifyTree._fields])
+
+
+def mixed_batch() -> VerifyTree:
+    """Rows: EAGLE chain chosen, n-gram chain chosen, nothing worth verifying (choose, lambda 0.3); two merged trees
+    (one whose model branch is not a front prefix) and one with padding (merge, lambda 0)."""
+    root = torch.tensor([5, 6, 7])
+    m_tok = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [9, 9, 9, 9]])
+    m_surv = torch.tensor([[.9, .8, .7, .6], [.5, .2, .1, .05], [.2, .1, .05, .01]])
+    n_tok = torch.tensor([[11, 12, -1], [13, 14, 15], [16, -1, -1]])
+    n_surv = torch.tensor([[.4, .1, 0], [.9, .9, .8], [.1, 0, 0]])
+    choose = select(root, m_tok, m_surv, torch.tensor([4, 4, 4]), n_tok, chain_parents(3, 3), n_surv,
+                    torch.tensor([2, 3, 1]), 0.3, mode="choose", n_nodes=N_NODES)
+    root2 = torch.tensor([8, 9, 10])
+    m2 = torch.tensor([[1, 2, 3, 4], [20, 21, 22, 23], [1, 2, -1, -1]])
+    s2 = torch.tensor([[.9, .8, .3, .2], [.6, .5, .4, .3], [.5, .4, 0, 0]])
+    n2 = torch.tensor([[1, 2, 9], [24, 25, 26], [3, -1, -1]])
+    ns2 = torch.tensor([[.95, .9, .85], [.5, .4, .3], [.3, 0, 0]])
+    merge = select(root2, m2, s2, torch.tensor([4, 4, 2]), n2, chain_parents(3, 3), ns2, torch.tensor([3, 3, 1]),
+                   0.0, mode="merge", n_nodes=N_NODES)
+    return _cat([choose, merge])
+
+
+def test_batch_covers_every_case():
+    tree = mixed_batch()
+    src, valid = tree.source, tree.valid
+    draft = valid.clone()
+    draft[:, 0] = False
+    assert ((src == 0) | ~draft).all(1)[0] and draft[0].any()          # EAGLE chain
+    assert ((src == 1) | ~draft).all(1)[1] and draft[1].any()          # n-gram chain
+    assert not draft[2].any()                                          # nothing worth verifying
+    assert ((src == 2) & draft).any(1)[3] and ((src == 0) & draft).any(1)[3]   # merged tree
+    assert (~valid).any(1)[5]                                          # padding nodes
+    # row 3: the model branch sits after the n-gram branch, so accepting it is not a front prefix
+    par = tree.parents[3].tolist()
+    assert any(p >= 0 and p != i - 1 for i, p in enumerate(par) if i > 0 and tree.valid[3, i])
+
+
+def _expected_links(tree: VerifyTree, seq_lens: torch.Tensor):
+    """Per-node expectations straight from the VerifyTree's parents (python loops, tiny sizes)."""
+    b, w = tree.tokens.shape
+    pos, nxt, sib = [], [], []
+    for r in range(b):
+        par = [int(p) if tree.valid[r, i] else -2 for i, p in enumerate(tree.parents[r])]
+        for i in range(w):
+            pos.append(int(seq_lens[r]) + (int(tree.depth[r, i]) if tree.valid[r, i] else 0))
+            kids = [k for k in range(w) if par[k] == i]
+            nxt.append(kids[0] if kids else -1)
+            if par[i] < 0:
+                sib.append(-1)
+            else:
+                later = [k for k in range(i + 1, w) if par[k] == par[i]]
+                sib.append(later[0] if later else -1)
+    return (torch.tensor(pos), torch.tensor(nxt).view(b, w), torch.tensor(sib).view(b, w))
+
+
+def test_builder_fields_match_tree():
+    tree = mixed_batch()
+    seq_lens = torch.tensor([7, 3, 12, 1, 9, 4])
+    vi = build_verify_input(tree, seq_lens, num_steps=4, max_depth=4, mask_mode=TreeMaskMode.FULL_MASK,
+                            seq_lens_sum=int(seq_lens.sum()))
+    assert isinstance(vi, HybridVerifyInput)
+    assert vi.max_tree_depth == 5 and vi.tree_topk == -1 and vi.draft_token_num == W and vi.spec_steps == 4
+    pos, nxt, sib = _expected_links(tree, seq_lens)
+    assert torch.equal(vi.positions, pos)
+    assert torch.equal(vi.retrieve_next_token, nxt)
+    assert torch.equal(vi.retrieve_next_sibling, sib)
+    assert torch.equal(vi.retrieve_index, torch.arange(6 * W).view(6, W))
+    # padding nodes carry the root token (a valid embedding id) and are unreachable
+    dt = vi.draft_token.view(6, W)
+    assert torch.equal(dt[~tree.valid], tree.tokens[:, :1].expand(6, W)[~tree.valid])
+    assert (dt >= 0).all()
+    reach = torch.zeros_like(tree.valid)
+    for r in range(6):
+        stack = [0]
+        while stack:
+            n = stack.pop()
+            reach[r, n] = True
+            c = int(nxt[r, n])
+            while c >= 0:
+                stack.append(c)
+                c = int(sib[r, c])
+    assert torch.equal(reach, tree.valid)
+
+
+def test_full_mask_layout():
+    tree = mixed_batch()
+    seq_lens = torch.tensor([7, 3, 12, 1, 9, 4])
+    slack = 5  # an over-sized seq_lens_sum (SGLang's upper bound) must not move any block
+    vi = build_verify_input(tree, seq_lens, num_steps=4, max_depth=4, mask_mode=TreeMaskMode.FULL_MASK,
+                            seq_lens_sum=int(seq_lens.sum()) + slack)
+    mask = vi.custom_mask
+    assert mask.numel() == (int(seq_lens.sum()) + slack) * W + W * W * 6
+    off = 0
+    for r in range(6):
+        n = int(seq_lens[r])
+        block = mask[off: off + W * (n + W)].view(W, n + W)
+        assert block[:, :n].all()
+        anc = tree.ancestors[r] & tree.valid[r][:, None] & tree.valid[r][None, :]
+        anc = anc | torch.eye(W, dtype=torch.bool)
+        assert torch.equal(block[:, n:], anc)
+        off += W * (n + W)
+    assert mask[off:].all()
+    q = build_verify_input(tree, seq_lens, num_steps=4, max_depth=4, mask_mode=TreeMaskMode.QLEN_ONLY)
+    assert torch.equal(q.custom_mask.view(6, W, W)[0], mask[: W * (7 + W)].view(W, 7 + W)[:, 7:])
+
+
+def test_builder_rejects_bad_input():
+    tree = mixed_batch()
+    with pytest.raises(ValueError, match="seq_lens"):
+        build_verify_input(tree, torch.tensor([1, 2]), num_steps=4, max_depth=4, mask_mode=TreeMaskMode.QLEN_ONLY)
+    with pytest.raises(ValueError, match="max_depth"):
+        build_verify_input(tree, torch.ones(6, dtype=torch.long), num_steps=4, max_depth=W,
+                           mask_mode=TreeMaskMode.QLEN_ONLY)
+    with pytest.raises(ValueError, match="seq_lens_sum"):
+        build_verify_input(tree, torch.ones(6, dtype=torch.long), num_steps=4, max_depth=4)
+    with pytest.raises(NotImplementedError, match="QLEN_ONLY_BITPACKING"):
+        build_verify_input(tree, torch.ones(6, dtype=torch.long), num_steps=4, max_depth=4,
+                           mask_mode=TreeMaskMode.QLEN_ONLY_BITPACKING)
+    with pytest.raises(ValueError, match="buffer"):
+        full_mask(tree.ancestors, torch.ones(6, dtype=torch.long), 6, out=torch.ones(3, dtype=torch.bool))
+
+
+_SGLANG_KERNELS = textwrap.dedent("""
+    import sys, types
+    sys.modules.setdefault("vllm", None)
+    # reconstruct_tree imports the compiled CPU op at module level; it is not installed and never called here.
+    _sk = types.ModuleType("sgl_kernel"); _sks = types.ModuleType("sgl_kernel.speculative")
+    _sks.reconstruct_indices_from_tree_mask = None; _sk.speculative = _sks
+    sys.modules.setdefault("sgl_kernel", _sk); sys.modules.setdefault("sgl_kernel.speculative", _sks)
+    import torch
+    torch.set_num_threads(1)
+    from sglang.kernels.ops.speculative import reconstruct_tree, spec_tree
+    from sglang.srt.utils import next_power_of_2
+    def run(d):
+        bs, w = d["bs"], d["w"]
+        pos = torch.empty(bs * w, dtype=torch.int64)
+        ri, rn, rs = (torch.empty(bs * w, dtype=torch.int64) for _ in range(3))
+        reconstruct_tree._reconstruct_tree_mask_kernel[(bs,)](d["tree_mask"], d["seq_lens"], pos, ri, rn, rs, w,
+                                                              next_power_of_2(w), num_warps=1)
+        depth = d["max_depth"] + 1
+        predicts = torch.full((bs * w,), -1, dtype=torch.int64)
+        accept_index = torch.full((bs, depth), -1, dtype=torch.int64)
+        accept_num = torch.zeros(bs, dtype=torch.int64)
+        spec_tree.verify_tree_greedy_kernel_triton[(bs,)](
+            predicts, accept_index, accept_num, d["candidates"], d["retrieve_index"], d["retrieve_next_token"],
+            d["retrieve_next_sibling"], d["target_predict"], batch_size=bs, num_speculative_tokens=depth,
+            num_draft_tokens=w)
+        return {"positions": pos, "retrieve_index": ri.view(bs, w), "retrieve_next_token": rn.view(bs, w),
+                "retrieve_next_sibling": rs.view(bs, w), "predicts": predicts, "accept_index": accept_index,
+                "accept_num": accept_num}
+    torch.save([run(d) for d in torch.load(sys.argv[1])], sys.argv[2])
+""")
+
+
+def _target_logits(tree: VerifyTree, seed: int) -> torch.Tensor:
+    """Target logits whose argmax follows some draft paths (so acceptances of every length occur), and whose
+    argmax at the root of the last row equals the root token, which padding nodes carry."""
+    g = torch.Generator().manual_seed(seed)
+    b, w = tree.tokens.shape
+    logits = torch.randn(b, w, VOCAB, generator=g)
+    for r in range(b):
+        for i in range(1, w):
+            if tree.valid[r, i] and torch.rand((), generator=g) < 0.7:
+                p = int(tree.parents[r, i])
+                logits[r, p] = -5.0
+                logits[r, p, int(tree.tokens[r, i])] = 5.0
+    logits[5, 0] = -5.0
+    logits[5, 0, int(tree.tokens[5, 0])] = 5.0
+    return logits
+
+
+def test_sglang_kernels_accept_builder_output(tmp_path):
+    """SGLang's own Triton tree kernels (CPU interpreter) on our verify input: identical positions/retrieve arrays,
+    and greedy acceptance equal to ``sglang_hybrid.verify.greedy_accept`` (the project's reference)."""
+    tree = mixed_batch()
+    bs = tree.tokens.shape[0]
+    seq_lens = torch.tensor([7, 3, 12, 1, 9, 4])
+    vi = build_verify_input(tree, seq_lens, num_steps=4, max_depth=4, mask_mode=TreeMaskMode.QLEN_ONLY)
+    cases = []
+    for seed in range(4):
+        logits = _target_logits(tree, seed)
+        cases.append((logits, greedy_accept(tree, logits)))
+    inp, out = tmp_path / "in.pt", tmp_path / "out.pt"
+    torch.save([{"bs": bs, "w": W, "max_depth": 4, "tree_mask": vi.custom_mask.clone(), "seq_lens": seq_lens,
+                 "candidates": vi.draft_token.view(bs, W).clone(), "retrieve_index": vi.retrieve_index,
+                 "retrieve_next_token": vi.retrieve_next_token, "retrieve_next_sibling": vi.retrieve_next_sibling,
+                 "target_predict": logits.argmax(-1)} for logits, _ in cases], inp)
+    script = tmp_path / "run_sglang_kernels.py"
+    script.write_text(_SGLANG_KERNELS + "\n")
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(script), str(inp), str(out)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outputs = torch.load(out)
+    assert len(outputs) == len(cases)
+    lens_seen = set()
+    for got, (logits, ref) in zip(outputs, cases):
+        assert torch.equal(got["positions"], vi.positions)
+        assert torch.equal(got["retrieve_index"], vi.retrieve_index)
+        assert torch.equal(got["retrieve_next_token"], vi.retrieve_next_token)
+        assert torch.equal(got["retrieve_next_sibling"], vi.retrieve_next_sibling)
+        assert torch.equal(got["accept_num"], ref.accept_len)
+        for r in range(bs):
+            n = int(ref.accept_len[r])
+            lens_seen.add(n)
+            path = got["accept_index"][r, : n + 1] - r * W
+            assert torch.equal(path, ref.accepted_nodes[r, : n + 1])
+            assert (got["accept_index"][r, n + 1:] == -1).all()
+            assert bool(tree.valid[r, path].all())                       # never a padding node
+            assert int(got["predicts"][r * W + int(path[-1])]) == int(ref.bonus[r])
+    assert len(lens_seen) >= 3
+
+
+def test_tree_links_torch_compiles_fullgraph():
+    tree = mixed_batch()
+    seq_lens = torch.tensor([7, 3, 12, 1, 9, 4])
+    compiled = torch.compile(tree_links_torch, fullgraph=True, backend="eager")
+    for a, b in zip(compiled(tree.ancestors, seq_lens), tree_links_torch(tree.ancestors, seq_lens)):
+        assert torch.equal(a, b)
