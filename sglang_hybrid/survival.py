@@ -66,6 +66,11 @@ def path_sum(values: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     return _path_reduce(values, parents, torch.add)
 
 
+def path_min(values: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """Minimum of ``values`` along each node's path from the root (root excluded)."""
+    return _path_reduce(values, parents, torch.minimum)
+
+
 def tree_survival(a: torch.Tensor, parents: torch.Tensor, lengths: torch.Tensor,
                   check_values: Optional[bool] = None) -> torch.Tensor:
     """Survival of each node of a draft tree: product of ``a`` along its path; 0 for ``i >= lengths[b]``."""

@@ -8,7 +8,8 @@ with target distribution ``p`` the children are tried in index order; child toke
 ``p_res(x)`` (the usual ``min(1, p/q)`` with ``q`` one-hot), where ``p_res`` starts at ``p`` and after each rejection
 has the rejected token zeroed and is renormalised. When no child is accepted the bonus is drawn from ``p_res``. The
 emitted token is then distributed exactly as ``p`` (accept ``x`` with prob ``p(x)``, else draw from ``p`` restricted to
-the other tokens), so the output distribution equals plain sampling from the target -- verified by ``tests/test_verify``.
+the other tokens), so the output distribution equals plain sampling from the target (checked by
+``tests/test_verify.py``).
 
 Vectorised without a walk: with the residual mass ``S`` of the earlier siblings, child ``i`` passes its test iff
 ``u_i (1 - S_i) < p(x_i)``; it *wins* iff it passes and no earlier sibling passed (the walk would have stopped there).
@@ -110,7 +111,9 @@ def target_probs(target_logits: torch.Tensor, temperature: torch.Tensor) -> torc
     logits = target_logits.to(torch.float32)
     t = temperature[:, None, None]
     soft = torch.softmax(logits / torch.where(t > 0, t, torch.ones_like(t)), dim=2)
-    hard = torch.nn.functional.one_hot(torch.argmax(logits, dim=2), logits.shape[2]).to(torch.float32)
+    # comparison instead of F.one_hot, whose range checks may read values back to the host
+    vocab = torch.arange(logits.shape[2], device=logits.device)
+    hard = (vocab[None, None, :] == torch.argmax(logits, dim=2)[:, :, None]).to(torch.float32)
     return torch.where(t > 0, soft, hard)
 
 

@@ -194,7 +194,7 @@ def test_default_file_loads_and_reproduces_heldout_metrics():
             assert abs(got["per_position"][pos][key] - block[key]) < 1e-6, (pos, key)
         for w, block in rep["per_workload"].items():
             assert abs(got["per_workload"][w][key] - block[key]) < 1e-6, (w, key)
-    assert set(rep["per_workload"]) == {"chat", "code"}
+    assert set(rep["per_workload"]) == {"chat", "code", "edit"}
     # the calibration is the point of the file: it must beat the raw frequency on held-out text
     assert got["overall"]["ece_after"] < got["overall"]["ece_before"]
     assert got["overall"]["brier_after"] < got["overall"]["brier_before"]
@@ -263,3 +263,47 @@ def test_cli_fits_from_records(tmp_path, capsys):
     held = NgramRecords.load(tmp_path / "cal_heldout.npz")
     assert np.all(held.doc % 5 == 0) and len(held) == cal.split["heldout_records"]
     assert abs(cal.evaluate(held)["overall"]["ece_after"] - cal.metrics["heldout"]["overall"]["ece_after"]) < 1e-9
+
+
+def write_synthetic_trace(path, n_req=12, k=4, seed=0):
+    """A trace whose EAGLE drafts are over-confident: a draft with stated prob q hits w.p. sigmoid(logit(q) / 3)."""
+    from sglang_hybrid.reference.trace import TraceHeader, TraceRecord, write_trace
+    rng = np.random.default_rng(seed)
+    recs = []
+    for r in range(n_req):
+        motif = rng.integers(0, 50, 6).tolist()
+        out = (motif * 12)[:60]
+        toks, probs = [], []
+        for p in range(len(out)):
+            row_t, row_p = [], []
+            for j in range(k):
+                q = float(rng.uniform(0.02, 0.98))
+                true = 1 / (1 + np.exp(-np.log(q / (1 - q)) / 3))
+                right = p + j < len(out) and rng.random() < true
+                row_t.append(int(out[p + j]) if right else 999)
+                row_p.append(q)
+            toks.append(row_t)
+            probs.append(row_p)
+        recs.append(TraceRecord(f"r{r}", "code" if r % 2 else "chat", motif, out, toks, probs))
+    write_trace(path, TraceHeader("m", "d", 0.0, k), recs)
+
+
+def test_cli_fits_both_drafters_from_a_trace(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    write_synthetic_trace(trace)
+    rec = calibrate.model_records_from_trace(trace)
+    assert len(rec) > 0 and set(rec.workload.tolist()) == {"chat", "code"}
+    # conditional records: depth j + 1 appears only after a hit at depth j of the same row
+    assert (rec.depth >= 1).all() and (rec.depth <= 4).all()
+    hi = rec.prob > 0.8
+    assert np.mean(rec.accepted[hi]) < np.mean(rec.prob[hi])   # over-confident by construction
+    out, mout = tmp_path / "ng.json", tmp_path / "model.json"
+    assert calibrate.main(["--trace", str(trace), "--out", str(out), "--model-out", str(mout),
+                           "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "model drafter: temperatures" in text and "held-out" in text
+    m = ModelCalibration.load(mout)
+    assert 2.0 < m.temperatures[0] < 4.5                       # true temperature 3
+    assert m.metrics["heldout"]["ece_after"] < m.metrics["heldout"]["ece_before"]
+    ng = NgramCalibration.load(out)
+    assert ng.corpus["trace"] == str(trace) and ng.split["train_records"] > 0

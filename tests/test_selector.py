@@ -358,3 +358,19 @@ def test_bad_mode_budget_lambda_and_empty_batch():
         chain_survival(torch.tensor([[1.2]]), torch.tensor([1]))
     with pytest.raises(ValueError, match="lengths has shape"):
         tree_survival(torch.tensor([[0.2]]), torch.tensor([[-1]]), torch.tensor([1, 1]))
+
+
+def test_inconsistent_survivals_still_give_a_prefix_closed_tree():
+    """A child estimated above its parent (an upstream bug) must not be verified without its parent."""
+    batch = dict(root_tokens=torch.tensor([0]), model_tokens=torch.tensor([[1, 2, 3]]),
+                 model_surv=torch.tensor([[0.2, 0.9, 0.8]]), model_len=torch.tensor([3]),
+                 ngram_tokens=torch.tensor([[4, 5, 6]]), ngram_parents=torch.tensor([[-1, 0, 1]]),
+                 ngram_surv=torch.tensor([[0.1, 0.95, 0.9]]), ngram_len=torch.tensor([3]))
+    for mode in ("choose", "merge"):
+        for n_nodes in (1, 2, 4):
+            t = select(**batch, lam=0.15, mode=mode, n_nodes=n_nodes)
+            check_layout(t, n_nodes)
+            # running minimum: model chain 0.2 everywhere (>= lam), n-gram 0.1 everywhere (< lam)
+            want = [(1,), (1, 2), (1, 2, 3)][:min(n_nodes, 3)]
+            assert sorted(paths(t, 0).values()) == want
+            assert torch.allclose(t.survival[0, 1:1 + len(want)], torch.tensor(0.2))

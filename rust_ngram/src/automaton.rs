@@ -261,14 +261,17 @@ impl SuffixAutomaton {
     /// This equals the occurrences of the extended string, including the one at the very end of the text.
     pub fn continuation_count(&mut self, state: u32, token: u32) -> u32 {
         let Some(t) = self.transition(state, token) else { return 0 };
+        let st = self.stats(state);
+        self.stats(t).occurrences + self.end_correction(&st, token)
+    }
+
+    /// 1 when the string of a state with statistics `st`, extended by `token`, also ends at the last position of
+    /// the text (an occurrence the "followed" statistics of the extended state leave out), else 0. That happens
+    /// exactly when the state ends at `n - 2` and the last token is `token`.
+    #[inline]
+    pub(crate) fn end_correction(&self, st: &StateStats, token: u32) -> u32 {
         let n = self.tokens.len();
-        let mut c = self.lct.get(t).cnt;
-        // The extended string may also end at n - 1 (the end of the text), which the "followed" statistics of
-        // `t` leave out; that happens exactly when `state` ends at n - 2 and the last token is `token`.
-        if n >= 2 && self.tokens[n - 1] == token && self.lct.get(state).last == (n - 1) as u32 {
-            c += 1;
-        }
-        c
+        (n >= 2 && self.tokens[n - 1] == token && st.last_end == Some(n - 2)) as u32
     }
 
     /// Appends several tokens.

@@ -55,24 +55,27 @@ pub struct DraftToken {
 pub fn chain_draft(sam: &mut SuffixAutomaton, m: Match, k: usize, source: Source, out: &mut Vec<DraftToken>) {
     let mut state = m.state;
     let mut len = m.len;
+    // One statistics query per drafted token: the next state's statistics give this token's count.
+    let mut st = sam.stats(state);
     for j in 0..k {
-        let st = sam.stats(state);
         let Some(e) = st.last_end else { break };
         let tok = sam.tokens()[e + 1];
         if tok == SEPARATOR {
             break;
         }
-        let count = sam.continuation_count(state, tok);
+        let next = sam.transition(state, tok).expect("a followed occurrence implies the transition");
+        let next_st = sam.stats(next);
         out.push(DraftToken {
             token: tok,
             parent: j as i32 - 1,
             depth: j as u32 + 1,
             match_len: len,
-            count,
+            count: next_st.occurrences + sam.end_correction(&st, tok),
             total: st.occurrences,
             source,
         });
-        state = sam.transition(state, tok).expect("a followed occurrence implies the transition");
+        state = next;
+        st = next_st;
         len += 1;
     }
 }
@@ -143,7 +146,8 @@ fn expand(sam: &mut SuffixAutomaton, m: Match, params: &TreeParams, out: &mut Ve
                 if t == SEPARATOR || local.iter().any(|&(u, _)| u == t) {
                     continue;
                 }
-                let cnt = sam.continuation_count(c.state, t);
+                let Some(next) = sam.transition(c.state, t) else { continue };
+                let cnt = sam.stats(next).occurrences + sam.end_correction(&st, t);
                 if cnt > 0 {
                     local.push((t, cnt));
                 }

@@ -40,6 +40,7 @@ mod draft;
 mod drafter;
 mod lct;
 pub mod reference;
+pub mod synth;
 mod table;
 
 pub use automaton::{Match, StateStats, SuffixAutomaton, ROOT, SEPARATOR};

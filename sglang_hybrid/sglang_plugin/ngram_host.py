@@ -37,7 +37,8 @@ class NgramFeeder:
         self.max_bs = max_bs
 
     # -- request lifecycle ---------------------------------------------------------------------------------------
-    def _sync_request(self, rid, tokens: Sequence[int]) -> int:
+    def _sync_request(self, rid, tokens: Sequence[int], pending: list) -> int:
+        """Register ``rid`` or queue its new tokens in ``pending`` (one ``extend_batch`` call per step)."""
         n = len(tokens)
         if rid in self._ids and n < self._fed[rid]:
             # The request's committed tokens shrank (retraction and re-prefill): start over.
@@ -45,9 +46,9 @@ class NgramFeeder:
         if rid not in self._ids:
             self._ids[rid] = self._next_id
             self._next_id += 1
-            self.drafter.start(self._ids[rid], np.asarray(tokens, dtype=np.int32))
+            self.drafter.start(self._ids[rid], np.asarray(tokens, dtype=np.int64))
         elif n > self._fed[rid]:
-            self.drafter.extend(self._ids[rid], np.asarray(tokens[self._fed[rid]:], dtype=np.int32))
+            pending.append((self._ids[rid], tokens[self._fed[rid]:]))
         self._fed[rid] = n
         return self._ids[rid]
 
@@ -77,11 +78,15 @@ class NgramFeeder:
         bs = len(reqs)
         if bs > self.max_bs:
             raise ValueError(f"decode batch of {bs} exceeds the n-gram staging capacity {self.max_bs}")
-        ids, at = [], []
+        ids, at, pending = [], [], []
         for req in reqs:
             tokens = list(req.origin_input_ids) + list(req.output_ids)
-            ids.append(self._sync_request(req.rid, tokens))
+            ids.append(self._sync_request(req.rid, tokens, pending))
             at.append(len(tokens))
+        if pending:
+            self.drafter.extend_batch(np.asarray([p[0] for p in pending], dtype=np.int64),
+                                      np.asarray([t for p in pending for t in p[1]], dtype=np.int64),
+                                      np.asarray([len(p[1]) for p in pending], dtype=np.int64))
         drafts = self.drafter.propose(np.asarray(ids, dtype=np.int64), self.k)
         rows = torch.empty((bs, len(_FIELDS), self.k), dtype=torch.int64, pin_memory=self._pin)
         for f, name in enumerate(_FIELDS):

@@ -19,6 +19,12 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_NUM_STEPS = 4
 DEFAULT_MAX_RUNNING_REQUESTS = 48
+#: Attention backends whose target-verify path applies the tree mask when ``speculative_eagle_topk == 1``. Others
+#: (fa3, trtllm_mha, aiter, hybrid linear attention, ...) treat a topk=1 verify as a causal chain and would
+#: silently ignore HYBRID's tree: wrong outputs. torch_native only appears on CPU (argument resolution in CI).
+TREE_MASK_BACKENDS = ("flashinfer", "triton")
+CPU_BACKENDS = ("torch_native", "intel_amx")
+DEFAULT_ATTENTION_BACKEND = "flashinfer"
 
 
 class HybridArgsError(ValueError):
@@ -87,6 +93,13 @@ def validate_server_args(server_args, *, check_ngram: bool = True) -> HybridSett
         value = _get(server_args, name)
         if bad(value):
             raise HybridArgsError(f"{name}={value!r}: {fix}")
+    allowed = TREE_MASK_BACKENDS + (CPU_BACKENDS if _get(server_args, "device") == "cpu" else ())
+    for name in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
+        value = _get(server_args, name)
+        if value is not None and value not in allowed:
+            raise HybridArgsError(
+                f"--{name.replace('_', '-')} {value}: this backend verifies a topk=1 draft as a causal chain and would "
+                f"ignore HYBRID's tree mask; use --{name.replace('_', '-')} flashinfer (or triton)")
     n_nodes = settings.resolved_n_nodes(int(_get(server_args, "speculative_num_steps") or DEFAULT_NUM_STEPS))
     ndt = _get(server_args, "speculative_num_draft_tokens")
     if ndt is not None and int(ndt) != n_nodes + 1:
@@ -124,6 +137,10 @@ def handle_server_args(server_args) -> None:
     if _get(server_args, "enable_mixed_chunk"):
         server_args.enable_mixed_chunk = False
         logger.warning("HYBRID: mixed chunked prefill disabled (it degrades running requests to plain decode)")
+    if _get(server_args, "device") != "cpu" and _get(server_args, "attention_backend") is None:
+        server_args.attention_backend = DEFAULT_ATTENTION_BACKEND
+        logger.info("HYBRID: --attention-backend defaults to %s (its verify applies tree masks)",
+                    DEFAULT_ATTENTION_BACKEND)
     if _get(server_args, "device") == "cpu" and not _get(server_args, "disable_overlap_schedule"):
         server_args.disable_overlap_schedule = True
         logger.warning("HYBRID: overlap scheduling is not implemented for speculative decoding on CPU; disabled")

@@ -17,8 +17,9 @@ exact for deterministic proposals, which both EAGLE's argmax chain and n-gram co
 unreachable in the retrieve lists (see ``verify_input``).
 
 Not supported (rejected at start by ``server_args.validate_server_args``): pipeline parallelism, disaggregation,
-adaptive steps, multi-layer EAGLE, rejection sampling, page size > 1; attention backends that preallocate a verify
-mask (DeepSeek V4) are rejected at the first decode step.
+adaptive steps, multi-layer EAGLE, rejection sampling, page size > 1, and attention backends other than FlashInfer and
+Triton: see ``server_args.TREE_MASK_BACKENDS``: backends that verify a topk=1 draft as a causal chain would ignore
+the tree mask, so only FlashInfer and Triton are accepted (checked again at the first decode step).
 """
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ logger = logging.getLogger(__name__)
 #: value above one selects that branch (our trees are irregular, the value is not used as a branching factor there).
 _TREE_VERIFY_TOPK = 2
 _construct_lock = threading.Lock()
+#: Target attention backends whose topk=1 verify applies the custom (tree) mask; see server_args.TREE_MASK_BACKENDS.
+TREE_MASK_BACKEND_CLASSES = ("FlashInferAttnBackend", "TritonAttnBackend")
 
 
 @contextlib.contextmanager
@@ -203,22 +206,33 @@ class HybridWorkerV2(EAGLEWorkerV2):
     def build_verify(self, batch, draft_input, draft_tokens: torch.Tensor, conf: torch.Tensor):
         """Called by ``HybridDraftWorker.draft`` with the EAGLE chain; returns the verify input."""
         attn = self.target_worker.model_runner.attn_backend
-        if attn.verify_mask is not None:
+        if type(attn).__name__ not in TREE_MASK_BACKEND_CLASSES:
             raise NotImplementedError(
-                f"HYBRID does not support attention backends with a preallocated verify mask "
-                f"({type(attn).__name__}); choose another --attention-backend")
+                f"HYBRID needs an attention backend whose topk=1 verify applies the tree mask "
+                f"({', '.join(TREE_MASK_BACKEND_CLASSES)}), got {type(attn).__name__}; use --attention-backend "
+                "flashinfer")
         slots = batch.req_pool_indices
         cur_gen = self._cur_gen if self._cur_gen is not None else self.hybrid_step.buffers.gen[slots]
         tree = self.hybrid_step.select(draft_input.bonus_tokens, draft_tokens, conf, slots, cur_gen, batch.seq_lens)
         self._last_tree = tree
-        mode = self._draft_worker.tree_mask_mode if self._draft_worker is not None else default_tree_mask_mode()
+        # Same mask placement rule as SGLang's build_eagle_verify_input: the backend's preallocated buffer (which its
+        # verify CUDA graph reads) when it has one and the batch fits, else a fresh tensor.
+        bs = batch.seq_lens.shape[0]
+        verify_mask = attn.verify_mask
+        if verify_mask is None:
+            mode = self._draft_worker.tree_mask_mode if self._draft_worker is not None else default_tree_mask_mode()
+            mask_buf = None
+        else:
+            mode = verify_mask.mode
+            mask_buf = verify_mask.buffer if verify_mask.fits(bs) else None
         seq_lens_sum = None
         if mode == TreeMaskMode.FULL_MASK:
             seq_lens_sum = batch.seq_lens_sum
             if seq_lens_sum is None:
-                seq_lens_sum = batch.seq_lens.shape[0] * attn.max_context_len
+                seq_lens_sum = bs * attn.max_context_len
         return build_verify_input(tree, batch.seq_lens, num_steps=self.speculative_num_steps,
-                                  max_depth=self.hybrid_step.max_depth, mask_mode=mode, seq_lens_sum=seq_lens_sum)
+                                  max_depth=self.hybrid_step.max_depth, mask_mode=mode, seq_lens_sum=seq_lens_sum,
+                                  mask_buf=mask_buf)
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())

@@ -1,0 +1,175 @@
+"""CPU cost of the hybrid core per decode step, against one target forward of a SmolLM2-135M-shaped model.
+
+    python bench/selector.py [--threads 1] [--repeats 20] [--model random|smollm2]
+
+For batch 1/4/32/128 and two modes -- ``chain`` (EAGLE chain of 8 vs n-gram chain of 8, ``choose``, 8 verify nodes)
+and ``tree`` (EAGLE chain of 8 + n-gram tree of 16, ``merge``, 16 verify nodes) -- it times, eagerly on the CPU:
+``select`` alone; ``decide`` = everything the core adds before the target forward (n-gram acceptance gather, model
+temperature scaling, survivals, device price, select); ``verify`` = ``greedy_accept`` on ``[B, W, 49152]`` logits
+(dominated by the argmax over the vocabulary, which any decoder pays). The target forward verifies the same ``B x W``
+tokens with an empty KV cache (no context attention), i.e. a *lower bound* on the real verify forward, so the printed
+ratios overstate the core's share.
+
+``--model random`` (default) builds a randomly initialised ``LlamaForCausalLM`` with SmolLM2-135M's shapes (hidden 576,
+30 layers, 9 heads / 3 KV heads, vocab 49152): same FLOPs as the real model, no conversion needed. ``--model smollm2``
+loads the real weights through ``sglang_hybrid.reference.models`` (converts the packaged GGUF once).
+
+Inputs are synthetic (random features and survivals, shapes as in serving); only pure-PyTorch modules are imported.
+Numbers are medians of one run on this machine; compare ratios, not absolute times.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from sglang_hybrid.calibration import ModelCalibration, NgramCalibration  # noqa: E402
+from sglang_hybrid.cost import CostModel  # noqa: E402
+from sglang_hybrid.price import price_device  # noqa: E402
+from sglang_hybrid.selector import select  # noqa: E402
+from sglang_hybrid.survival import chain_parents, chain_survival, tree_survival  # noqa: E402
+from sglang_hybrid.verify import greedy_accept, sample_accept  # noqa: E402
+
+VOCAB = 49152
+MODES = {"chain": dict(km=8, kn=8, tree=False, mode="choose", n_nodes=8),
+         "tree": dict(km=8, kn=16, tree=True, mode="merge", n_nodes=16)}
+
+
+def make_step_inputs(batch: int, km: int, kn: int, tree: bool, n_nodes: int, device="cpu", seed: int = 0,
+                     vocab: int = VOCAB, with_logits: bool = True) -> dict:
+    """Synthetic per-step inputs with serving shapes (features, tokens, lengths, target logits, uniforms)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def ri(lo, hi, shape):
+        return torch.randint(lo, hi, shape, generator=g)
+
+    if tree:   # heap-shaped tree: node i hangs under (i - 1) // 2 (-1 = root for node 0)
+        par = torch.tensor([(i - 1) // 2 if i else -1 for i in range(kn)]).expand(batch, kn).contiguous()
+    else:
+        par = chain_parents(batch, kn)
+    depth = torch.zeros(batch, kn, dtype=torch.int64)
+    for i in range(kn):
+        p = int(par[0, i])
+        depth[:, i] = 1 if p < 0 else depth[:, p] + 1
+    model_tokens = ri(0, vocab, (batch, km))
+    ngram_tokens = ri(0, vocab, (batch, kn))
+    ngram_tokens[: batch // 2, 0] = model_tokens[: batch // 2, 0]   # half the requests share a first token
+    x = dict(
+        feats=dict(match_len=ri(0, 40, (batch, kn)), count=ri(1, 4, (batch, kn)), total=ri(4, 8, (batch, kn)),
+                   depth=depth, source=ri(0, 2, (batch, kn))),
+        par=par, prob=torch.rand((batch, km), generator=g), mdepth=torch.arange(1, km + 1).expand(batch, km),
+        model_tokens=model_tokens, ngram_tokens=ngram_tokens,
+        model_len=ri(0, km + 1, (batch,)), ngram_len=ri(0, kn + 1, (batch,)), root=ri(0, vocab, (batch,)),
+        uniforms=torch.rand((batch, n_nodes + 1), generator=g), temperature=torch.full((batch,), 0.7))
+    if with_logits:
+        x["logits"] = torch.randn((batch, n_nodes + 1, vocab), generator=g)
+    x = {k: ({kk: vv.to(device).contiguous() for kk, vv in v.items()} if isinstance(v, dict)
+             else v.to(device).contiguous()) for k, v in x.items()}
+    x["ngram_cal"] = NgramCalibration.load().to(device)
+    x["model_cal"] = ModelCalibration(np.linspace(0.9, 1.4, 8)).to(device)
+    x["cost"] = CostModel([1, 64, 256, 1024, 4096], [0.010, 0.011, 0.016, 0.045, 0.17]).to(device)
+    x["batch"] = batch
+    return x
+
+
+def decide(x: dict, mode: str, n_nodes: int, tree: bool):
+    """Everything before the target forward: acceptance -> survival -> price -> select."""
+    a_ng = x["ngram_cal"].acceptance(**x["feats"])
+    s_ng = tree_survival(a_ng, x["par"], x["ngram_len"]) if tree else chain_survival(a_ng, x["ngram_len"])
+    s_m = chain_survival(x["model_cal"].acceptance(x["prob"], x["mdepth"]), x["model_len"])
+    b_star, lam = price_device(torch.cat([s_m, s_ng], 1), x["batch"], x["cost"])
+    t = select(x["root"], x["model_tokens"], s_m, x["model_len"], x["ngram_tokens"], x["par"], s_ng, x["ngram_len"],
+               lam, mode=mode, n_nodes=n_nodes)
+    return b_star, lam, t
+
+
+def core_step(x: dict, mode: str, n_nodes: int, tree: bool, sample: bool = False):
+    """One decode step of the engine-agnostic core; returns every output tensor (for equality checks)."""
+    b_star, lam, t = decide(x, mode, n_nodes, tree)
+    res = (sample_accept(t, x["logits"], x["temperature"], x["uniforms"]) if sample
+           else greedy_accept(t, x["logits"]))
+    return (b_star, lam) + tuple(t) + tuple(res)
+
+
+def select_only(x: dict, mode: str, n_nodes: int, s_m, s_ng, lam):
+    return select(x["root"], x["model_tokens"], s_m, x["model_len"], x["ngram_tokens"], x["par"], s_ng,
+                  x["ngram_len"], lam, mode=mode, n_nodes=n_nodes)
+
+
+def median_ms(fn, repeats: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(ts)
+
+
+def target_model(kind: str):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    if kind == "smollm2":
+        from sglang_hybrid.reference.models import load_smollm2
+        return load_smollm2().model.eval(), "SmolLM2-135M-Instruct (real weights)"
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                      tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval(), "random LlamaForCausalLM with SmolLM2-135M shapes"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--model-repeats", type=int, default=3)
+    ap.add_argument("--batches", default="1,4,32,128")
+    ap.add_argument("--model", default="random", choices=["random", "smollm2"])
+    ap.add_argument("--no-model", action="store_true", help="skip the target forward (core timings only)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model, model_desc = (None, "none") if args.no_model else target_model(args.model)
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"torch {torch.__version__}, {args.threads} CPU thread(s); target: {model_desc}; medians of "
+          f"{args.repeats} (core) / {args.model_repeats} (target) runs")
+    hdr = (f"{'batch':>5} {'mode':>6} {'W':>3} {'select ms':>10} {'decide ms':>10} {'verify ms':>10}"
+           f" {'target fwd ms':>14} {'decide/fwd':>11} {'verify/fwd':>11}")
+    print(hdr)
+    print("-" * len(hdr))
+    for b in batches:
+        fwd_ms = {}
+        for name, m in MODES.items():
+            x = make_step_inputs(b, m["km"], m["kn"], m["tree"], m["n_nodes"])
+            with torch.inference_mode():
+                _, lam, t = decide(x, m["mode"], m["n_nodes"], m["tree"])
+                s_m = chain_survival(x["model_cal"].acceptance(x["prob"], x["mdepth"]), x["model_len"])
+                a_ng = x["ngram_cal"].acceptance(**x["feats"])
+                s_ng = (tree_survival(a_ng, x["par"], x["ngram_len"]) if m["tree"]
+                        else chain_survival(a_ng, x["ngram_len"]))
+                sel = median_ms(lambda: select_only(x, m["mode"], m["n_nodes"], s_m, s_ng, lam), args.repeats)
+                dec = median_ms(lambda: decide(x, m["mode"], m["n_nodes"], m["tree"]), args.repeats)
+                ver = median_ms(lambda: greedy_accept(t, x["logits"]), args.repeats)
+                w = m["n_nodes"] + 1
+                if model is not None and w not in fwd_ms:
+                    ids = torch.randint(0, VOCAB, (b, w), generator=torch.Generator().manual_seed(1))
+                    fwd_ms[w] = median_ms(lambda: model(input_ids=ids, use_cache=False), args.model_repeats, 1)
+            del x
+            f = fwd_ms.get(w)
+            fmt = (lambda v: f"{v / f:.5f}") if f else (lambda v: "n/a")
+            print(f"{b:>5} {name:>6} {w:>3} {sel:>10.3f} {dec:>10.3f} {ver:>10.3f} "
+                  f"{(f'{f:.1f}' if f else 'n/a'):>14} {fmt(dec):>11} {fmt(ver):>11}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

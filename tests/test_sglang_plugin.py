@@ -1,0 +1,223 @@
+"""The SGLang plugin's registration, argument handling and worker selection, with SGLang's real argument pipeline.
+
+Tiny local model configs (config.json only: resolution reads configs, never weights). ``--device cpu`` because CI
+has no GPU; everything HYBRID decides here is device-independent except that SGLang turns overlap scheduling off for
+speculative decoding on CPU.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+
+pytest.importorskip("sglang.srt.server_args", reason="sglang is not installed (scripts/setup.sh installs it)")
+
+from sglang.srt.arg_groups.overrides import resolved_view  # noqa: E402
+from sglang.srt.server_args import prepare_server_args  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+from sglang.srt.speculative.spec_registry import get_spec  # noqa: E402
+
+from sglang_hybrid.sglang_plugin import ALGORITHM, register  # noqa: E402
+from sglang_hybrid.sglang_plugin.config import HybridConfigError, HybridSettings, load_settings  # noqa: E402
+from sglang_hybrid.sglang_plugin.spec_algo import ENV_EAGLE3, HybridSpecAlgo  # noqa: E402
+
+pytestmark = pytest.mark.sglang
+
+TARGET = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+          "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+          "vocab_size": 512, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+          "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False, "rope_theta": 10000.0}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    paths = {}
+    for name, arch, layers in (("target", "LlamaForCausalLM", 2), ("eagle", "LlamaForCausalLMEagle", 1),
+                               ("eagle3", "LlamaForCausalLMEagle3", 1)):
+        d = root / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(dict(TARGET, architectures=[arch], num_hidden_layers=layers)))
+        paths[name] = str(d)
+    return paths
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    import os
+
+    for k in list(os.environ):
+        if k.startswith("SGLANG_HYBRID_"):
+            monkeypatch.delenv(k)
+    yield
+
+
+def _argv(models, *extra, draft="eagle"):
+    argv = ["--model-path", models["target"], "--speculative-algorithm", "HYBRID", "--skip-tokenizer-init",
+            "--device", "cpu"]
+    if draft:
+        argv += ["--speculative-draft-model-path", models[draft]]
+    return argv + list(extra)
+
+
+def _resolve(argv):
+    register()
+    sa = prepare_server_args(argv)
+    sa.resolve_once()
+    return sa, resolved_view(sa)
+
+
+def test_register_is_idempotent_and_fills_the_gap():
+    register()
+    register()
+    algo = SpeculativeAlgorithm.from_string("hybrid")
+    assert isinstance(algo, HybridSpecAlgo) and algo is get_spec(ALGORITHM)
+    assert algo.is_eagle() and algo.is_speculative() and not algo.is_ngram() and not algo.is_dflash()
+    assert algo.carries_draft_hidden_states() and algo.need_topk()
+    assert algo.get_platform_worker_cls() is None
+    assert algo.supports_overlap
+    from sglang.srt.managers.overlap_utils import FutureMap  # the class create_future_map builds
+
+    assert callable(algo.create_future_map) and FutureMap is not None
+
+
+def test_entry_point_is_discovered_by_load_plugins(monkeypatch):
+    eps = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.value == "sglang_hybrid.sglang_plugin:register"]
+    assert eps, "entry point missing: install the package (pip install -e .)"
+    assert eps[0].name == "hybrid"
+    import sglang.srt.plugins as plugins
+
+    monkeypatch.setattr(plugins, "_plugins_loaded", False)
+    monkeypatch.setenv("SGLANG_PLUGINS", "hybrid")
+    plugins.load_plugins()
+    assert isinstance(get_spec(ALGORITHM), HybridSpecAlgo)
+
+
+def test_prepare_server_args_defaults(models):
+    sa, v = _resolve(_argv(models))
+    assert v.speculative_algorithm == "HYBRID"
+    assert (v.speculative_num_steps, v.speculative_eagle_topk, v.speculative_num_draft_tokens) == (4, 1, 4 + 8 + 1)
+    assert v.max_running_requests == 48
+    assert v.enable_mixed_chunk is False
+    assert v.disable_overlap_schedule is True          # SGLang: no overlap for speculative decoding on CPU
+    algo = SpeculativeAlgorithm.from_string(v.speculative_algorithm)
+    assert algo.is_eagle3() is False
+
+
+def test_prepare_server_args_with_settings(models, monkeypatch, tmp_path):
+    cfg = tmp_path / "hybrid.toml"
+    cfg.write_text('[hybrid]\nmode = "choose"\nngram_k = 6\n')
+    monkeypatch.setenv("SGLANG_HYBRID_CONFIG", str(cfg))
+    _, v = _resolve(_argv(models, "--speculative-num-steps", "5", "--max-running-requests", "16"))
+    assert (v.speculative_num_steps, v.speculative_num_draft_tokens, v.max_running_requests) == (5, 7, 16)
+    monkeypatch.setenv("SGLANG_HYBRID_N_NODES", "10")      # env overrides the file
+    _, v = _resolve(_argv(models, "--speculative-num-steps", "5"))
+    assert v.speculative_num_draft_tokens == 11
+
+
+def test_eagle3_draft_detected(models, monkeypatch):
+    monkeypatch.delenv(ENV_EAGLE3, raising=False)
+    _resolve(_argv(models, draft="eagle3"))
+    import os
+
+    assert os.environ[ENV_EAGLE3] == "1"
+    assert HybridSpecAlgo("X", lambda a: None).is_eagle3()
+    monkeypatch.setenv(ENV_EAGLE3, "0")
+    assert not HybridSpecAlgo("Y", lambda a: None).is_eagle3()
+
+
+def test_create_worker_returns_hybrid_worker(models):
+    sa, v = _resolve(_argv(models))
+    from sglang_hybrid.sglang_plugin.worker import HybridDraftWorker, HybridWorkerV2
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+    cls = SpeculativeAlgorithm.from_string(v.speculative_algorithm).create_worker(sa)
+    assert cls is HybridWorkerV2 and issubclass(cls, EAGLEWorkerV2)
+    assert issubclass(HybridDraftWorker, EagleDraftWorker)
+
+
+INVALID = [
+    ((), "eagle-missing", "--speculative-draft-model-path"),
+    (("--speculative-eagle-topk", "2", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "8"), None,
+     "--speculative-eagle-topk 1"),
+    (("--tokenizer-worker-num", "2"), None, "--tokenizer-worker-num 1"),
+    (("--page-size", "16"), None, "--page-size 1"),
+    (("--speculative-num-steps", "3", "--speculative-num-draft-tokens", "5"), None, "SGLANG_HYBRID_N_NODES=4"),
+    (("--speculative-accept-threshold-single", "0.5"), None, "speculative_accept_threshold_single"),
+    (("--attention-backend", "fa3"), None, "--attention-backend flashinfer"),
+]
+
+
+@pytest.mark.parametrize("extra,draft,message", INVALID, ids=[m for _, _, m in INVALID])
+def test_invalid_combinations_fail_at_start(models, extra, draft, message):
+    argv = _argv(models, *extra, draft=None if draft == "eagle-missing" else "eagle")
+    with pytest.raises(Exception, match=re.escape(message)):
+        _resolve(argv)
+
+
+def test_unreadable_or_malformed_files_fail_at_start(models, monkeypatch, tmp_path):
+    monkeypatch.setenv("SGLANG_HYBRID_NGRAM_CALIBRATION", str(tmp_path / "missing.json"))
+    with pytest.raises(Exception, match="ngram_calibration.*missing.json.*missing or unreadable"):
+        _resolve(_argv(models))
+    monkeypatch.delenv("SGLANG_HYBRID_NGRAM_CALIBRATION")
+    bad = tmp_path / "cost.json"
+    bad.write_text(json.dumps({"format": "hybrid-spark-cost", "version": 1, "sizes": [4, 2], "seconds": [1, 1]}))
+    monkeypatch.setenv("SGLANG_HYBRID_COST_TABLE", str(bad))
+    with pytest.raises(Exception, match="cost_table.*invalid file"):
+        _resolve(_argv(models))
+
+
+def test_missing_ngram_extension_is_reported(models, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sglang_hybrid.ngram", None)   # import fails as if the .so were absent
+    with pytest.raises(Exception, match="compiled n-gram drafter.*pip install -e"):
+        _resolve(_argv(models))
+
+
+def test_settings_validation_names_the_setting(tmp_path):
+    assert load_settings({}) == HybridSettings()
+    s = load_settings({"SGLANG_HYBRID_MODE": "choose", "SGLANG_HYBRID_NGRAM_K": "5",
+                       "SGLANG_HYBRID_NGRAM_OPTIONS": '{"min_match": 2}', "SGLANG_HYBRID_NGRAM_DONATE": "false"})
+    assert (s.mode, s.ngram_k, s.ngram_options, s.ngram_donate) == ("choose", 5, {"min_match": 2}, False)
+    assert s.resolved_n_nodes(4) == 5 and HybridSettings(ngram_k=5).resolved_n_nodes(4) == 9
+    with pytest.raises(HybridConfigError, match="'mode' .*SGLANG_HYBRID_MODE"):
+        load_settings({"SGLANG_HYBRID_MODE": "tree"})
+    with pytest.raises(HybridConfigError, match="'ngram_k' .*SGLANG_HYBRID_NGRAM_K"):
+        load_settings({"SGLANG_HYBRID_NGRAM_K": "0"})
+    with pytest.raises(HybridConfigError, match="SGLANG_HYBRID_NGRAMK: unknown HYBRID setting"):
+        load_settings({"SGLANG_HYBRID_NGRAMK": "4"})
+    with pytest.raises(HybridConfigError, match="NGRAM_OPTIONS: must be a JSON object"):
+        load_settings({"SGLANG_HYBRID_NGRAM_OPTIONS": "min_match=2"})
+    f = tmp_path / "h.json"
+    f.write_text(json.dumps({"mode": "merge", "n_nodse": 4}))
+    with pytest.raises(HybridConfigError, match="n_nodse"):
+        load_settings({"SGLANG_HYBRID_CONFIG": str(f)})
+    with pytest.raises(HybridConfigError, match="file not found"):
+        load_settings({"SGLANG_HYBRID_CONFIG": str(tmp_path / "nope.json")})
+    f.write_text("{not json")
+    with pytest.raises(HybridConfigError, match="not valid json"):
+        load_settings({"SGLANG_HYBRID_CONFIG": str(f)})
+
+
+def test_cost_table_from_one_batch_results(tmp_path):
+    from sglang_hybrid.cost import CostModel
+    from sglang_hybrid.sglang_plugin.cost_profile import cost_from_one_batch, main
+
+    raw = tmp_path / "raw.jsonl"
+    rows = [(1, 50.0), (8, 390.0), (64, 2500.0), (8, 410.0), (8, 400.0)]
+    raw.write_text("\n".join(json.dumps({"batch_size": b, "last_gen_throughput": t, "latency": 1.0})
+                             for b, t in rows) + "\n")
+    model = cost_from_one_batch(raw)
+    assert model.to_json()["sizes"] == [1, 8, 64]
+    assert model.to_json()["seconds"] == pytest.approx([1 / 50.0, 8 / 400.0, 64 / 2500.0])
+    out = tmp_path / "cost.json"
+    main([str(raw), "--out", str(out)])
+    assert CostModel.load(out).to_json()["sizes"] == [1, 8, 64]
+    raw.write_text(json.dumps({"batch_size": 4, "last_gen_throughput": -1}) + "\n")
+    with pytest.raises(ValueError, match="no decode throughput"):
+        cost_from_one_batch(raw)
+    raw.write_text('{"latency": 1}\n')
+    with pytest.raises(ValueError, match="not a one_batch_server result line"):
+        cost_from_one_batch(raw)
