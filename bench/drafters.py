@@ -131,8 +131,9 @@ def replay(adapter: anchors.DrafterAdapter, requests: Sequence[data.Request], wi
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def chain_factories(available: Sequence[str], width: int, max_len: int) -> Dict[str, Callable]:
-    """name -> zero-argument constructor of a fresh drafter drafting chains of ``width`` tokens."""
+def chain_factories(available: Sequence[str], width: int, max_len: int, sglang: bool = True) -> Dict[str, Callable]:
+    """name -> zero-argument constructor of a fresh drafter drafting chains of ``width`` tokens (SGLang only when
+    ``sglang``: its Python API costs ~0.5-1 ms per step, so by default it is replayed at k=8 only)."""
     f: Dict[str, Callable] = {}
     if "ours" in available:
         f["ours"] = lambda: anchors.OursAdapter(max_draft=max(8, width))
@@ -141,7 +142,7 @@ def chain_factories(available: Sequence[str], width: int, max_len: int) -> Dict[
         f["vllm-ngram[2,5]"] = lambda: anchors.VllmNgramAdapter(k=width, min_n=2, max_n=5, max_model_len=max_len)
     if "arctic" in available:
         f["arctic"] = lambda: anchors.ArcticAdapter()
-    if "sglang" in available:
+    if "sglang" in available and sglang:
         f["sglang"] = lambda: anchors.SglangAdapter(width=width, insert_prompt=False, breadth=1, name="sglang")
         f["sglang+prompt"] = lambda: anchors.SglangAdapter(width=width, insert_prompt=True, breadth=1,
                                                            name="sglang+prompt")
@@ -183,14 +184,15 @@ def cost_factories(available: Sequence[str], max_len: int, batch: int = 1) -> Di
 
 
 def measure_acceptance(available, workloads: Dict[str, List[data.Request]], ks: Sequence[int], tree_nodes: int,
-                       log) -> Dict:
+                       log, sglang_ks: Optional[Sequence[int]] = None) -> Dict:
     """{workload: {drafter: {"k1": mean, ..., "tree8": mean}}} plus steps, for every working drafter."""
     res: Dict[str, Dict[str, Dict[str, float]]] = {}
     for wname, reqs in workloads.items():
         max_len = max(len(r.prompt) + len(r.output) for r in reqs) + 64
         table: Dict[str, Dict[str, float]] = {}
         for k in ks:
-            for name, make in chain_factories(available, k, max_len).items():
+            with_sglang = sglang_ks is None or k in sglang_ks
+            for name, make in chain_factories(available, k, max_len, sglang=with_sglang).items():
                 t0 = time.perf_counter()
                 st = replay(make(), reqs, k, tree=False)
                 table.setdefault(name, {})[f"k{k}"] = st.mean
@@ -579,6 +581,8 @@ def main(argv=None):
     ap.add_argument("--chat", type=int, default=None, help="chat requests (default 40; quick 4)")
     ap.add_argument("--max-file-tokens", type=int, default=6000, help="largest old file for code edits")
     ap.add_argument("--ks", default=None, help="comma list of chain lengths (default 1..8; quick 1,8)")
+    ap.add_argument("--sglang-ks", default="8", help="chain lengths at which SGLang is replayed (default 8: its "
+                    "per-step Python cost dominates the run; 'all' = every k)")
     ap.add_argument("--tree-nodes", type=int, default=8)
     ap.add_argument("--contexts", default=None, help="latency contexts (default 1024,8192,32768)")
     ap.add_argument("--flat", default=None, help="extra contexts for ours only (default 131072,1048576; quick none)")
@@ -647,7 +651,8 @@ def main(argv=None):
     t_all = time.perf_counter()
     if "acceptance" not in skip:
         log("acceptance ...")
-        res["acceptance"] = measure_acceptance(available, workloads, ks, args.tree_nodes, log)
+        sk = None if args.sglang_ks == "all" else [int(x) for x in args.sglang_ks.split(",") if x]
+        res["acceptance"] = measure_acceptance(available, workloads, ks, args.tree_nodes, log, sglang_ks=sk)
     if "latency" not in skip:
         log("latency ...")
         res["latency"] = measure_latency(available, stream, contexts, flat, steps, log)

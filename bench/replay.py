@@ -637,7 +637,7 @@ def ratio(results: dict, key, num: str, den: str = "model_adaptive") -> Optional
 def paper_layout(results: dict, cost: str, temps: list, batches: list) -> tuple[str, list]:
     """HYBRID / model-only adaptive throughput beside the published ranges, and the targets met or missed."""
     lines = [f"Paper layout ({cost}): HYBRID / model-only adaptive output throughput",
-             f"{'row':<26}{'published':>12}{'choose':>9}{'merge':>9}{'target':>9}  verdict"]
+             f"{'row':<26}{'published':>12}{'choose':>12}{'merge':>12}{'target':>9}  verdict"]
     verdicts = []
     t0 = 0.0 if 0.0 in temps else None
     rows = []
@@ -658,7 +658,7 @@ def paper_layout(results: dict, cost: str, temps: list, batches: list) -> tuple[
         worst_best = min(best)
         rng = lambda v: f"{min(v):.2f}" if len(v) == 1 else f"{min(v):.2f}-{max(v):.2f}"  # noqa: E731
         met = worst_best >= TARGETS[key]
-        lines.append(f"{title:<26}{lo:>6.2f}-{hi:.2f}x{rng(ch):>9}{rng(me):>9}{'>=' + str(TARGETS[key]):>9}  "
+        lines.append(f"{title:<26}{lo:>6.2f}-{hi:.2f}x{rng(ch):>12}{rng(me):>12}{'>=' + format(TARGETS[key], '.2f'):>9}  "
                      f"{'MET' if met else 'MISSED'} (best HYBRID {worst_best:.2f}x"
                      f"{' at worst batch' if len(cells) > 1 else ''})")
         verdicts.append((f"{cost}: {title}: HYBRID/model-only >= {TARGETS[key]:.2f}x", met,

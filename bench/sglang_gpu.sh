@@ -14,6 +14,7 @@
 #   SERVER_ARGS="--attention-backend flashinfer" (default; added to every launch, so all algorithms share a backend)
 #   PYTHON=python3
 #   ONLY="HYBRID EAGLE" (subset of algorithms)   SKIP_CHECK=1 (skip the greedy check)
+#   EAGLE_ALGO=EAGLE|EAGLE3 (baseline's algorithm name; default guessed from the draft's name)
 #   SGLANG_HYBRID_* (HYBRID settings, see docs/sglang.md), e.g. SGLANG_HYBRID_COST_TABLE=cost.json
 # Output: OUT_DIR/{check,runs}/..., OUT_DIR/summary.txt (throughput ratios vs no speculation and vs EAGLE).
 set -euo pipefail
@@ -29,6 +30,10 @@ N128=${N128:-512}
 CODE_SETS=${CODE_SETS:-"django:5.0.6:5.1.1 sympy:1.12:1.13.1 requests:2.31.0:2.32.3"}
 SERVER_ARGS=${SERVER_ARGS:---attention-backend flashinfer}  # same backend for every algorithm (HYBRID needs flashinfer or triton)
 ONLY=${ONLY:-"none EAGLE NGRAM HYBRID"}
+# SGLang's algorithm name for the EAGLE baseline: EAGLE3 for EAGLE-3 heads (guessed from the draft's name).
+if [ -z "${EAGLE_ALGO:-}" ]; then
+    case "$(echo "$DRAFT" | tr '[:upper:]' '[:lower:]')" in *eagle3*|*eagle-3*) EAGLE_ALGO=EAGLE3 ;; *) EAGLE_ALGO=EAGLE ;; esac
+fi
 mkdir -p "$OUT/check" "$OUT/runs" "$OUT/data" "$OUT/logs"
 OUT=$(cd "$OUT" && pwd)
 
@@ -90,7 +95,7 @@ trap stop_server EXIT
 algo_args() {
     case "$1" in
         none)   echo "" ;;
-        EAGLE)  echo "--speculative-algorithm EAGLE --speculative-draft-model-path $DRAFT --speculative-num-steps $STEPS --speculative-eagle-topk 1 --speculative-num-draft-tokens $((STEPS + 1))" ;;
+        EAGLE)  echo "--speculative-algorithm $EAGLE_ALGO --speculative-draft-model-path $DRAFT --speculative-num-steps $STEPS --speculative-eagle-topk 1 --speculative-num-draft-tokens $((STEPS + 1))" ;;
         NGRAM)  echo "--speculative-algorithm NGRAM --speculative-num-draft-tokens 8" ;;
         HYBRID) echo "--speculative-algorithm HYBRID --speculative-draft-model-path $DRAFT --speculative-num-steps $STEPS --page-size 1" ;;
         *) echo "unknown algorithm $1" >&2; return 1 ;;

@@ -329,3 +329,30 @@ def test_real_drafter_through_feeder_and_step():
     assert tree.tokens[0, 1:4].tolist() == [104, 105, 106] and (tree.source[0, 1:4] == 1).all()
     feeder.finish("p", natural_stop=True)
     assert len(feeder.drafter) == 0
+
+
+def test_decode_step_compiles_fullgraph(tmp_path):
+    """The whole per-step device path (align, calibrate, price with a cost table, select, counters, mask, ring
+    update) traces as one graph: no host sync or data-dependent Python branching."""
+    from sglang_hybrid.cost import CostModel
+    from sglang_hybrid.sglang_plugin.verify_input import full_mask, tree_links_torch
+
+    cost = tmp_path / "cost.json"
+    CostModel.linear(0.01, 0.0001).save(cost)
+    step = HybridStep(HybridSettings(mode="merge", ngram_k=K, cost_table=str(cost)), num_steps=3, pool_size=8,
+                      device="cpu")
+    _publish(step.buffers, 3, [5, 6, 7], at=9, gen=0)
+
+    def decode_step(root, chain, conf, slots, gen, seq, emitted, accept_lens):
+        tree = step.select(root, chain, conf, slots, gen, seq)
+        mask = full_mask(tree.ancestors, seq, 64)
+        links = tree_links_torch(tree.ancestors, seq)
+        step.after_verify(tree, slots, seq, emitted, accept_lens)
+        return tree.tokens, mask, links[0]
+
+    args = (torch.tensor([7, 8]), torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.full((2, 3), 0.9), torch.tensor([1, 3]),
+            torch.tensor([0, 0]), torch.tensor([5, 8]), torch.tensor([[1, 2, 0, 0, 0], [5, 6, 7, 9, 0]]),
+            torch.tensor([2, 4]))
+    compiled = torch.compile(decode_step, fullgraph=True, backend="eager")
+    got = compiled(*args)
+    assert (got[0][1] >= 0).sum() > 3          # the n-gram proposal made it into request 1's tree

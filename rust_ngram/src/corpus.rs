@@ -117,3 +117,41 @@ pub fn rematch(sam: &SuffixAutomaton, context: &[u32]) -> Match {
         w *= 2;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generations_rotate_and_stay_under_cap() {
+        let mut c = Corpus::new(20);
+        assert_eq!(c.donate(&[]), CorpusChange::default());
+        let ch = c.donate(&[1, 2, 3, 4]);
+        assert!(ch.grown[SLOT_ACTIVE] && !ch.rotated);
+        assert_eq!(c.donated_tokens(), 5);
+        c.donate(&[5, 6, 7, 8]); // 10 tokens: exactly half, no rotation
+        assert_eq!(c.rotations(), 0);
+        let ch = c.donate(&[9]); // would exceed 10 -> rotate
+        assert!(ch.rotated);
+        assert_eq!(c.slot(SLOT_OLD).unwrap().len(), 10);
+        assert_eq!(c.slot(SLOT_ACTIVE).unwrap().tokens(), &[9, SEPARATOR]);
+        // A document longer than cap / 2 keeps its tail.
+        c.donate(&(100..130).collect::<Vec<u32>>());
+        assert_eq!(c.slot(SLOT_ACTIVE).unwrap().tokens()[..10], (120..130).collect::<Vec<u32>>()[..]);
+        assert!(c.donated_tokens() <= 22);
+        assert_eq!(Corpus::new(0).donate(&[1]), CorpusChange::default());
+        let mut s = Corpus::new(0);
+        s.add_static(&[1, 2]);
+        assert_eq!(s.slot(SLOT_STATIC).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn rematch_finds_long_matches_beyond_first_window() {
+        let doc: Vec<u32> = (0..300).collect();
+        let sam = SuffixAutomaton::from_tokens(&doc);
+        let mut ctx = vec![999, 998];
+        ctx.extend(0..200);
+        assert_eq!(rematch(&sam, &ctx).len, 200);
+        assert_eq!(rematch(&sam, &[]).len, 0);
+    }
+}

@@ -186,3 +186,70 @@ impl Lct {
         self.nodes[x as usize].stat
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Lct, Stat, NIL};
+
+    /// Random hang / re-hang (cut + link) / root-path updates against an explicit parent array.
+    #[test]
+    fn agrees_with_naive_forest() {
+        let mut lct = Lct::default();
+        let mut parent: Vec<u32> = Vec::new();
+        let mut naive: Vec<Stat> = Vec::new();
+        let mut x = 99u64;
+        let mut rnd = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for step in 0..4000u32 {
+            let n = parent.len() as u64;
+            match if n < 2 { 0 } else { rnd(4) } {
+                0 => {
+                    let id = lct.push(Stat::default());
+                    naive.push(Stat::default());
+                    parent.push(NIL);
+                    if n > 0 {
+                        let p = rnd(n) as u32;
+                        lct.link(id, p);
+                        parent[id as usize] = p;
+                    }
+                }
+                1 => {
+                    // Split the edge above a non-root node with a fresh node carrying its statistics (a clone).
+                    let q = rnd(n) as u32;
+                    if parent[q as usize] != NIL {
+                        let p = parent[q as usize];
+                        let st = lct.cut(q);
+                        assert_eq!(st, naive[q as usize]);
+                        let c = lct.push(st);
+                        naive.push(st);
+                        parent.push(p);
+                        lct.link(c, p);
+                        lct.link(q, c);
+                        parent[q as usize] = c;
+                    }
+                }
+                2 => {
+                    let v = rnd(n) as u32;
+                    lct.add_path(v, step);
+                    let mut a = v;
+                    while a != NIL {
+                        naive[a as usize].cnt += 1;
+                        naive[a as usize].last = step + 1;
+                        a = parent[a as usize];
+                    }
+                }
+                _ => {
+                    let v = rnd(n) as u32;
+                    assert_eq!(lct.get(v), naive[v as usize]);
+                }
+            }
+        }
+        for v in 0..parent.len() as u32 {
+            assert_eq!(lct.get(v), naive[v as usize]);
+        }
+    }
+}

@@ -113,3 +113,31 @@ impl TransitionTable {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::TransitionTable;
+    use std::collections::HashMap;
+
+    #[test]
+    fn agrees_with_hashmap_through_growth_and_overwrites() {
+        let mut t = TransitionTable::default();
+        let mut m = HashMap::new();
+        let mut x = 12345u64;
+        for i in 0..20_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (s, tok) = ((x % 3000) as u32, ((x >> 20) % 50) as u32 | if i % 97 == 0 { u32::MAX - 1 } else { 0 });
+            let new = t.set(s, tok, i);
+            assert_eq!(new, m.insert((s, tok), i).is_none());
+            assert!(t.len() * 4 <= t.keys.len() * 3);
+        }
+        assert_eq!(t.len(), m.len());
+        for (&(s, tok), &v) in &m {
+            assert_eq!(t.get(s, tok), Some(v));
+        }
+        assert_eq!(t.get(4000, 1), None);
+        assert_eq!(TransitionTable::default().get(0, 0), None);
+    }
+}

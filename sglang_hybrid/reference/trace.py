@@ -146,7 +146,7 @@ def eagle_rows(target, head, prompt: list[int], output: list[int], k: int):
     if not output:
         return [], []
     tokens = torch.tensor(prompt + output)
-    feats = target.model(input_ids=tokens[None]).last_hidden_state[0].float()
+    feats = target.model(input_ids=tokens[None]).last_hidden_state[0].to(next(head.parameters()).dtype)
     dr = EagleDrafter(head, target)
     toks, probs = dr.trace_rows(feats, tokens, len(prompt), k)
     return toks.tolist(), [[round(float(x), 6) for x in row] for row in probs.tolist()]

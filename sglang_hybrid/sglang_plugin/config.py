@@ -79,7 +79,11 @@ def _read_file(path_str: str) -> dict:
         raise HybridConfigError(f"{ENV_CONFIG}={path_str!r}: cannot read ({e})") from None
     try:
         if path.suffix.lower() == ".toml":
-            import tomllib
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                raise HybridConfigError(f"{ENV_CONFIG}={path_str!r}: TOML needs Python >= 3.11; use a .json file") \
+                    from None
             obj = tomllib.loads(text)
             if isinstance(obj.get("hybrid"), dict):
                 obj = obj["hybrid"]

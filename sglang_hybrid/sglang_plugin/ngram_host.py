@@ -110,6 +110,3 @@ class NgramFeeder:
         alignment.publish(buffers, slots.to(torch.int64), rows[:, 0], sc[:, 0], sc[:, 1], sc[:, 2], rows[:, 1],
                           rows[:, 2], rows[:, 3], rows[:, 4])
         return sc[:, 2]
-
-    def current_generations(self, slots_cpu: Sequence[int], req_generation: torch.Tensor) -> list:
-        return [int(req_generation[s]) for s in slots_cpu]

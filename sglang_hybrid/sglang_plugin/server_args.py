@@ -145,7 +145,9 @@ def handle_server_args(server_args) -> None:
         server_args.disable_overlap_schedule = True
         logger.warning("HYBRID: overlap scheduling is not implemented for speculative decoding on CPU; disabled")
     # Spawned children (scheduler, detokenizer) inherit the environment: they answer is_eagle3() from it.
-    os.environ[ENV_EAGLE3] = "1" if draft_is_eagle3(_get(server_args, "speculative_draft_model_path")) else "0"
+    eagle3 = draft_is_eagle3(_get(server_args, "speculative_draft_model_path"),
+                             bool(_get(server_args, "trust_remote_code", False)))
+    os.environ[ENV_EAGLE3] = "1" if eagle3 else "0"
     logger.info("HYBRID: mode=%s eagle_steps=%d n_nodes=%d (verify width %d) ngram_k=%d cost_table=%s",
                 settings.mode, steps, n_nodes, n_nodes + 1, settings.ngram_k,
                 settings.cost_table or "none (price 0)")
