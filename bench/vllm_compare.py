@@ -379,8 +379,9 @@ def cpu_part(args) -> int:
                        "prompt_lookup_max": 5},
              "suffix": {"method": "suffix", "num_speculative_tokens": args.k}}
     res = {}
-    for wl in ("code", "chat"):
-        sub = [i for i, p in zip(ids, prs) if p.workload == wl]
+    groups = ("code", "chat") if args.cpu_split else ("mixed",)
+    for wl in groups:
+        sub = [i for i, p in zip(ids, prs) if wl in ("mixed", p.workload)]
         if not sub:
             continue
         print(f"-- {wl}: {len(sub)} prompts, {args.cpu_max_new} new tokens, T={args.cpu_temperature:g}")
@@ -408,7 +409,7 @@ def cpu_part(args) -> int:
         sp = r["tok_per_s"] / base["tok_per_s"] if base and "tok_per_s" in base else float("nan")
         print(f"{wl:<9}{eng:<9}{m:<8}{r['tok_per_s']:>9.2f}{sp:>8.2f}x{r['accept_len']:>9.2f}")
     if args.cpu_temperature == 0:
-        for wl in ("code", "chat"):
+        for wl in groups:
             a, b = res.get((wl, "vllm", "none")), res.get((wl, "ours", "none"))
             if a and b and "outputs" in a and "outputs" in b:
                 same = sum(x == y for x, y in zip(a["outputs"], b["outputs"]))
@@ -437,6 +438,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-chat", type=int, default=3)
     ap.add_argument("--cpu-max-new", type=int, default=96)
     ap.add_argument("--cpu-temperature", type=float, default=0.0)
+    ap.add_argument("--cpu-split", action="store_true",
+                    help="CPU part: separate code and chat runs (default: one mixed batch, half the engine launches)")
     ap.add_argument("--head", default=str(ROOT / "sglang_hybrid" / "data" / "eagle_smollm2"))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="out/vllm_compare")

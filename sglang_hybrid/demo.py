@@ -43,6 +43,15 @@ def find_or_train_head(target, cache_root=None, train_minutes: float = 8.0):
     return eagle.load_head(folder, target.config), folder
 
 
+def cpu_has_bf16() -> bool:
+    """True where the CPU multiplies bf16 natively (AMX or AVX512-BF16); elsewhere bf16 would be slower."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
 def summarize(results, seconds: float) -> dict:
     steps = [s for r in results for s in r.steps]
     tokens = sum(len(r.output) for r in results)
@@ -117,6 +126,10 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", action="store_true", help="also write per-position traces (JSONL) per workload")
     ap.add_argument("--n-nodes", type=int, default=12, help="verify-tree budget per request")
     ap.add_argument("--eagle-k", type=int, default=6)
+    ap.add_argument("--eagle-min-survival", type=float, default=0.1,
+                    help="stop an EAGLE chain once its cumulative draft probability is below this (all modes)")
+    ap.add_argument("--draft-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="EAGLE drafting precision (auto: bfloat16 where the CPU has AMX/AVX512-BF16)")
     a = ap.parse_args(argv)
     if a.quick:
         a.n_chat, a.n_code, a.max_new, a.workloads = 2, 2, 48, "mixed"
@@ -143,6 +156,9 @@ def main(argv=None) -> int:
     head = head.to(target.dtype)
     print(f"[demo] target {lm.name} ({a.dtype}), EAGLE head {head_dir}, {a.threads} threads")
 
+    draft_dtype = (torch.bfloat16 if cpu_has_bf16() else torch.float32) if a.draft_dtype == "auto" \
+        else getattr(torch, a.draft_dtype)
+    print(f"[demo] EAGLE drafting in {draft_dtype}")
     code = P.CODE_EDITS[:a.n_code]
     chat = P.chat_prompts(a.n_chat)
     batches = {"code": code, "chat": chat, "mixed": [p for pair in zip(code, chat) for p in pair]}
@@ -159,7 +175,8 @@ def main(argv=None) -> int:
         batch = batches[w]
         ids = [P.encode(tok, p) for p in batch]
         loop = ReferenceLoop(target, mode=m, head=head, cost=cost, temperature=a.temperature,
-                             eagle_k=a.eagle_k, n_nodes=a.n_nodes)
+                             eagle_k=a.eagle_k, n_nodes=a.n_nodes, draft_dtype=draft_dtype,
+                             eagle_min_survival=a.eagle_min_survival)
         t0 = time.perf_counter()
         res = loop.generate(ids, a.max_new, ids=[p.id for p in batch], workloads=[p.workload for p in batch],
                             progress=True, desc=f"{w}/{m}")

@@ -54,10 +54,9 @@ pub struct DraftToken {
 /// ```
 pub fn chain_draft(sam: &mut SuffixAutomaton, m: Match, k: usize, source: Source, out: &mut Vec<DraftToken>) {
     let mut state = m.state;
-    let mut len = m.len;
     // One statistics query per drafted token: the next state's statistics give this token's count.
     let mut st = sam.stats(state);
-    for j in 0..k {
+    for (j, len) in (0..k).zip(m.len..) {
         let Some(e) = st.last_end else { break };
         let tok = sam.tokens()[e + 1];
         if tok == SEPARATOR {
@@ -76,7 +75,6 @@ pub fn chain_draft(sam: &mut SuffixAutomaton, m: Match, k: usize, source: Source
         });
         state = next;
         st = next_st;
-        len += 1;
     }
 }
 

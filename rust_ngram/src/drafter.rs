@@ -232,6 +232,9 @@ fn split_rows<'a>(out: &'a mut DraftRows<'_>, batch: usize) -> Vec<Row<'a>> {
     rows
 }
 
+/// The corpus slot and match a row drafts from, `None` for the request's own context.
+type CorpusPick = Option<(usize, Match)>;
+
 #[derive(Clone, Copy)]
 enum Kind {
     Chain,
@@ -530,7 +533,7 @@ impl Drafter {
         // First row of each distinct id does the work; repeats copy it.
         let mut first: HashMap<u64, usize> = HashMap::with_capacity(b);
         let mut dups = Vec::new();
-        let mut work: Vec<(usize, u64, Request, Option<(usize, Match)>)> = Vec::with_capacity(b);
+        let mut work: Vec<(usize, u64, Request, CorpusPick)> = Vec::with_capacity(b);
         for (row, &id) in ids.iter().enumerate() {
             match first.entry(id) {
                 std::collections::hash_map::Entry::Occupied(e) => dups.push((row, *e.get())),
@@ -549,11 +552,11 @@ impl Drafter {
         let min_match = self.cfg.min_match;
         {
             let mut rows: Vec<Option<Row<'_>>> = split_rows(out, b).into_iter().map(Some).collect();
-            let mut jobs: Vec<(&mut Request, Option<(usize, Match)>, Row<'_>)> = work
+            let mut jobs: Vec<(&mut Request, CorpusPick, Row<'_>)> = work
                 .iter_mut()
                 .map(|(row, _, r, c)| (r, *c, rows[*row].take().expect("distinct rows")))
                 .collect();
-            let job = |(r, corpus, row): &mut (&mut Request, Option<(usize, Match)>, Row<'_>)| {
+            let job = |(r, corpus, row): &mut (&mut Request, CorpusPick, Row<'_>)| {
                 if corpus.is_some() {
                     return; // drafted below from the shared corpus
                 }

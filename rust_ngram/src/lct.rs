@@ -157,7 +157,23 @@ impl Lct {
     }
 
     /// Exact statistics of `x` (amortised O(log n)).
+    ///
+    /// Reads first: the pending tags of `x`'s ancestors in its splay tree, summed on the way up, complete its
+    /// stored value, so a shallow node costs a few reads and no writes. Only a node deeper than `READ_DEPTH` is
+    /// splayed (which keeps the amortised bound: deep nodes get restructured).
     pub fn get(&mut self, x: u32) -> Stat {
+        const READ_DEPTH: usize = 24;
+        let mut st = self.nodes[x as usize].stat;
+        let mut y = x;
+        for _ in 0..READ_DEPTH {
+            if self.is_aux_root(y) {
+                return st;
+            }
+            y = self.nodes[y as usize].fa;
+            let t = self.nodes[y as usize].tag;
+            st.cnt += t.cnt;
+            st.last = st.last.max(t.last);
+        }
         self.splay(x);
         self.nodes[x as usize].stat
     }
@@ -168,9 +184,11 @@ impl Lct {
         self.apply(x, Stat { cnt: 1, last: pos + 1 });
     }
 
-    /// Hangs the tree root `child` (a node without a tree parent) below `parent`.
+    /// Hangs `child` below `parent`. Precondition: `child` is a tree root that is also the root of its splay
+    /// tree with no left child — true for a fresh node and for a node just returned by [`cut`](Self::cut) — so
+    /// the link is a single path-parent pointer and needs no `access`.
     pub fn link(&mut self, child: u32, parent: u32) {
-        self.access(child);
+        debug_assert!(self.is_aux_root(child) && self.nodes[child as usize].fa == NIL, "link: child must be a root");
         debug_assert_eq!(self.nodes[child as usize].ch[0], NIL, "link: child must be a tree root");
         self.nodes[child as usize].fa = parent;
     }

@@ -17,7 +17,7 @@
 //! * [`chain_draft`] / [`tree_draft`]: drafts from a [`Match`] in one automaton.
 //! * [`Corpus`]: shared corpus with generational eviction.
 //! * [`Drafter`]: request lifecycle and batched proposals (parallel with the `parallel` feature).
-//! * [`reference`]: a brute-force oracle (quadratic; for tests and fuzzing) and [`check`], an API-sequence
+//! * [`reference`](mod@reference): a brute-force oracle (quadratic; for tests and fuzzing) and [`check`], an API-sequence
 //!   checker that compares a [`Drafter`] with the oracle.
 //!
 //! ```

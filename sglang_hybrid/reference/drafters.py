@@ -11,6 +11,7 @@ uses) that converts its numpy output into the torch tensors the shared core cons
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,13 +35,25 @@ class EagleDrafter:
     target's post-norm features of committed tokens, next_tokens the committed token after each).
     `propose(rids, k)` -> `(tokens [B, k] int64, probs [B, k] float32, lengths [B] int64)`: greedy (argmax) chain with
     the head's softmax probability of each drafted token; rows of requests without any pair yet have length 0.
+
+    Drafting reads the whole lm_head (vocab x hidden) once per draft step; on a CPU that memory traffic, not the
+    one-layer head, is the cost. So a chain step is batched over requests (one lm_head read per step), runs in
+    `dtype` (bf16 halves the traffic; drafts are only proposals, so losslessness is unaffected), and a request stops
+    drafting once its cumulative draft probability falls below `min_survival` (0 = always `k` tokens).
     """
 
-    def __init__(self, head: EagleHead, target):
-        self.head = head.eval()
-        self.embed = target.get_input_embeddings()
-        self.lm_w = target.get_output_embeddings().weight
+    def __init__(self, head: EagleHead, target, dtype: torch.dtype | None = None, min_survival: float = 0.0):
+        own = next(head.parameters()).dtype
+        dtype = dtype or own
+        self.head = (head if dtype == own else copy.deepcopy(head).to(dtype)).eval()  # never mutate the caller's
+        self.dtype = dtype
+        self.embed_w = target.get_input_embeddings().weight.detach().to(dtype)
+        self.lm_w = target.get_output_embeddings().weight.detach().to(dtype)
+        self.min_survival = float(min_survival)
         self.states: dict[int, _HeadState] = {}
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids.long(), self.embed_w)
 
     def start(self, rid: int) -> None:
         if rid in self.states:
@@ -57,23 +70,40 @@ class EagleDrafter:
         if m == 0:
             return
         pos = torch.arange(st.n_pairs, st.n_pairs + m)[None]
-        emb = self.embed(next_tokens.long()[None]).to(feats.dtype)
-        g, cache = self.head(emb, feats[None], pos, cache=st.cache)
+        emb = self.embed(next_tokens[None])
+        g, cache = self.head(emb, feats.to(self.dtype)[None], pos, cache=st.cache)
         self.states[rid] = _HeadState(cache, st.n_pairs + m, g[0, -1])
 
     @torch.no_grad()
-    def _chain(self, st: _HeadState, k: int):
-        toks, probs = [], []
-        g, cache, n = st.g_last, st.cache, st.n_pairs
+    def _chains(self, states: list, k: int, min_survival: float):
+        """Greedy chains for several head states at once: per state a list of tokens and of probabilities."""
+        A = len(states)
+        toks = [[] for _ in range(A)]
+        probs = [[] for _ in range(A)]
+        G = torch.stack([st.g_last for st in states])  # [A, h]
+        caches = [st.cache for st in states]
+        surv = [1.0] * A
+        live = list(range(A))
         for i in range(k):
-            p = F.linear(g, self.lm_w).float().softmax(-1)
-            t = int(p.argmax())
-            toks.append(t)
-            probs.append(float(p[t]))
-            if i + 1 < k:
-                emb = self.embed(torch.tensor([[t]]))
-                out, cache = self.head(emb.to(g.dtype), g[None, None], torch.tensor([[n + i]]), cache=cache)
-                g = out[0, -1]
+            p = F.linear(G[live], self.lm_w).float().softmax(-1)
+            pv, tv = p.max(-1)
+            nxt = []
+            for j, a in enumerate(live):
+                q = float(pv[j])
+                toks[a].append(int(tv[j]))
+                probs[a].append(q)
+                surv[a] *= q
+                if surv[a] >= min_survival:
+                    nxt.append(a)
+            live = nxt
+            if i + 1 == k or not live:
+                break
+            G = G.clone()
+            for a in live:
+                emb = self.embed(torch.tensor([[toks[a][-1]]]))
+                out, caches[a] = self.head(emb, G[a][None, None], torch.tensor([[states[a].n_pairs + i]]),
+                                           cache=caches[a])
+                G[a] = out[0, -1]
         return toks, probs
 
     def propose(self, rids, k: int):
@@ -81,28 +111,28 @@ class EagleDrafter:
         tokens = torch.full((B, k), -1, dtype=torch.int64)
         probs = torch.zeros((B, k), dtype=torch.float32)
         lengths = torch.zeros(B, dtype=torch.int64)
-        for b, rid in enumerate(rids):
-            st = self.states[rid]
-            if st.g_last is None or k == 0:
-                continue
-            t, p = self._chain(st, k)
-            tokens[b] = torch.tensor(t)
-            probs[b] = torch.tensor(p)
-            lengths[b] = k
+        rows = [b for b, rid in enumerate(rids) if self.states[rid].g_last is not None]
+        if not rows or k == 0:
+            return tokens, probs, lengths
+        toks, prs = self._chains([self.states[rids[b]] for b in rows], k, self.min_survival)
+        for b, t, p in zip(rows, toks, prs):
+            tokens[b, :len(t)] = torch.tensor(t)
+            probs[b, :len(p)] = torch.tensor(p)
+            lengths[b] = len(t)
         return tokens, probs, lengths
 
     @torch.no_grad()
     def trace_rows(self, feats: torch.Tensor, tokens: torch.Tensor, n_prompt: int, k: int):
-        """EAGLE chains after committing `tokens[:n]` for every `n = n_prompt .. len(tokens)-1`.
+        """EAGLE chains after committing `tokens[:n]` for every `n = n_prompt .. len(tokens)-1` (always `k` long, so
+        a replay can simulate any cut-off).
 
         `feats [L, h]` are the target's teacher-forced features of `tokens [L]` (causal, so they equal the features
         the loop sees incrementally). Row `p` drafts guesses for `tokens[n_prompt + p], ...`.
         Returns `(tok [P, k] int64, prob [P, k] float32)`.
         """
         L = tokens.shape[0]
-        emb = self.embed(tokens[1:].long()[None]).to(feats.dtype)
-        pos = torch.arange(L - 1)[None]
-        g_all, (kc, vc) = self.head(emb, feats[None, :-1], pos)
+        emb = self.embed(tokens[1:][None])
+        g_all, (kc, vc) = self.head(emb, feats.to(self.dtype)[None, :-1], torch.arange(L - 1)[None])
         rows_t, rows_p = [], []
         for n in range(n_prompt, L):
             if n < 2:
@@ -111,7 +141,7 @@ class EagleDrafter:
                 continue
             P = n - 1  # pairs committed: (f_t, x_{t+1}) for t < n - 1
             st = _HeadState((kc[:, :, :P], vc[:, :, :P]), P, g_all[0, P - 1])
-            t, p = self._chain(st, k)
+            (t,), (p,) = self._chains([st], k, 0.0)
             rows_t.append(t)
             rows_p.append(p)
         return torch.tensor(rows_t, dtype=torch.int64).reshape(-1, k), \

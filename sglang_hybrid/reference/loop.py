@@ -110,13 +110,16 @@ class ReferenceLoop:
     `ngram_k` n-gram chain length (`ngram_tree=True` drafts an `n_nodes` tree instead, default in merge mode);
     `n_nodes` verify-tree budget (W = n_nodes + 1); `temperature` 0 = greedy; `cost` a `CostModel` for the per-
     request forward (`profile_cost` makes one; None = profile on first use); calibrations default to the shipped
-    n-gram file and identity model scaling; `seed` drives the sampling uniforms.
+    n-gram file and identity model scaling; `seed` drives the sampling uniforms; `draft_dtype` (e.g. bf16) and
+    `eagle_min_survival` (stop a chain once its cumulative draft probability is below it) only change drafting
+    cost and which drafts are proposed, never the output distribution.
     """
 
     def __init__(self, target, mode: str = "merge", head=None, eagle_k: int = 8, ngram_k: int = 8,
                  n_nodes: int = 12, temperature: float = 0.0, cost=None, ngram_cal=None, model_cal=None,
                  ngram_tree: bool | None = None, seed: int = 0, eos_token_id: int | None = None,
-                 ngram_kwargs: dict | None = None, price_single: bool = False):
+                 ngram_kwargs: dict | None = None, price_single: bool = False, draft_dtype=None,
+                 eagle_min_survival: float = 0.0):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mode in ("eagle", "choose", "merge") and head is None:
@@ -136,6 +139,8 @@ class ReferenceLoop:
         self.seed = seed
         self.eos = eos_token_id if eos_token_id is not None else getattr(target.config, "eos_token_id", None)
         self.ngram_kwargs = ngram_kwargs or {}
+        self.draft_dtype = draft_dtype
+        self.eagle_min_survival = eagle_min_survival
         from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
 
         self.ngram_cal = (ngram_cal or NgramCalibration.load()).to("cpu") if self.ngram_k else None
@@ -198,7 +203,8 @@ class ReferenceLoop:
             if min(p) < 0 or max(p) >= V:
                 raise ValueError(f"prompt token ids must be in [0, {V})")
         gen = torch.Generator().manual_seed(self.seed)
-        eagle = EagleDrafter(self.head, self.target) if self.eagle_k else None
+        eagle = (EagleDrafter(self.head, self.target, dtype=self.draft_dtype, min_survival=self.eagle_min_survival)
+                 if self.eagle_k else None)
         ngram = NgramSource(max_draft=max(self.ngram_k, self.n_nodes), **self.ngram_kwargs) if self.ngram_k else None
         reqs = []
         for i, p in enumerate(prompts):
@@ -318,10 +324,16 @@ class ReferenceLoop:
 
 @torch.no_grad()
 def profile_cost(target, context: int = 256, sizes=(1, 2, 4, 8, 16, 32), repeats: int = 3):
-    """CostModel of one request's verify forward: `n` new tokens over a `context`-token KV cache (median time)."""
+    """CostModel of one request's verify forward: `n` new tokens over a `context`-token KV cache.
+
+    Median of `repeats` timings per size after one warm-up; a running maximum then removes the non-monotone blips
+    a shared CPU produces (more tokens never really cost less), which `CostModel` would otherwise reject.
+    """
+    import statistics
+
     from transformers import DynamicCache
 
-    from sglang_hybrid.cost import profile
+    from sglang_hybrid.cost import CostModel
 
     V = target.config.vocab_size
     g = torch.Generator().manual_seed(0)
@@ -330,13 +342,23 @@ def profile_cost(target, context: int = 256, sizes=(1, 2, 4, 8, 16, 32), repeats
     kw = cache_kw(target)
     target.model(input_ids=ctx, use_cache=True, **{kw: base})
 
-    def fn(n):
+    def run(n):
         out = target.model(input_ids=torch.randint(0, V, (1, n), generator=g), use_cache=True,
                            position_ids=torch.arange(context, context + n)[None], **{kw: _clone(base)})
         target.lm_head(out.last_hidden_state)
 
-    return profile(fn, list(sizes), warmup=1, repeats=repeats, meta={"what": "one request, per-request forward",
-                                                                     "context": context})
+    secs = []
+    for n in sizes:
+        run(n)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run(n)
+            times.append(time.perf_counter() - t0)
+        secs.append(statistics.median(times))
+    mono = [max(secs[:i + 1]) for i in range(len(secs))]
+    return CostModel(list(sizes), mono, meta={"what": "one request, per-request forward", "context": context,
+                                              "raw_seconds": secs})
 
 
 def _clone(cache):
