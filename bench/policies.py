@@ -194,12 +194,19 @@ class _Core:
         self.torch = torch
         self.price, self.selector, self.survival = price, selector, survival
         self._calibration, self._ngram_path, self._ngram_cal = calibration, ngram_calibration, None
+        self._checked_steps = 0
         if model_calibration is None:
             self.model_cal = calibration.ModelCalibration.identity().to("cpu")
             self.model_cal_name = "identity (raw draft probability)"
         else:
             self.model_cal = calibration.ModelCalibration.load(model_calibration).to("cpu")
             self.model_cal_name = str(model_calibration)
+
+    def checks(self) -> bool:
+        """Value checks (NaN, ranges, parents) on the first steps only: they cost as much as the decision itself on
+        CPU, and the trace's values were validated when it was read."""
+        self._checked_steps += 1
+        return self._checked_steps <= 20
 
     @property
     def ngram_cal(self):
@@ -213,21 +220,24 @@ class _Core:
         t = self.torch
         p = t.as_tensor(probs, dtype=t.float32)
         depth = t.arange(1, p.shape[1] + 1, dtype=t.int64).expand_as(p).contiguous()
-        a = self.model_cal.acceptance(p.clamp(0.0, 1.0), depth)
+        a = self.model_cal.acceptance(p.clamp(0.0, 1.0), depth, check_values=self.checks())
         lengths = t.as_tensor((np.cumsum(np.asarray(tokens) < 0, axis=1) == 0).sum(axis=1), dtype=t.int64)
-        return self.survival.chain_survival(a, lengths), lengths
+        return self.survival.chain_survival(a, lengths, check_values=self.checks()), lengths
 
     def ngram_survival(self, d: dict, tree: bool):
         t = self.torch
         f = {k: t.as_tensor(np.ascontiguousarray(d[k]), dtype=t.int64)
              for k in ("match_len", "count", "total", "depth", "source")}
-        a = self.ngram_cal.acceptance(f["match_len"], f["count"], f["total"], f["depth"], f["source"])
+        chk = self.checks()
+        a = self.ngram_cal.acceptance(f["match_len"], f["count"], f["total"], f["depth"], f["source"],
+                                      check_values=chk)
         lengths = t.as_tensor(d["lengths"], dtype=t.int64)
         if tree:
             parents = t.as_tensor(np.ascontiguousarray(d["parents"]), dtype=t.int64)
-            return self.survival.tree_survival(a, parents, lengths), parents, lengths
+            return self.survival.tree_survival(a, parents, lengths, check_values=chk), parents, lengths
         b, k = a.shape
-        return self.survival.chain_survival(a, lengths), self.survival.chain_parents(b, k), lengths
+        return (self.survival.chain_survival(a, lengths, check_values=chk), self.survival.chain_parents(b, k),
+                lengths)
 
 
 def _tree_to_proposal(tree, model_steps: int) -> Proposal:
@@ -261,11 +271,12 @@ class ModelOnlyAdaptive(Policy):
         etoks, eprobs = view.drafts.eagle(view.req, view.pos, self.k)
         b = len(view.req)
         s_m, m_len = c.model_survival(etoks, eprobs)
-        _, lam = c.price.price_device(s_m, b, view.cost)
+        chk = c.checks()
+        _, lam = c.price.price_device(s_m, b, view.cost, check_values=chk)
         empty_i = t.zeros((b, 0), dtype=t.int64)
         tree = c.selector.select(t.as_tensor(view.root), t.as_tensor(etoks), s_m, m_len,
                                  empty_i, empty_i, t.zeros((b, 0)), t.zeros(b, dtype=t.int64),
-                                 lam, mode="choose", n_nodes=self.k)
+                                 lam, mode="choose", n_nodes=self.k, check_values=chk)
         self.last_lambda = float(lam)
         return _tree_to_proposal(tree, self.k + 1)
 
@@ -293,10 +304,11 @@ class Hybrid(Policy):
         b = len(view.req)
         s_m, m_len = c.model_survival(etoks, eprobs)
         s_n, n_par, n_len = c.ngram_survival(ng, self.tree)
-        _, lam = c.price.price_device(t.cat([s_m, s_n], 1), b, view.cost)
+        chk = c.checks()
+        _, lam = c.price.price_device(t.cat([s_m, s_n], 1), b, view.cost, check_values=chk)
         tree = c.selector.select(t.as_tensor(view.root), t.as_tensor(etoks), s_m, m_len,
                                  t.as_tensor(np.ascontiguousarray(ng["tokens"]), dtype=t.int64), n_par, s_n, n_len,
-                                 lam, mode=self.mode, n_nodes=self.n_nodes)
+                                 lam, mode=self.mode, n_nodes=self.n_nodes, check_values=chk)
         self.last_lambda = float(lam)
         return _tree_to_proposal(tree, self.k + 1)
 

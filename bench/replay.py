@@ -27,7 +27,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -226,6 +225,8 @@ class DraftBank:
     """
 
     def __init__(self, requests: list, k: int, pld_n=(2, 5), progress: bool = False):
+        if not requests or any(len(r.output) == 0 for r in requests):
+            raise ValueError("DraftBank needs at least one request and every output non-empty")
         self.requests = requests
         self.k = int(k)
         self.pld_n = pld_n
@@ -648,6 +649,8 @@ def paper_layout(results: dict, cost: str, temps: list, batches: list) -> tuple[
             rows.append(("code editing, batch 128", "code_b128", [("code", t0, 128)]))
         rows.append(("chat, temperature 0", "chat_t0", [("chat", t0, b) for b in batches]))
     for title, key, cells in rows:
+        if len(cells) > 1:  # the chat row spans the batch sizes this cost model has results for
+            cells = [c for c in cells if ratio(results, (cost,) + c, "hybrid_choose") is not None] or cells
         ch = [ratio(results, (cost,) + c, "hybrid_choose") for c in cells]
         me = [ratio(results, (cost,) + c, "hybrid_merge") for c in cells]
         if any(v is None for v in ch + me):
@@ -829,7 +832,10 @@ def load_workloads(trace_paths, synthetic: bool, seed: int) -> dict:
     if len(ks) != 1:
         raise TraceError(f"traces disagree on eagle_k: {sorted(ks)}")
     for t in traces:
-        by_t.setdefault(t.temperature, []).extend(t.requests)
+        empty = [r.id for r in t.requests if len(r.output) == 0]
+        if empty:
+            print(f"note: skipping {len(empty)} request(s) with an empty output: {', '.join(empty[:5])}")
+        by_t.setdefault(t.temperature, []).extend(r for r in t.requests if len(r.output))
     return by_t, ks.pop(), traces
 
 
@@ -930,7 +936,11 @@ def main(argv=None) -> int:
         for spec in specs:
             for w, idx in groups.items():
                 for b in args.batches:
-                    cost = spec.for_batch(b)
+                    try:
+                        cost = spec.for_batch(b)
+                    except ValueError as e:
+                        print(f"\n## {spec.name} | {w} | batch {b}: skipped ({e})")
+                        continue
                     cell = []
                     for pol in pols:
                         try:

@@ -23,7 +23,6 @@ import argparse
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess

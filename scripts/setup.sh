@@ -21,4 +21,13 @@ $PIP install -q -r scripts/requirements-sglang.txt
 $PIP install -q --no-deps "sglang==0.5.23"
 # The project itself (maturin compiles rust_ngram_py into sglang_hybrid._ngram), with every optional group.
 $PIP install -q -e ".[reference,bench,test]"
+
+# Optional: the anchors bench/drafters.py compares against (tests and CI do not need them; the benchmark lists
+# missing anchors as NOT RUN with the reason). Arctic Inference only installs from source; it builds on CPU.
+if [ "${HYBRID_ANCHORS:-0}" = 1 ]; then
+    $PIP install -q --no-deps "vllm==0.33.0"
+    $PIP install -q "numba==0.65.1" "cbor2==6.3.0" "openai-harmony==0.0.8" "ninja==1.13.2" "cmake==4.4.5" "nanobind==2.9.2"
+    CMAKE_BUILD_PARALLEL_LEVEL=1 CMAKE_ARGS="-DPython_EXECUTABLE=$($PY -c 'import sys; print(sys.executable)')" \
+        $PIP install -q --no-deps --no-build-isolation --no-binary arctic-inference "arctic-inference==0.3.0"
+fi
 echo "setup: done"

@@ -1,4 +1,4 @@
-"""Hybrid Spark end to end on a CPU: `python -m sglang_hybrid.demo [--out out/demo] [--max-new 96] [--quick]`.
+"""Hybrid Spark end to end on a CPU: `python -m sglang_hybrid.demo [--out out/demo] [--max-new 64] [--quick]`.
 
 Decodes code-editing prompts (edit a given source file: rename, add a parameter, fix a bug) and ShareGPT chat
 prompts with SmolLM2-135M-Instruct in every mode — no speculation, n-gram only, EAGLE only, HYBRID choose and
@@ -110,9 +110,9 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("out/demo"), help="folder for the table, plot and traces")
-    ap.add_argument("--max-new", type=int, default=96, help="new tokens per request")
-    ap.add_argument("--n-chat", type=int, default=3, help="ShareGPT chat prompts")
-    ap.add_argument("--n-code", type=int, default=3, help="code-editing prompts (at most 3)")
+    ap.add_argument("--max-new", type=int, default=64, help="new tokens per request")
+    ap.add_argument("--n-chat", type=int, default=2, help="ShareGPT chat prompts")
+    ap.add_argument("--n-code", type=int, default=2, help="code-editing prompts (at most 3)")
     ap.add_argument("--modes", default="none,ngram,eagle,choose,merge")
     ap.add_argument("--workloads", default="code,chat,mixed")
     ap.add_argument("--quick", action="store_true", help="2 prompts per workload, 48 tokens, mixed batch only")

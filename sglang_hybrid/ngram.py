@@ -49,10 +49,20 @@ class NgramDrafts(NamedTuple):
 
 
 _FAST = (np.dtype(np.int32), np.dtype(np.int64))
+_I32, _I64 = _FAST
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_new_drafts = tuple.__new__
 
 
 def _int_array(x, name: str) -> np.ndarray:
-    """1-D C-contiguous int32/int64 view or conversion of ``x`` (see the module docstring for the policy)."""
+    """1-D C-contiguous int32/int64 view or conversion of ``x`` (see the module docstring for the policy).
+
+    Fast path (one step of a serving loop calls this a few times, so it must cost ~100 ns, not microseconds): a plain
+    1-D int32/int64 ndarray is returned as is; the Rust core itself rejects a non-contiguous one with the same
+    ``ValueError`` this function raises, and checks every token id.
+    """
+    if type(x) is np.ndarray and x.ndim == 1 and (x.dtype is _I32 or x.dtype is _I64):
+        return x
     if isinstance(x, np.ndarray):
         a = x
     elif isinstance(x, (list, tuple, range)):
@@ -83,6 +93,8 @@ def _int_array(x, name: str) -> np.ndarray:
 
 
 def _req_id(req_id, name: str = "req_id") -> int:
+    if type(req_id) is int and _I64_MIN <= req_id <= _I64_MAX:  # fast path: a plain in-range int
+        return req_id
     if isinstance(req_id, bool) or not isinstance(req_id, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(req_id).__name__}")
     r = int(req_id)
@@ -194,17 +206,20 @@ class NgramDrafter:
     def propose(self, req_ids, k: int | None = None) -> NgramDrafts:
         """Chain drafts of up to ``k`` tokens (default ``max_draft``) per request, copying after the most recent
         occurrence of the longest matched suffix."""
-        k = self.max_draft if k is None else _positive_int(k, "k")
+        if k is None:
+            k = self.max_draft
+        elif type(k) is not int:
+            k = _positive_int(k, "k")
         if not 1 <= k <= self.max_draft:
             raise ValueError(f"k = {k} out of range [1, max_draft = {self.max_draft}]")
-        return NgramDrafts(*self._core.propose(_int_array(req_ids, "req_ids"), k))
+        return _new_drafts(NgramDrafts, self._core.propose(_int_array(req_ids, "req_ids"), k))
 
     def propose_tree(self, req_ids, n_nodes: int) -> NgramDrafts:
         """Tree drafts of up to ``n_nodes`` nodes per request, best-first by estimated probability."""
-        n = _positive_int(n_nodes, "n_nodes")
+        n = n_nodes if type(n_nodes) is int else _positive_int(n_nodes, "n_nodes")
         if not 1 <= n <= self.max_nodes:
             raise ValueError(f"n_nodes = {n} out of range [1, max_nodes = {self.max_nodes}]")
-        return NgramDrafts(*self._core.propose_tree(_int_array(req_ids, "req_ids"), n))
+        return _new_drafts(NgramDrafts, self._core.propose_tree(_int_array(req_ids, "req_ids"), n))
 
     # -- introspection -----------------------------------------------------------------------------------------
     def __contains__(self, req_id) -> bool:

@@ -73,6 +73,27 @@ def profile_batch(model, head, batch: int, context: int, widths, repeats: int, w
             "draft_step_seconds": float(dm.seconds[0]), "profile_seconds": round(t_target, 1)}
 
 
+def write(path: Path, name: str, dtype: str, args, tables: dict) -> None:
+    """Write the table file (after every batch size, so an interrupted run keeps what it measured)."""
+    doc = {
+        "format": FORMAT, "version": 1, "source": "measured on this machine",
+        "description": f"{name} ({dtype}) on CPU, torch {torch.__version__}, {args.threads} threads",
+        "assumptions": [
+            f"measured: {name} {dtype} forward on {platform.processor() or platform.machine()} "
+            f"({os.cpu_count()} cores visible, torch threads {args.threads}); dates per batch in 'measured'",
+            f"each request has a {args.context}-token KV cache; n = requests x width tokens verified per forward, "
+            f"median of {args.repeats} after {args.warmup} warm-up; linear interpolation between probe sizes, "
+            "last slope beyond the largest; a probe timed below a smaller one (noise) is raised to it (running max; "
+            "raw medians kept in raw_seconds)",
+            "EAGLE draft step: the reference head (fc + 1 layer, SmolLM2 dims) + the target lm_head, one token per "
+            "request; a policy drafting k model tokens pays k + 1 steps",
+            "the machine is shared by other jobs: timings carry their noise; n-gram drafting cost not charged",
+        ],
+        "tables": tables,
+    }
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=OUT)
@@ -82,6 +103,7 @@ def main(argv=None) -> int:
                     help="torch threads (1 is steadier when other jobs share the cores)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--update", action="store_true", help="keep batch sizes already in --out, measure the others")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -92,33 +114,23 @@ def main(argv=None) -> int:
     lm = load_smollm2()
     model = lm.model
     head = new_head(model.config).eval()
+    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
     widths = {4: [1, 2, 3, 5, 9, 17], 32: [1, 2, 3, 5, 9, 17], 128: [1, 2, 3, 5, 9]}
     tables = {}
+    if args.update and args.out.is_file():
+        tables = json.loads(args.out.read_text()).get("tables", {})
     for b in args.batch_sizes:
+        if str(b) in tables:
+            print(f"batch {b}: kept from {args.out}")
+            continue
         w = widths.get(b, [1, 2, 3, 5, 9])
         print(f"profiling batch {b} (widths {w}) over {args.context} cached tokens ...", flush=True)
-        tables[str(b)] = profile_batch(model, head, b, args.context, w, args.repeats, args.warmup)
-        t = tables[str(b)]
+        t = profile_batch(model, head, b, args.context, w, args.repeats, args.warmup)
+        t["measured"] = time.strftime("%Y-%m-%d %H:%M")
+        tables[str(b)] = t
         print("  " + "  ".join(f"T({n})={s * 1e3:.1f}ms" for n, s in zip(t["tokens"], t["seconds"]))
               + f"  draft step {t['draft_step_seconds'] * 1e3:.1f} ms", flush=True)
-    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
-    doc = {
-        "format": FORMAT, "version": 1, "source": "measured on this machine",
-        "description": f"{lm.name} ({dtype}) on CPU, torch {torch.__version__}, {args.threads} threads",
-        "assumptions": [
-            f"measured: {lm.name} {dtype} forward on {platform.processor() or platform.machine()} "
-            f"({os.cpu_count()} cores visible, torch threads {args.threads}), {time.strftime('%Y-%m-%d')}",
-            f"each request has a {args.context}-token KV cache; n = requests x width tokens verified per forward, "
-            f"median of {args.repeats} after {args.warmup} warm-up; linear interpolation between probe sizes, "
-            "last slope beyond the largest; a probe timed below a smaller one (noise) is raised to it (running max; "
-            "raw medians kept in raw_seconds)",
-            "EAGLE draft step: the reference head (fc + 1 layer, SmolLM2 dims) + the target lm_head, one token per "
-            "request; a policy drafting k model tokens pays k + 1 steps",
-            "the machine is shared by other jobs: timings carry noise; n-gram drafting cost not charged",
-        ],
-        "tables": tables,
-    }
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        write(args.out, lm.name, dtype, args, tables)
     print(f"wrote {args.out}")
     return 0
 

@@ -58,12 +58,16 @@ fn main() {
     let steps = 300;
     let (c0, w0) = (pcpu(), std::time::Instant::now());
     let mut drafted = 0usize;
+    let mut prop_cpu = 0f64;
     for j in 0..steps {
+        let p0 = pcpu();
         d.propose(&ids, 8, &mut out.rows()).unwrap();
+        prop_cpu += pcpu() - p0;
         drafted += out.lengths.iter().map(|&l| l as usize).sum::<usize>();
         let toks: Vec<u32> = streams.iter().map(|s| s[n + j]).collect();
         d.extend_batch(&ids, &toks, &offsets).unwrap();
     }
+    println!("batch propose share: {:.3} ms CPU per step", prop_cpu * 1e3 / steps as f64);
     println!(
         "batch {b} x {n}: one step (propose k=8 + extend 1, all requests in one call each) {:.3} ms CPU (all threads), {:.3} ms wall; mean draft len {:.2}; {:.1} bytes/token",
         (pcpu() - c0) * 1e3 / steps as f64,

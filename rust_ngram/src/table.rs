@@ -2,16 +2,26 @@
 //!
 //! Why a custom table: a suffix automaton over a 100k-token vocabulary has a few transitions per context token;
 //! a general-purpose map stores 16-byte aligned entries plus per-map overhead, while this one packs 12 bytes per
-//! slot (a `u64` key, a `u32` value) with linear probing and never deletes (automata only add transitions or
-//! redirect them in place). Invariants: `len <= 3/4 * capacity`; capacity is a power of two; a key is never
-//! `EMPTY` because state ids stay below `u32::MAX`.
+//! slot (state, token, target as three `u32`, in one place so a hit costs one cache miss, not two) with linear
+//! probing and never deletes (automata only add transitions or redirect them in place). Invariants:
+//! `len <= 3/4 * capacity`; capacity is a power of two; a slot's state is never `EMPTY` because state ids stay
+//! below `u32::MAX`.
 
-const EMPTY: u64 = u64::MAX;
+const EMPTY: u32 = u32::MAX;
+
+/// One slot: key `(state, token)` and value `target`; `state == EMPTY` marks a free slot.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    state: u32,
+    token: u32,
+    target: u32,
+}
+
+const FREE: Slot = Slot { state: EMPTY, token: 0, target: 0 };
 
 #[derive(Clone, Debug, Default)]
 pub(crate) struct TransitionTable {
-    keys: Vec<u64>,
-    vals: Vec<u32>,
+    slots: Vec<Slot>,
     len: usize,
     shift: u32,
 }
@@ -30,8 +40,7 @@ impl TransitionTable {
     }
 
     fn alloc(&mut self, cap: usize) {
-        self.keys = vec![EMPTY; cap];
-        self.vals = vec![0; cap];
+        self.slots = vec![FREE; cap];
         self.shift = 64 - cap.trailing_zeros();
         self.len = 0;
     }
@@ -47,23 +56,22 @@ impl TransitionTable {
     }
 
     pub fn capacity_bytes(&self) -> usize {
-        self.keys.capacity() * 8 + self.vals.capacity() * 4
+        self.slots.capacity() * std::mem::size_of::<Slot>()
     }
 
     #[inline]
     pub fn get(&self, state: u32, token: u32) -> Option<u32> {
-        if self.keys.is_empty() {
+        if self.slots.is_empty() {
             return None;
         }
-        let k = key(state, token);
-        let mask = self.keys.len() - 1;
-        let mut i = self.slot(k);
+        let mask = self.slots.len() - 1;
+        let mut i = self.slot(key(state, token));
         loop {
-            let s = self.keys[i];
-            if s == k {
-                return Some(self.vals[i]);
+            let s = self.slots[i];
+            if s.state == state && s.token == token {
+                return Some(s.target);
             }
-            if s == EMPTY {
+            if s.state == EMPTY {
                 return None;
             }
             i = (i + 1) & mask;
@@ -72,21 +80,19 @@ impl TransitionTable {
 
     /// Inserts or overwrites; returns true when the key was new.
     pub fn set(&mut self, state: u32, token: u32, target: u32) -> bool {
-        if (self.len + 1) * 4 > self.keys.len() * 3 {
+        if (self.len + 1) * 4 > self.slots.len() * 3 {
             self.grow();
         }
-        let k = key(state, token);
-        let mask = self.keys.len() - 1;
-        let mut i = self.slot(k);
+        let mask = self.slots.len() - 1;
+        let mut i = self.slot(key(state, token));
         loop {
-            let s = self.keys[i];
-            if s == k {
-                self.vals[i] = target;
+            let s = &mut self.slots[i];
+            if s.state == state && s.token == token {
+                s.target = target;
                 return false;
             }
-            if s == EMPTY {
-                self.keys[i] = k;
-                self.vals[i] = target;
+            if s.state == EMPTY {
+                *s = Slot { state, token, target };
                 self.len += 1;
                 return true;
             }
@@ -95,19 +101,17 @@ impl TransitionTable {
     }
 
     fn grow(&mut self) {
-        let old_keys = std::mem::take(&mut self.keys);
-        let old_vals = std::mem::take(&mut self.vals);
-        let cap = (old_keys.len() * 2).max(16);
+        let old = std::mem::take(&mut self.slots);
+        let cap = (old.len() * 2).max(16);
         self.alloc(cap);
         let mask = cap - 1;
-        for (k, v) in old_keys.into_iter().zip(old_vals) {
-            if k != EMPTY {
-                let mut i = self.slot(k);
-                while self.keys[i] != EMPTY {
+        for s in old {
+            if s.state != EMPTY {
+                let mut i = self.slot(key(s.state, s.token));
+                while self.slots[i].state != EMPTY {
                     i = (i + 1) & mask;
                 }
-                self.keys[i] = k;
-                self.vals[i] = v;
+                self.slots[i] = s;
                 self.len += 1;
             }
         }
@@ -131,7 +135,7 @@ mod tests {
             let (s, tok) = ((x % 3000) as u32, ((x >> 20) % 50) as u32 | if i % 97 == 0 { u32::MAX - 1 } else { 0 });
             let new = t.set(s, tok, i);
             assert_eq!(new, m.insert((s, tok), i).is_none());
-            assert!(t.len() * 4 <= t.keys.len() * 3);
+            assert!(t.len() * 4 <= t.slots.len() * 3);
         }
         assert_eq!(t.len(), m.len());
         for (&(s, tok), &v) in &m {

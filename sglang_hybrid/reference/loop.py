@@ -323,14 +323,12 @@ class ReferenceLoop:
 
 
 @torch.no_grad()
-def profile_cost(target, context: int = 256, sizes=(1, 2, 4, 8, 16, 32), repeats: int = 3):
+def profile_cost(target, context: int = 256, sizes=(1, 2, 4, 8, 16, 32), repeats: int = 4):
     """CostModel of one request's verify forward: `n` new tokens over a `context`-token KV cache.
 
-    Median of `repeats` timings per size after one warm-up; a running maximum then removes the non-monotone blips
-    a shared CPU produces (more tokens never really cost less), which `CostModel` would otherwise reject.
+    Minimum of `repeats` interleaved timings per size after a warm-up; a running maximum then removes the
+    non-monotone blips a shared CPU produces (more tokens never really cost less), which `CostModel` rejects.
     """
-    import statistics
-
     from transformers import DynamicCache
 
     from sglang_hybrid.cost import CostModel
@@ -347,15 +345,15 @@ def profile_cost(target, context: int = 256, sizes=(1, 2, 4, 8, 16, 32), repeats
                            position_ids=torch.arange(context, context + n)[None], **{kw: _clone(base)})
         target.lm_head(out.last_hidden_state)
 
-    secs = []
-    for n in sizes:
+    for n in sizes:  # warm-up
         run(n)
-        times = []
-        for _ in range(repeats):
+    times = {n: [] for n in sizes}
+    for _ in range(repeats):  # interleaved, so a burst of load from other processes hits every size alike
+        for n in sizes:
             t0 = time.perf_counter()
             run(n)
-            times.append(time.perf_counter() - t0)
-        secs.append(statistics.median(times))
+            times[n].append(time.perf_counter() - t0)
+    secs = [min(times[n]) for n in sizes]  # the minimum is the least disturbed estimate on a shared machine
     mono = [max(secs[:i + 1]) for i in range(len(secs))]
     return CostModel(list(sizes), mono, meta={"what": "one request, per-request forward", "context": context,
                                               "raw_seconds": secs})

@@ -1,0 +1,69 @@
+//! One batched step as `bench/drafters.py` measures it: 128 requests x 32k context, each request first extended by
+//! the tokens it accepted (its draft checked against the true continuation, + 1 bonus token), then one propose for
+//! all. Run: `cargo run --release -p rust_ngram --features parallel --example batch_step [-- stream.u32 [B] [ctx]]`
+//! where `stream.u32` is raw little-endian u32 token ids (e.g. `bench.data.long_context_stream(...).tofile(...)`);
+//! without it a synthetic edit stream is used. Prints wall-clock medians of the extend and propose halves.
+
+use std::time::Instant;
+
+use rust_ngram::{DraftBatch, Drafter, DrafterConfig};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let b: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(128);
+    let ctx: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(32_768);
+    let steps = 20usize;
+    let stream: Vec<u32> = match args.get(1) {
+        Some(p) => std::fs::read(p).expect("stream file").chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect(),
+        None => rust_ngram::synth::edit_text(1 << 20, 50_000, 1),
+    };
+    let span = stream.len() - ctx - (steps + 4) * 9;
+    let offs: Vec<usize> = (0..b).map(|i| (i * 7919) % span).collect();
+    let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    let t0 = Instant::now();
+    for (i, &o) in offs.iter().enumerate() {
+        d.start(i as u64, &stream[o..o + ctx]).unwrap();
+    }
+    println!("setup {:.1} ms/request", t0.elapsed().as_secs_f64() * 1e3 / b as f64);
+    let ids: Vec<u64> = (0..b as u64).collect();
+    let mut pos: Vec<usize> = offs.iter().map(|&o| o + ctx).collect();
+    let mut new: Vec<Vec<u32>> = pos.iter().map(|&p| vec![stream[p]]).collect();
+    pos.iter_mut().for_each(|p| *p += 1);
+    let mut out = DraftBatch::new(b, 8);
+    let (mut te, mut tp, mut nt) = (Vec::new(), Vec::new(), 0usize);
+    for s in 0..steps + 3 {
+        let flat: Vec<u32> = new.concat();
+        let mut offsets = vec![0usize];
+        for t in &new {
+            offsets.push(offsets.last().unwrap() + t.len());
+        }
+        let t0 = Instant::now();
+        d.extend_batch(&ids, &flat, &offsets).unwrap();
+        let t1 = Instant::now();
+        d.propose(&ids, 8, &mut out.rows()).unwrap();
+        let t2 = Instant::now();
+        if s < 3 {
+            println!("warm-up step {s}: extend {:.2} ms, propose {:.2} ms", (t1 - t0).as_secs_f64() * 1e3, (t2 - t1).as_secs_f64() * 1e3);
+        } else {
+            te.push((t1 - t0).as_secs_f64() * 1e3);
+            tp.push((t2 - t1).as_secs_f64() * 1e3);
+            nt += flat.len();
+        }
+        for i in 0..b {
+            let row = out.row_tokens(i);
+            let acc = row.iter().zip(&stream[pos[i]..]).take_while(|(a, b)| **a as u32 == **b).count();
+            new[i] = stream[pos[i]..pos[i] + acc + 1].to_vec();
+            pos[i] += acc + 1;
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "{b} x {ctx}: extend median {:.2} ms ({:.1} tokens/step), propose median {:.2} ms",
+        med(&mut te),
+        nt as f64 / steps as f64,
+        med(&mut tp)
+    );
+}
