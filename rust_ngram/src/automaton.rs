@@ -113,6 +113,11 @@ impl SuffixAutomaton {
     }
 
     /// An empty automaton with room for `n` tokens, avoiding regrowth while a prompt of that size is added.
+    ///
+    /// Sizing (measured on real code and prose, cl100k): ~1.6 n states and ~2.05 n transitions. The edge list gets
+    /// room for 2.5 n (at 2 n it doubled to 4 n near the end of every real prompt: a copy, and 16 B/token of slack);
+    /// the token vector gets room for n / 8 + 64 more tokens, so the first accepted tokens of a request do not copy
+    /// (and page-fault) its whole context inside a decode step.
     pub fn with_capacity(n: usize) -> Self {
         let states = 2 * n + 1;
         let mut lct = Lct::with_capacity(states);
@@ -120,9 +125,9 @@ impl SuffixAutomaton {
         let mut st = Vec::with_capacity(states);
         st.push(ROOT_REC);
         SuffixAutomaton {
-            tokens: Vec::with_capacity(n),
+            tokens: Vec::with_capacity(n + n / 8 + 64),
             st,
-            edges: Vec::with_capacity(2 * n),
+            edges: Vec::with_capacity(n * 5 / 2 + 16),
             trans: TransitionTable::with_capacity(2 * n),
             lct,
             last: ROOT,

@@ -9,7 +9,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1};
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use rust_ngram::{DraftBatch, Drafter, DrafterConfig, DrafterError};
