@@ -5,6 +5,12 @@ most likely draft slots of the batch yields goodput ``G(b) = (R + sum_{i<=b} s_(
 ``b*`` one more slot costs ``T(R+b*+1) - T(R+b*)`` seconds, during which the batch would have produced ``G(b*)``
 tokens per second, so a slot is worth verifying iff its survival ``s >= lambda = G(b*) (T(R+b*+1) - T(R+b*))``.
 
+The marginal formula is exact for a smooth ``T``; on a staircase (CUDA-graph buckets) ``T(n+1) - T(n)`` at ``b*`` can
+be a whole bucket's jump, which would price out the very slots the budget chose. So ``lambda`` is clamped into the
+interval that separates the budget from the rest: at most ``s_(b*)`` (every slot in the budget passes ``s >= lambda``)
+and above ``s_(b*+1)`` when that survival is positive (the next slot does not). Ties at the boundary pass together.
+On smooth tables the clamp rarely binds; ``lambda`` stays ``0`` when every positive slot fits the budget.
+
 ``price_device`` is sort + cumsum + argmax on the device (no host sync); ``price_host`` is the same in numpy for
 survivals that are already on the host (lagged by the overlap scheduler).
 """
@@ -52,6 +58,12 @@ def price_device(survivals: torch.Tensor, num_requests: Union[int, torch.Tensor]
     g_star = g.amax()
     n_star = r + b_star.to(torch.float32)
     lam = g_star * (cost.step_time(n_star + 1.0) - cost.step_time(n_star))
+    # s_(b*) (inf when b* = 0) and s_(b*+1) (0 past the last slot), by one gather on a padded copy.
+    inf = torch.full((1,), float("inf"), dtype=torch.float32, device=flat.device)
+    padded = torch.cat([inf, srt, torch.zeros_like(inf)])
+    s_in, s_out = padded[b_star], padded[b_star + 1]
+    lo = torch.where(s_out > 0, torch.nextafter(s_out, inf[0]), torch.zeros_like(s_out))
+    lam = torch.minimum(torch.maximum(lam, lo), s_in)
     return b_star, lam
 
 
@@ -71,4 +83,8 @@ def price_host(survivals, num_requests: int, cost: CostModel) -> tuple[int, floa
     b_star = int(np.argmax(g))
     n_star = num_requests + b_star
     lam = float(g[b_star] * (cost.step_time_np(n_star + 1) - cost.step_time_np(n_star)))
+    padded = np.concatenate([[np.inf], srt, [0.0]]).astype(np.float32)   # float32: the same bounds as the device
+    s_in, s_out = padded[b_star], padded[b_star + 1]
+    lo = float(np.nextafter(s_out, np.float32(np.inf))) if s_out > 0 else 0.0
+    lam = min(max(lam, lo), float(s_in))
     return b_star, lam

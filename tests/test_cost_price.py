@@ -112,7 +112,14 @@ def test_budget_equals_brute_force_and_device_equals_host():
             g_host = (r + np.sort(s.reshape(-1))[::-1][:b_host].sum()) / cost.step_time_np(r + b_host)
             assert abs(g_host - g_best) < 1e-9 and b_host == b_best
             want_lam = g_best * (cost.step_time_np(r + b_best + 1) - cost.step_time_np(r + b_best))
-            assert abs(lam_host - want_lam) < 1e-9
+            srt = np.sort(s.reshape(-1))[::-1]
+            s_in = srt[b_best - 1] if b_best > 0 else np.inf
+            s_out = srt[b_best] if b_best < srt.size else 0.0
+            want_lam = min(max(want_lam, s_out), s_in)          # clamped between the budget and the rest
+            assert abs(lam_host - want_lam) < 1e-6
+            # the price selects exactly the budget (no ties in random survivals)
+            s32 = s.astype(np.float32)                              # survivals are float32 in the engine
+            assert int(((s32 > 0) & (s32 >= lam_host)).sum()) == b_host   # zero slots are never candidates
             b_dev, lam_dev = price_device(torch.tensor(s.copy(), dtype=torch.float32), r, ct)
             assert b_dev.dim() == 0 and lam_dev.dim() == 0
             assert int(b_dev) == b_host
@@ -126,10 +133,24 @@ def test_price_is_zero_when_memory_bound_and_rises_with_batch():
     assert float(lam) == 0.0
     lin = CostModel.linear(0.01, 0.0005, max_tokens=8192).to()
     lams = []
+    gen = torch.Generator().manual_seed(0)
     for batch in (1, 8, 64, 256):
-        surv = torch.full((batch, 8), 0.5)
+        surv = torch.rand((batch, 8), generator=gen)
         lams.append(float(price_device(surv, batch, lin)[1]))
     assert all(x < y for x, y in zip(lams, lams[1:])), lams
+
+
+def test_staircase_price_keeps_the_budget():
+    """At a CUDA-graph bucket edge the marginal step time jumps; the price must still admit the chosen budget."""
+    bucket = CostModel([1, 64, 65, 128], [1.0, 1.0, 2.0, 2.0])     # 64-token graph bucket, then a jump
+    s = torch.linspace(0.95, 0.30, 60).reshape(4, 15)            # 4 requests: 4 + 60 = 64 tokens fit the bucket
+    b, lam = price_device(s, 4, bucket.to())
+    assert int(b) == 60
+    raw = (4 + float(s.sum())) / 1.0 * (2.0 - 1.0)              # the unclamped marginal price, far above 1
+    assert raw > 1.0 and float(lam) <= 0.30 + 1e-6
+    assert int((s >= lam).sum()) == 60
+    b_h, lam_h = price_host(s.numpy(), 4, bucket)
+    assert b_h == 60 and abs(lam_h - float(lam)) < 1e-6
 
 
 def test_price_bad_input():
