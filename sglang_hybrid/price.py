@@ -61,7 +61,8 @@ def price_device(survivals: torch.Tensor, num_requests: Union[int, torch.Tensor]
     # s_(b*) (inf when b* = 0) and s_(b*+1) (0 past the last slot), by one gather on a padded copy.
     inf = torch.full((1,), float("inf"), dtype=torch.float32, device=flat.device)
     padded = torch.cat([inf, srt, torch.zeros_like(inf)])
-    s_in, s_out = padded[b_star], padded[b_star + 1]
+    # gather, not padded[b_star]: a tensor used as a Python index is data-dependent for torch.compile
+    s_in, s_out = padded.gather(0, torch.stack([b_star, b_star + 1])).unbind(0)
     lo = torch.where(s_out > 0, torch.nextafter(s_out, inf[0]), torch.zeros_like(s_out))
     lam = torch.minimum(torch.maximum(lam, lo), s_in)
     return b_star, lam
