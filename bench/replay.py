@@ -106,46 +106,18 @@ def _request_from_obj(obj: dict, k: int, where: str) -> TraceRequest:
 
 
 def read_trace(path) -> Trace:
-    """Read a trace file. Uses the project's reader (sglang_hybrid.reference.trace) when it exists, so that both
-    sides of the contract agree; otherwise parses the documented JSON Lines format here."""
+    """Read a trace with the project's reader (`sglang_hybrid.reference.trace`), so that writer and replay agree on
+    the format, then convert each record into the arrays the replay indexes."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"trace file not found: {path}")
+    from sglang_hybrid.reference.trace import read_trace as read_project_trace
     try:
-        from sglang_hybrid.reference import trace as project_trace  # noqa: F401
-        reader = getattr(project_trace, "read_trace", None)
-    except ImportError:
-        reader = None
-    if reader is not None:
-        try:
-            got = reader(path)
-        except ValueError as e:  # the project's TraceFormatError is a ValueError
-            raise TraceError(str(e)) from None
-        head, recs = got if isinstance(got, tuple) else (got.header, got.requests)
-        header = head.to_json() if hasattr(head, "to_json") else dict(head)
-        reqs = [_request_from_obj(_as_dict(r), int(header["eagle_k"]), f"{path}:{i + 2}")
-                for i, r in enumerate(recs)]
-        return Trace(header, reqs)
-    with open(path, encoding="utf-8") as fh:
-        lines = [ln for ln in fh if ln.strip()]
-    if not lines:
-        raise TraceError(f"{path}: empty file")
-    try:
-        header = json.loads(lines[0])
-    except ValueError as e:
-        raise TraceError(f"{path}:1: header is not JSON ({e})") from None
-    if header.get("format") != TRACE_FORMAT or header.get("version") != 1:
-        raise TraceError(f"{path}:1: expected format {TRACE_FORMAT!r} version 1, got "
-                         f"{header.get('format')!r} version {header.get('version')!r}")
-    if not isinstance(header.get("eagle_k"), int) or header["eagle_k"] < 1:
-        raise TraceError(f"{path}:1: 'eagle_k' must be a positive integer")
-    reqs = []
-    for i, ln in enumerate(lines[1:]):
-        try:
-            obj = json.loads(ln)
-        except ValueError as e:
-            raise TraceError(f"{path}:{i + 2}: not JSON ({e})") from None
-        reqs.append(_request_from_obj(obj, header["eagle_k"], f"{path}:{i + 2}"))
+        head, recs = read_project_trace(path)
+    except ValueError as e:  # the project's TraceFormatError is a ValueError
+        raise TraceError(str(e)) from None
+    header = head.to_json()
+    reqs = [_request_from_obj(_as_dict(r), int(header["eagle_k"]), f"{path}:{i + 2}") for i, r in enumerate(recs)]
     return Trace(header, reqs)
 
 
