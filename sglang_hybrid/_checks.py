@@ -14,6 +14,18 @@ _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def file_header(obj, fmt: str, version: int, where, error: type[Exception]) -> dict:
+    """The shared front of every versioned JSON file we read (calibration, cost table): a JSON object whose
+    ``format`` and ``version`` match, else ``error`` naming the file and the field."""
+    if not isinstance(obj, dict):
+        raise error(f"{where}: top level must be a JSON object")
+    if obj.get("format") != fmt:
+        raise error(f"{where}: 'format' must be {fmt!r}, got {obj.get('format')!r}")
+    if obj.get("version") != version:
+        raise error(f"{where}: unsupported 'version' {obj.get('version')!r} (expected {version})")
+    return obj
+
+
 def want_values(check_values: Optional[bool], *tensors: torch.Tensor) -> bool:
     """Resolve ``check_values=None`` to "on CPU and not compiling"."""
     if check_values is not None:

@@ -450,12 +450,7 @@ class NgramCalibration:
 
     @classmethod
     def from_json(cls, obj, where: str = "calibration") -> "NgramCalibration":
-        if not isinstance(obj, dict):
-            raise CalibrationFileError(f"{where}: top level must be a JSON object")
-        if obj.get("format") != NGRAM_FORMAT:
-            raise CalibrationFileError(f"{where}: 'format' must be {NGRAM_FORMAT!r}, got {obj.get('format')!r}")
-        if obj.get("version") != VERSION:
-            raise CalibrationFileError(f"{where}: unsupported 'version' {obj.get('version')!r} (expected {VERSION})")
+        _checks.file_header(obj, NGRAM_FORMAT, VERSION, where, CalibrationFileError)
         for key in ("edges", "table", "samples"):
             if key not in obj:
                 raise CalibrationFileError(f"{where}: missing field {key!r}")
@@ -634,10 +629,7 @@ class ModelCalibration:
             obj = json.loads(Path(path).read_text())
         except json.JSONDecodeError as e:
             raise CalibrationFileError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(obj, dict) or obj.get("format") != MODEL_FORMAT:
-            raise CalibrationFileError(f"{path}: 'format' must be {MODEL_FORMAT!r}")
-        if obj.get("version") != VERSION:
-            raise CalibrationFileError(f"{path}: unsupported 'version' {obj.get('version')!r}")
+        _checks.file_header(obj, MODEL_FORMAT, VERSION, path, CalibrationFileError)
         if "temperatures" not in obj:
             raise CalibrationFileError(f"{path}: missing field 'temperatures'")
         try:

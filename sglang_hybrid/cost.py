@@ -17,6 +17,8 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from . import _checks
+
 FORMAT = "hybrid-spark-cost"
 VERSION = 1
 #: a drop larger than this fraction of the previous entry is treated as a broken profile, not noise
@@ -93,12 +95,7 @@ class CostModel:
 
     @classmethod
     def from_json(cls, obj, where: str = "cost table") -> "CostModel":
-        if not isinstance(obj, dict):
-            raise CostFileError(f"{where}: top level must be a JSON object")
-        if obj.get("format") != FORMAT:
-            raise CostFileError(f"{where}: 'format' must be {FORMAT!r}, got {obj.get('format')!r}")
-        if obj.get("version") != VERSION:
-            raise CostFileError(f"{where}: unsupported 'version' {obj.get('version')!r} (expected {VERSION})")
+        _checks.file_header(obj, FORMAT, VERSION, where, CostFileError)
         for k in ("sizes", "seconds"):
             if not isinstance(obj.get(k), list):
                 raise CostFileError(f"{where}: missing list field {k!r}")
