@@ -6,12 +6,22 @@ so they run only when asked, or by default when the tensors already live on the 
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def read_json(path, error: type[Exception]):
+    """Parse a JSON file, turning a syntax error into ``error`` naming the file (a missing file stays an OSError)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: not valid JSON ({e})") from None
 
 
 def file_header(obj, fmt: str, version: int, where, error: type[Exception]) -> dict:

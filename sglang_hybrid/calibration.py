@@ -476,10 +476,7 @@ class NgramCalibration:
         path = Path(path) if path is not None else DEFAULT_PATH
         if not path.is_file():
             raise FileNotFoundError(f"calibration file not found: {path}")
-        try:
-            obj = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise CalibrationFileError(f"{path}: not valid JSON ({e})") from None
+        obj = _checks.read_json(path, CalibrationFileError)
         return cls.from_json(obj, where=str(path))
 
 
@@ -625,10 +622,7 @@ class ModelCalibration:
 
     @classmethod
     def load(cls, path) -> "ModelCalibration":
-        try:
-            obj = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as e:
-            raise CalibrationFileError(f"{path}: not valid JSON ({e})") from None
+        obj = _checks.read_json(path, CalibrationFileError)
         _checks.file_header(obj, MODEL_FORMAT, VERSION, path, CalibrationFileError)
         if "temperatures" not in obj:
             raise CalibrationFileError(f"{path}: missing field 'temperatures'")

@@ -109,10 +109,7 @@ class CostModel:
 
     @classmethod
     def load(cls, path) -> "CostModel":
-        try:
-            obj = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as e:
-            raise CostFileError(f"{path}: not valid JSON ({e})") from None
+        obj = _checks.read_json(path, CostFileError)
         return cls.from_json(obj, where=str(path))
 
     @classmethod
