@@ -195,8 +195,10 @@ def head_config(target_config, extra: dict | None = None) -> dict:
     cfg = target_config.to_dict() if hasattr(target_config, "to_dict") else dict(target_config)
     for k in ("quantization_config", "_name_or_path", "transformers_version", "auto_map"):
         cfg.pop(k, None)
+    # Never tied: the head has no lm_head of its own (SGLang's ``set_embed_and_head`` installs the target's), and a
+    # tied config makes ``lm_head`` the embedding module, which ``set_embed_and_head`` cannot replace.
     cfg.update({"architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
-                "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", True)), "torch_dtype": "bfloat16"})
+                "tie_word_embeddings": False, "torch_dtype": "bfloat16"})
     if extra:
         cfg["hybrid_spark"] = extra
     return cfg

@@ -37,18 +37,28 @@ class NgramFeeder:
         self.max_bs = max_bs
 
     # -- request lifecycle ---------------------------------------------------------------------------------------
-    def _sync_request(self, rid, tokens: Sequence[int], pending: list) -> int:
-        """Register ``rid`` or queue its new tokens in ``pending`` (one ``extend_batch`` call per step)."""
-        n = len(tokens)
+    def _sync_request(self, rid, prompt: Sequence[int], output: Sequence[int], pending: list) -> int:
+        """Register ``rid`` or queue its new tokens in ``pending`` (one ``extend_batch`` call per step).
+
+        Host work is O(new tokens): the full context is copied once, when the request first appears; afterwards
+        only the output tokens committed since the last call are sliced off ``output``.
+        """
+        n = len(prompt) + len(output)
         if rid in self._ids and n < self._fed[rid]:
             # The request's committed tokens shrank (retraction and re-prefill): start over.
             self._forget(rid)
         if rid not in self._ids:
             self._ids[rid] = self._next_id
             self._next_id += 1
-            self.drafter.start(self._ids[rid], np.asarray(tokens, dtype=np.int64))
+            tokens = np.concatenate([np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64)])
+            self.drafter.start(self._ids[rid], tokens)
         elif n > self._fed[rid]:
-            pending.append((self._ids[rid], tokens[self._fed[rid]:]))
+            fed_out = self._fed[rid] - len(prompt)
+            if fed_out >= 0:
+                new = output[fed_out:]
+            else:  # cannot happen after a full start, kept for a prompt that grew (chunked prefill)
+                new = list(prompt[self._fed[rid]:]) + list(output)
+            pending.append((self._ids[rid], new))
         self._fed[rid] = n
         return self._ids[rid]
 
@@ -72,7 +82,7 @@ class NgramFeeder:
             self._forget(rid)
 
     # -- per step ------------------------------------------------------------------------------------------------
-    def stage_batch(self, reqs, generations: Sequence[int]) -> dict:
+    def stage_batch(self, reqs, generations) -> dict:
         """Feed and propose for ``reqs`` (objects with ``rid``, ``origin_input_ids``, ``output_ids``, in batch order)
         into pinned host tensors tagged with each request's committed length and slot generation."""
         bs = len(reqs)
@@ -80,9 +90,8 @@ class NgramFeeder:
             raise ValueError(f"decode batch of {bs} exceeds the n-gram staging capacity {self.max_bs}")
         ids, at, pending = [], [], []
         for req in reqs:
-            tokens = list(req.origin_input_ids) + list(req.output_ids)
-            ids.append(self._sync_request(req.rid, tokens, pending))
-            at.append(len(tokens))
+            ids.append(self._sync_request(req.rid, req.origin_input_ids, req.output_ids, pending))
+            at.append(self._fed[req.rid])
         if pending:
             self.drafter.extend_batch(np.asarray([p[0] for p in pending], dtype=np.int64),
                                       np.asarray([t for p in pending for t in p[1]], dtype=np.int64),
@@ -98,7 +107,7 @@ class NgramFeeder:
         sc = torch.empty((bs, 3), dtype=torch.int64, pin_memory=self._pin)
         sc[:, 0].copy_(torch.from_numpy(np.ascontiguousarray(drafts.lengths, dtype=np.int64)))
         sc[:, 1].copy_(torch.as_tensor(at, dtype=torch.int64))
-        sc[:, 2].copy_(torch.as_tensor(list(generations), dtype=torch.int64))
+        sc[:, 2].copy_(torch.as_tensor(generations, dtype=torch.int64))
         return {"rows": rows, "scalars": sc}
 
     def publish(self, staged: dict, slots: torch.Tensor, buffers: alignment.ProposalBuffers) -> torch.Tensor:

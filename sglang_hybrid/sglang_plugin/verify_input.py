@@ -106,13 +106,15 @@ def full_mask(ancestors: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int
     else:
         if out.numel() < numel:
             raise ValueError(f"custom mask buffer holds {out.numel()} entries, FULL_MASK needs {numel}")
-        out.fill_(True)
+        if out.dtype not in (torch.bool, torch.uint8):
+            raise ValueError(f"custom mask buffer must be bool or uint8 (Triton's), got {out.dtype}")
+        out.fill_(1)
     sl = seq_lens.to(torch.int64)
     start = w * (torch.cumsum(sl, 0) - sl) + w * w * torch.arange(bs, device=dev)      # [bs]
     i = torch.arange(w, device=dev)
     index = (start[:, None, None] + i[None, :, None] * (sl[:, None, None] + w) + sl[:, None, None]
              + i[None, None, :])
-    out.scatter_(0, index.reshape(-1), ancestors.reshape(-1))
+    out.scatter_(0, index.reshape(-1), ancestors.reshape(-1).to(out.dtype))   # Triton's buffer is uint8
     return out
 
 
@@ -154,7 +156,7 @@ def build_verify_input(tree: VerifyTree, seq_lens: torch.Tensor, *, num_steps: i
     elif mask_mode == TreeMaskMode.QLEN_ONLY:
         if mask_buf is not None:
             custom_mask = mask_buf
-            custom_mask[: anc.numel()].copy_(anc.reshape(-1))
+            custom_mask[: anc.numel()].copy_(anc.reshape(-1).to(mask_buf.dtype))
         else:
             custom_mask = anc.reshape(-1).clone()
     else:

@@ -32,7 +32,6 @@ import torch
 
 import sglang.srt.speculative.eagle_worker_v2 as _eagle_v2
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
-from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft, run_eagle_verify
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
@@ -50,6 +49,21 @@ _TREE_VERIFY_TOPK = 2
 _construct_lock = threading.Lock()
 #: Target attention backends whose topk=1 verify applies the custom (tree) mask; see server_args.TREE_MASK_BACKENDS.
 TREE_MASK_BACKEND_CLASSES = ("FlashInferAttnBackend", "TritonAttnBackend")
+
+
+def verify_mask_target(attn, bs: int):
+    """``(mode, buffer)`` for the verify mask of target backend ``attn`` and a batch of ``bs`` requests.
+
+    FlashInfer and Triton read the FULL_MASK layout (per request ``W x (seq_len + W)``) in their verify paths. SGLang
+    0.5.23 asks ``default_tree_mask_mode()``, which answers QLEN_ONLY on a CPU engine (the layout of its intel_amx
+    kernel): with the Triton backend on CPU that mask is read as FULL_MASK and verification is silently wrong. So the
+    mode follows the backend, not the platform. The backend's preallocated buffer (which its verify CUDA graph reads)
+    is used when it exists, has that layout and fits the batch, as SGLang's ``build_eagle_verify_input`` does.
+    """
+    verify_mask = attn.verify_mask
+    if verify_mask is not None and verify_mask.mode == TreeMaskMode.FULL_MASK and verify_mask.fits(bs):
+        return TreeMaskMode.FULL_MASK, verify_mask.buffer
+    return TreeMaskMode.FULL_MASK, None
 
 
 @contextlib.contextmanager
@@ -218,13 +232,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
         # Same mask placement rule as SGLang's build_eagle_verify_input: the backend's preallocated buffer (which its
         # verify CUDA graph reads) when it has one and the batch fits, else a fresh tensor.
         bs = batch.seq_lens.shape[0]
-        verify_mask = attn.verify_mask
-        if verify_mask is None:
-            mode = self._draft_worker.tree_mask_mode if self._draft_worker is not None else default_tree_mask_mode()
-            mask_buf = None
-        else:
-            mode = verify_mask.mode
-            mask_buf = verify_mask.buffer if verify_mask.fits(bs) else None
+        mode, mask_buf = verify_mask_target(attn, bs)
         seq_lens_sum = None
         if mode == TreeMaskMode.FULL_MASK:
             seq_lens_sum = batch.seq_lens_sum
@@ -241,8 +249,10 @@ class HybridWorkerV2(EAGLEWorkerV2):
             reqs = getattr(batch, "reqs", None) or []
             slots = batch.req_pool_indices
             seq_before = batch.seq_lens.clone()
-            if len(reqs) == slots.shape[0]:
-                gens = [int(self.req_to_token_pool.req_generation[r.req_pool_idx]) for r in reqs]
+            slots_cpu = getattr(batch, "req_pool_indices_cpu", None)
+            if len(reqs) == slots.shape[0] and slots_cpu is not None:
+                # Generations are a host tensor in SGLang's pool: one vectorised lookup, no device read.
+                gens = self.req_to_token_pool.req_generation[slots_cpu.to(torch.int64)]
                 staged = self.feeder.stage_batch(reqs, gens)
                 self._cur_gen = self.feeder.publish(staged, slots, self.hybrid_step.buffers)
                 self.feeder.drop_absent({r.rid for r in reqs})
