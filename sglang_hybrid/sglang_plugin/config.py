@@ -58,6 +58,9 @@ class HybridSettings(BaseModel):
                                           "corpus_cap_tokens, use_corpus), checked by constructing one at start")
     log_interval: int = Field(
         50, ge=0, description="decode steps between HYBRID counter log lines (0 = off)")
+    counters_file: Optional[str] = Field(
+        None, description="also write the cumulative counters as JSON to this file at every log line (rank 0; "
+                          "the self-check reads it)")
 
     def resolved_n_nodes(self, num_steps: int) -> int:
         if self.n_nodes is not None:

@@ -11,7 +11,9 @@ aligned n-gram proposal existed, and mean drafted nodes.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 from typing import Optional
 
 import torch
@@ -38,8 +40,9 @@ def tree_class(source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 class HybridCounters:
-    def __init__(self, device, log_interval: int = 0):
+    def __init__(self, device, log_interval: int = 0, snapshot_path: Optional[str] = None):
         self.device = torch.device(device)
+        self.snapshot_path = snapshot_path
         self.totals = torch.zeros(SIZE, dtype=torch.float64, device=self.device)
         self.log_interval = log_interval
         self._host_steps = 0
@@ -72,10 +75,22 @@ class HybridCounters:
         return summarize(self.totals.detach().cpu())
 
     def maybe_log(self) -> Optional[dict]:
-        """Called once per step on the host; logs (and returns) the interval's summary when a copy has landed."""
+        """Called once per step on the host; logs (and returns) the interval's summary when a copy has landed.
+
+        Every ``log_interval`` steps a copy of the totals starts (non-blocking on CUDA, where it lands on a later
+        step; immediate on CPU). When ``snapshot_path`` is set, the cumulative summary is also written there as JSON
+        (atomically), for the self-check and for monitoring.
+        """
         if self.log_interval <= 0:
             return None
         self._host_steps += 1
+        cuda = self.device.type == "cuda"
+        if not self._pending and self._host_steps % self.log_interval == 0:
+            self._staging.copy_(self.totals, non_blocking=cuda)
+            if cuda:
+                self._event = torch.cuda.Event()
+                self._event.record()
+            self._pending = True
         out = None
         if self._pending and (self._event is None or self._event.query()):
             cur = self._staging.clone()
@@ -83,13 +98,17 @@ class HybridCounters:
             self._last = cur
             self._pending = False
             logger.info("HYBRID %s", format_summary(out))
-        if not self._pending and self._host_steps % self.log_interval == 0:
-            self._staging.copy_(self.totals, non_blocking=self.device.type == "cuda")
-            if self.device.type == "cuda":
-                self._event = torch.cuda.Event()
-                self._event.record()
-            self._pending = True
+            if self.snapshot_path:
+                write_snapshot(self.snapshot_path, summarize(cur))
         return out
+
+
+def write_snapshot(path: str, summary: dict) -> None:
+    """Write ``summary`` as JSON to ``path`` through a temporary file and a rename: readers never see half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(summary, f)
+    os.replace(tmp, path)
 
 
 def summarize(v: torch.Tensor) -> dict:

@@ -21,10 +21,13 @@ DEFAULT_NUM_STEPS = 4
 DEFAULT_MAX_RUNNING_REQUESTS = 48
 #: Attention backends whose target-verify path applies the tree mask when ``speculative_eagle_topk == 1``. Others
 #: (fa3, trtllm_mha, aiter, hybrid linear attention, ...) treat a topk=1 verify as a causal chain and would
-#: silently ignore HYBRID's tree: wrong outputs. torch_native only appears on CPU (argument resolution in CI).
+#: silently ignore HYBRID's tree: wrong outputs.
 TREE_MASK_BACKENDS = ("flashinfer", "triton")
-CPU_BACKENDS = ("torch_native", "intel_amx")
 DEFAULT_ATTENTION_BACKEND = "flashinfer"
+#: On a CPU engine only Triton (run by Triton's interpreter) verifies trees: SGLang's EAGLE refuses torch_native and
+#: intel_amx reads a different mask layout.
+DEFAULT_CPU_ATTENTION_BACKEND = "triton"
+BACKEND_FIELDS = ("attention_backend", "decode_attention_backend", "prefill_attention_backend")
 
 
 class HybridArgsError(ValueError):
@@ -33,6 +36,19 @@ class HybridArgsError(ValueError):
 
 def _get(args, name, default=None):
     return getattr(args, name, default)
+
+
+def user_value(args, name):
+    """What the user passed for ``name`` (None when they did not), not what SGLang resolved.
+
+    SGLang resolves some fields before the speculative hook runs (on Hopper ``attention_backend`` becomes fa3, on
+    Blackwell trtllm_mha), so the resolved value cannot tell a user's choice from a platform default. The resolution
+    pipeline keeps the raw input in ``_raw_input``; objects without it (built by hand) answer with the field itself.
+    """
+    raw = getattr(args, "_raw_input", None)
+    if isinstance(raw, dict):
+        return raw.get(name)
+    return _get(args, name)
 
 
 def _check_ngram_available(settings: HybridSettings) -> None:
@@ -93,13 +109,16 @@ def validate_server_args(server_args, *, check_ngram: bool = True) -> HybridSett
         value = _get(server_args, name)
         if bad(value):
             raise HybridArgsError(f"{name}={value!r}: {fix}")
-    allowed = TREE_MASK_BACKENDS + (CPU_BACKENDS if _get(server_args, "device") == "cpu" else ())
-    for name in ("attention_backend", "decode_attention_backend", "prefill_attention_backend"):
-        value = _get(server_args, name)
+    allowed = (DEFAULT_CPU_ATTENTION_BACKEND,) if _get(server_args, "device") == "cpu" else TREE_MASK_BACKENDS
+    for name in BACKEND_FIELDS:
+        # Only the user's own choice is checked here: a backend SGLang picked by platform is replaced by
+        # handle_server_args (and the worker checks the backend actually built at the first decode step).
+        value = user_value(server_args, name)
         if value is not None and value not in allowed:
             raise HybridArgsError(
                 f"--{name.replace('_', '-')} {value}: this backend verifies a topk=1 draft as a causal chain and would "
-                f"ignore HYBRID's tree mask; use --{name.replace('_', '-')} flashinfer (or triton)")
+                f"ignore HYBRID's tree mask; use --{name.replace('_', '-')} {' or '.join(allowed)}"
+                + (" (on a CPU engine only Triton verifies trees)" if len(allowed) == 1 else ""))
     n_nodes = settings.resolved_n_nodes(int(_get(server_args, "speculative_num_steps") or DEFAULT_NUM_STEPS))
     ndt = _get(server_args, "speculative_num_draft_tokens")
     if ndt is not None and int(ndt) != n_nodes + 1:
@@ -137,10 +156,18 @@ def handle_server_args(server_args) -> None:
     if _get(server_args, "enable_mixed_chunk"):
         server_args.enable_mixed_chunk = False
         logger.warning("HYBRID: mixed chunked prefill disabled (it degrades running requests to plain decode)")
-    if _get(server_args, "device") != "cpu" and _get(server_args, "attention_backend") is None:
-        server_args.attention_backend = DEFAULT_ATTENTION_BACKEND
-        logger.info("HYBRID: --attention-backend defaults to %s (its verify applies tree masks)",
-                    DEFAULT_ATTENTION_BACKEND)
+    cpu = _get(server_args, "device") == "cpu"
+    default_backend = DEFAULT_CPU_ATTENTION_BACKEND if cpu else DEFAULT_ATTENTION_BACKEND
+    for name in BACKEND_FIELDS:
+        chosen = user_value(server_args, name)
+        resolved = _get(server_args, name)
+        if name == "attention_backend" and chosen is None and resolved != default_backend:
+            server_args.attention_backend = default_backend
+            logger.info("HYBRID: --attention-backend defaults to %s (its verify applies tree masks; SGLang had "
+                        "picked %s)", default_backend, resolved)
+        elif name != "attention_backend" and chosen is None and resolved is not None:
+            # A split backend SGLang chose by platform: fall back to the base backend HYBRID just set.
+            setattr(server_args, name, None)
     if _get(server_args, "device") == "cpu" and not _get(server_args, "disable_overlap_schedule"):
         server_args.disable_overlap_schedule = True
         logger.warning("HYBRID: overlap scheduling is not implemented for speculative decoding on CPU; disabled")

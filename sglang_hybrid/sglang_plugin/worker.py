@@ -39,6 +39,7 @@ from .config import load_settings
 from .hybrid_step import HybridStep
 from .metrics import HybridCounters
 from .ngram_host import NgramFeeder
+from .tp_sync import TreeBroadcast
 from .verify_input import TreeMaskMode, build_verify_input
 
 logger = logging.getLogger(__name__)
@@ -167,7 +168,12 @@ class HybridDraftWorker(EagleDraftWorker):
             self.speculative_num_steps, target_translator=self.target_worker.model_runner.kv_index_translator,
             num_draft_tokens=self.speculative_num_draft_tokens)
         if batch.forward_mode.is_idle():
-            self.draft_forward(forward_batch)   # every rank enters the collectives
+            # An idle DP rank runs the draft exactly as SGLang's EAGLE does (the captured graph when it can), so it
+            # enters the same collectives as the busy ranks; it selects nothing (its attention-TP group is idle too).
+            if can_graph:
+                self.cuda_graph_runner.execute(forward_batch)
+            else:
+                self.draft_forward(forward_batch)
             return EagleVerifyInput.create_idle_input(self.topk, self.speculative_num_steps,
                                                       self.speculative_num_draft_tokens, self.device)
         if can_graph:
@@ -215,6 +221,12 @@ class HybridWorkerV2(EAGLEWorkerV2):
 
         drafter = NgramDrafter(max_draft=self.settings.ngram_k, **self.settings.ngram_options)
         self.feeder = NgramFeeder(drafter, self.settings.ngram_k, self.device, pool_size, self.settings.ngram_donate)
+        from sglang.srt.layers.dp_attention import get_dp_tp_group
+
+        group = get_dp_tp_group()
+        self.tree_broadcast = TreeBroadcast(group)
+        if getattr(group, "rank_in_group", 0) == 0:
+            self.counters.snapshot_path = self.settings.counters_file
 
     # -- per step ---------------------------------------------------------------------------------------------------
     def build_verify(self, batch, draft_input, draft_tokens: torch.Tensor, conf: torch.Tensor):
@@ -227,7 +239,8 @@ class HybridWorkerV2(EAGLEWorkerV2):
                 "flashinfer")
         slots = batch.req_pool_indices
         cur_gen = self._cur_gen if self._cur_gen is not None else self.hybrid_step.buffers.gen[slots]
-        tree = self.hybrid_step.select(draft_input.bonus_tokens, draft_tokens, conf, slots, cur_gen, batch.seq_lens)
+        tree = self.tree_broadcast(
+            self.hybrid_step.select(draft_input.bonus_tokens, draft_tokens, conf, slots, cur_gen, batch.seq_lens))
         self._last_tree = tree
         # Same mask placement rule as SGLang's build_eagle_verify_input: the backend's preallocated buffer (which its
         # verify CUDA graph reads) when it has one and the batch fits, else a fresh tensor.

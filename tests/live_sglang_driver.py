@@ -1,0 +1,94 @@
+"""Live-engine scenarios the self-check does not cover, run in a process of their own (SGLang's CPU engine needs its
+environment set before ``sglang`` is imported, so never inside the pytest process). Used by ``test_sglang_live.py``.
+
+    python tests/live_sglang_driver.py abort PROMPTS.jsonl      # HYBRID merge: streaming abort, then a batch
+    python tests/live_sglang_driver.py retract PROMPTS.jsonl    # HYBRID merge with a KV pool too small for the batch
+
+Prints one JSON object on the last line of stdout: the greedy reference (plain decoding, ``torch_native``) and what
+HYBRID produced, so the test compares token ids itself.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HEAD = Path(__file__).resolve().parents[1] / "sglang_hybrid" / "data" / "eagle_smollm2"
+GREEDY = {"temperature": 0.0}
+
+
+def _engine(model: str, *, hybrid: bool, **overrides):
+    import sglang
+
+    from sglang_hybrid.cpu_engine import engine_kwargs
+
+    spec = dict(speculative_algorithm="HYBRID", speculative_draft_model_path=str(HEAD), speculative_num_steps=3)
+    kw = engine_kwargs(model, speculative=spec if hybrid else None)
+    kw.update(overrides)
+    return sglang.Engine(**kw)
+
+
+def _reference(model: str, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+    eng = _engine(model, hybrid=False)
+    try:
+        return [o["output_ids"] for o in eng.generate(prompts, dict(GREEDY, max_new_tokens=max_new_tokens))]
+    finally:
+        eng.shutdown()
+
+
+def abort_case(model: str, prompts: list[str]) -> dict:
+    """A streaming request aborted after its second chunk; then every prompt, as one batch of different lengths."""
+    n_new = 12
+    reference = _reference(model, prompts, n_new)
+    eng = _engine(model, hybrid=True)
+    try:
+        async def stream_then_abort():
+            chunks, last = 0, None
+            gen = await eng.async_generate(prompts[0], dict(GREEDY, max_new_tokens=64), stream=True)
+            async for chunk in gen:
+                chunks, last = chunks + 1, chunk
+                if chunks == 2:
+                    eng.tokenizer_manager.abort_request(chunk["meta_info"]["id"])
+            return chunks, last
+
+        chunks, last = eng.loop.run_until_complete(stream_then_abort())
+        after = eng.generate(prompts, dict(GREEDY, max_new_tokens=n_new))
+    finally:
+        eng.shutdown()
+    return {"reference": reference, "hybrid": [o["output_ids"] for o in after],
+            "aborted_chunks": chunks, "aborted_finish": last["meta_info"]["finish_reason"],
+            "aborted_tokens": last["meta_info"]["completion_tokens"],
+            "accept_lengths": [o["meta_info"].get("spec_accept_length") for o in after]}
+
+
+def retract_case(model: str, prompts: list[str]) -> dict:
+    """The whole batch admitted into a KV pool too small to decode it to the end: SGLang retracts requests and
+    re-prefills them later; HYBRID's drafter state for a retracted request must be rebuilt, never reused."""
+    n_new = 24
+    reference = _reference(model, prompts, n_new)
+    total_prompt = sum(len(p) for p in prompts) // 3          # rough token count, only to size the pool
+    eng = _engine(model, hybrid=True, max_total_tokens=max(total_prompt + 64, 600), max_running_requests=3)
+    try:
+        out = eng.generate(prompts, dict(GREEDY, max_new_tokens=n_new))
+    finally:
+        eng.shutdown()
+    return {"reference": reference, "hybrid": [o["output_ids"] for o in out],
+            "retractions": [o["meta_info"].get("num_retractions", 0) for o in out]}
+
+
+def main() -> None:
+    case, prompts_file = sys.argv[1], sys.argv[2]
+    from sglang_hybrid.cpu_engine import prepare_environment
+
+    prepare_environment()
+    from sglang_hybrid.check import read_prompts
+    from sglang_hybrid.reference.models import ensure_converted
+
+    model = str(ensure_converted())
+    prompts = read_prompts(prompts_file)
+    result = {"abort": abort_case, "retract": retract_case}[case](model, prompts)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
