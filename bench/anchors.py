@@ -378,7 +378,8 @@ def probe(name: str) -> Optional[str]:
         return msg + (f"  [install: {hint}]" if hint else "")
 
 
-def load_adapters(names: Sequence[str] = ("ours", "vllm-ngram", "arctic", "sglang")) -> Tuple[List[str], Dict[str, str]]:
+def load_adapters(names: Sequence[str] = ("ours", "vllm-ngram", "arctic", "sglang"),
+                  ) -> Tuple[List[str], Dict[str, str]]:
     """Which of ``names`` work here, and for the others why not."""
     ok, missing = [], {}
     for n in names:

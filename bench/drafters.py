@@ -357,15 +357,21 @@ def memory_probe(name: str, n: int, seed: int) -> Dict:
 
         NgramDrafter().start(0, warm)
         d = NgramDrafter()
-        build = lambda: d.start(0, stream)
-        selfbytes = lambda: d.memory_bytes()
+        def build():
+            d.start(0, stream)
+
+        def selfbytes():
+            return d.memory_bytes()
     elif name == "arctic":
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
         SuffixDecodingCache(max_tree_depth=24).start_request(0, warm)
         c = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=10000)
-        build = lambda: c.start_request(0, stream)
-        selfbytes = lambda: None
+        def build():
+            c.start_request(0, stream)
+
+        def selfbytes():
+            return None
     elif name == "sglang":
         anchors.SglangAdapter(capacity=18 * len(warm) + 64).start(0, warm)  # import + JIT load before the baseline
         from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
@@ -380,7 +386,8 @@ def memory_probe(name: str, n: int, seed: int) -> Dict:
             c.synchronize()
             holder.append(c)
 
-        selfbytes = lambda: None
+        def selfbytes():
+            return None
     else:
         raise ValueError(f"no memory probe for {name}")
     h0, r0 = _heap_in_use(), _rss()
@@ -421,7 +428,8 @@ def measure_memory(available, n: int, seed: int, log) -> Dict:
             r["method"] = f"memory_bytes(); {extra}"
         else:
             r["bytes_per_token"] = heap if heap is not None else r["rss_bytes_per_token"]
-            r["method"] = extra + (" (capacity = 18 x tokens + 64 trie nodes, preallocated)" if name == "sglang" else "")
+            sized = " (capacity = 18 x tokens + 64 trie nodes, preallocated)"
+            r["method"] = extra + (sized if name == "sglang" else "")
         res[name] = r
         log(f"  memory {name:16s} {r['bytes_per_token']:8.1f} B/token ({r['method']})")
     return res
@@ -504,8 +512,9 @@ def report(res: Dict) -> str:
     lines = []
     meta = res["meta"]
     lines.append(f"# Drafter benchmark — {meta['date']} — {meta['machine']}")
-    lines.append(f"workloads: " + ", ".join(f"{w}: {n['requests']} requests, {n['prompt_tokens']} prompt / "
-                                            f"{n['output_tokens']} output tokens" for w, n in meta["workloads"].items()))
+    lines.append("workloads: " + ", ".join(
+        f"{w}: {n['requests']} requests, {n['prompt_tokens']} prompt / {n['output_tokens']} output tokens"
+        for w, n in meta["workloads"].items()))
     vers = meta.get("versions", {})
     lines.append("drafters run: " + ", ".join(meta["available"]) + (
         "  (" + ", ".join(f"{k} {v}" for k, v in vers.items()) + ")" if vers else ""))

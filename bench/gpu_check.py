@@ -1,7 +1,7 @@
 """GPU check of the hybrid core: CUDA-graph capture, no host sync, equal to eager, timings.
 
-    python bench/gpu_check.py [--batches 4,32,128] [--iters 20]
-    python bench/gpu_check.py --cpu-dry-run      # exercise the script's logic on the CPU (no graph, no GPU)
+    python -m bench.gpu_check [--batches 4,32,128] [--iters 20]
+    python -m bench.gpu_check --cpu-dry-run      # exercise the script's logic on the CPU (no graph, no GPU)
 
 For batch 4/32/128 and both modes (``chain``: choose over two 8-token chains; ``tree``: merge of an 8-token chain and a
 16-node n-gram tree), one decode step of the core -- n-gram acceptance gather, model temperature scaling, survivals,
@@ -21,17 +21,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parent))
-sys.path.insert(0, str(ROOT))
-
-from selector import MODES, decide, make_step_inputs  # noqa: E402  (bench/selector.py)
-
-from sglang_hybrid.verify import greedy_accept, sample_accept  # noqa: E402
+from bench.step_cost import MODES, decide, make_step_inputs
+from sglang_hybrid.verify import greedy_accept, sample_accept
 
 
 def step(x, m):
@@ -111,7 +105,7 @@ def check_gpu(batches, iters: int) -> int:
                 eager2 = step(x, m)
                 torch.cuda.synchronize()
                 compare(static_out, eager2, f"B={b} {name} replay on new inputs")
-                t_eager = timed_ms(lambda: step(x, m), iters)
+                t_eager = timed_ms(lambda x=x, m=m: step(x, m), iters)
                 t_graph = timed_ms(graph.replay, iters)
                 print(f"{b:>5} {name:>6} {m['n_nodes'] + 1:>3} {t_eager:>9.3f} {t_graph:>9.3f} "
                       f"{t_eager / t_graph:>7.1f}x  ok (no sync, equal to eager, twice)", flush=True)

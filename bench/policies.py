@@ -1,7 +1,7 @@
 """The speculation policies the replay benchmark compares, one small class each.
 
 Why classes over one big switch: each policy states in one place what it drafts, how much it verifies and which
-drafting cost it pays, so the replay loop (bench/replay.py) stays policy-agnostic and a reader can check each rule
+drafting cost it pays, so the replay loop (bench/replay_sim.py) stays policy-agnostic and a reader can check each rule
 against its description. Every policy sees the same `StepView` (which requests are active, at which output position,
 the precomputed drafts of every drafter at that position) and returns a `Proposal`: the draft nodes to verify as a
 tree (chains are trees whose node j has parent j - 1), plus the number of EAGLE draft forwards it ran this step.
@@ -184,15 +184,15 @@ class NgramElseEagle(Policy):
 
 
 class _Core:
-    """The project's core decision code, imported lazily so that the fixed policies work without it."""
+    """The project's core decision step (``sglang_hybrid.step.DecisionStep``, the one the SGLang worker and the
+    reference loop call), fed from the replay's numpy drafts; imported lazily so the fixed policies work without it."""
 
     def __init__(self, model_calibration=None, ngram_calibration=None):
         import torch
 
-        from sglang_hybrid import calibration, price, selector, survival
+        from sglang_hybrid import calibration, step
 
-        self.torch = torch
-        self.price, self.selector, self.survival = price, selector, survival
+        self.torch, self.step = torch, step
         self._calibration, self._ngram_path, self._ngram_cal = calibration, ngram_calibration, None
         self._checked_steps = 0
         if model_calibration is None:
@@ -215,29 +215,29 @@ class _Core:
             self._ngram_cal = self._calibration.NgramCalibration.load(self._ngram_path).to("cpu")
         return self._ngram_cal
 
-    def model_survival(self, tokens: np.ndarray, probs: np.ndarray):
-        """Calibrated model survivals and chain lengths (a chain ends at its first -1 token)."""
+    def model_draft(self, tokens: np.ndarray, probs: np.ndarray):
+        """The EAGLE chain as the core's ``ModelDraft`` (a chain ends at its first -1 token)."""
         t = self.torch
-        p = t.as_tensor(probs, dtype=t.float32)
-        depth = t.arange(1, p.shape[1] + 1, dtype=t.int64).expand_as(p).contiguous()
-        a = self.model_cal.acceptance(p.clamp(0.0, 1.0), depth, check_values=self.checks())
         lengths = t.as_tensor((np.cumsum(np.asarray(tokens) < 0, axis=1) == 0).sum(axis=1), dtype=t.int64)
-        return self.survival.chain_survival(a, lengths, check_values=self.checks()), lengths
+        return self.step.ModelDraft(t.as_tensor(tokens), t.as_tensor(probs, dtype=t.float32), lengths)
 
-    def ngram_survival(self, d: dict, tree: bool):
+    def ngram_draft(self, d: dict, tree: bool):
+        """The n-gram proposal (chain or tree) with its features as the core's ``NgramDraft``."""
         t = self.torch
         f = {k: t.as_tensor(np.ascontiguousarray(d[k]), dtype=t.int64)
-             for k in ("match_len", "count", "total", "depth", "source")}
-        chk = self.checks()
-        a = self.ngram_cal.acceptance(f["match_len"], f["count"], f["total"], f["depth"], f["source"],
-                                      check_values=chk)
+             for k in ("tokens", "match_len", "count", "total", "depth", "source")}
         lengths = t.as_tensor(d["lengths"], dtype=t.int64)
-        if tree:
-            parents = t.as_tensor(np.ascontiguousarray(d["parents"]), dtype=t.int64)
-            return self.survival.tree_survival(a, parents, lengths, check_values=chk), parents, lengths
-        b, k = a.shape
-        return (self.survival.chain_survival(a, lengths, check_values=chk), self.survival.chain_parents(b, k),
-                lengths)
+        b, k = f["tokens"].shape
+        parents = (t.as_tensor(np.ascontiguousarray(d["parents"]), dtype=t.int64) if tree
+                   else t.arange(-1, k - 1, dtype=t.int64).expand(b, k))
+        return self.step.NgramDraft(f["tokens"], parents, lengths, f["match_len"], f["count"], f["total"],
+                                    f["depth"], f["source"], tree=tree)
+
+    def decide(self, root, mode: str, n_nodes: int, cost, model=None, ngram=None):
+        """One decode step of the core for the batch (``step.DecisionStep``)."""
+        decide = self.step.DecisionStep(mode=mode, n_nodes=n_nodes, model_calibration=self.model_cal,
+                                        ngram_calibration=self.ngram_cal if ngram is not None else None)
+        return decide(self.torch.as_tensor(root), model, ngram, cost=cost, check_values=self.checks())
 
 
 def _tree_to_proposal(tree, model_steps: int) -> Proposal:
@@ -267,18 +267,11 @@ class ModelOnlyAdaptive(Policy):
         self.last_lambda = 0.0
 
     def propose(self, view):
-        c, t = self.core, self.core.torch
+        c = self.core
         etoks, eprobs = view.drafts.eagle(view.req, view.pos, self.k)
-        b = len(view.req)
-        s_m, m_len = c.model_survival(etoks, eprobs)
-        chk = c.checks()
-        _, lam = c.price.price_device(s_m, b, view.cost, check_values=chk)
-        empty_i = t.zeros((b, 0), dtype=t.int64)
-        tree = c.selector.select(t.as_tensor(view.root), t.as_tensor(etoks), s_m, m_len,
-                                 empty_i, empty_i, t.zeros((b, 0)), t.zeros(b, dtype=t.int64),
-                                 lam, mode="choose", n_nodes=self.k, check_values=chk)
-        self.last_lambda = float(lam)
-        return _tree_to_proposal(tree, self.k + 1)
+        d = c.decide(view.root, "choose", self.k, view.cost, model=c.model_draft(etoks, eprobs))
+        self.last_lambda = float(d.lam)
+        return _tree_to_proposal(d.tree, self.k + 1)
 
 
 class Hybrid(Policy):
@@ -298,19 +291,13 @@ class Hybrid(Policy):
         self.last_lambda = 0.0
 
     def propose(self, view):
-        c, t = self.core, self.core.torch
+        c = self.core
         etoks, eprobs = view.drafts.eagle(view.req, view.pos, self.k)
         ng = view.drafts.ngram_features(view.req, view.pos, self.k, tree=self.tree)
-        b = len(view.req)
-        s_m, m_len = c.model_survival(etoks, eprobs)
-        s_n, n_par, n_len = c.ngram_survival(ng, self.tree)
-        chk = c.checks()
-        _, lam = c.price.price_device(t.cat([s_m, s_n], 1), b, view.cost, check_values=chk)
-        tree = c.selector.select(t.as_tensor(view.root), t.as_tensor(etoks), s_m, m_len,
-                                 t.as_tensor(np.ascontiguousarray(ng["tokens"]), dtype=t.int64), n_par, s_n, n_len,
-                                 lam, mode=self.mode, n_nodes=self.n_nodes, check_values=chk)
-        self.last_lambda = float(lam)
-        return _tree_to_proposal(tree, self.k + 1)
+        d = c.decide(view.root, self.mode, self.n_nodes, view.cost, model=c.model_draft(etoks, eprobs),
+                     ngram=c.ngram_draft(ng, self.tree))
+        self.last_lambda = float(d.lam)
+        return _tree_to_proposal(d.tree, self.k + 1)
 
 
 def build_policies(names, k: int, eagle_k: int, merge_nodes: int, core_factory: Callable[[], _Core],

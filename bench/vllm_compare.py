@@ -34,8 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if __package__ in (None, ""):
-    sys.path.insert(0, str(ROOT))
 
 VENV_HELP = """\
   python3 -m venv --system-site-packages /tmp/vcpu
@@ -46,10 +44,10 @@ VENV_HELP = """\
 
 
 # ====================================================================================================== prompts
-def workload_prompts(tokenizer, n_code: int, n_chat: int, all_stdlib: bool = False):
+def workload_prompts(tokenizer, n_code: int, n_chat: int):
     """[(id, workload, token ids)]: code-editing prompts (the reference loop's, then stdlib file edits) and ShareGPT
     chat prompts, through the tokenizer's chat template."""
-    from bench.replay import code_edit_prompts
+    from bench.replay_record import code_edit_prompts
     from sglang_hybrid.reference import prompts as PR
 
     prs = code_edit_prompts(n_code) + PR.chat_prompts(n_chat)
@@ -351,7 +349,8 @@ def reference_loop_speedups(prompts, max_new, temperature, threads, head_dir) ->
         steps = sum(len(r.steps) for r in res)
         out[mode] = {"wall_s": wall, "tokens": toks, "tok_per_s": toks / wall, "accept_len": toks / max(1, steps),
                      "outputs": [r.output for r in res]}
-        print(f"  reference loop {mode:<7} {toks / wall:7.2f} tok/s, {toks / max(1, steps):.2f} tokens/step", flush=True)
+        print(f"  reference loop {mode:<7} {toks / wall:7.2f} tok/s, {toks / max(1, steps):.2f} tokens/step",
+              flush=True)
     return out
 
 

@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-python3 -m sglang_hybrid.demo "$@"
+python3 -m sglang_hybrid.tools.demo "$@"

@@ -11,6 +11,10 @@ if ! command -v cargo >/dev/null; then
     echo "error: cargo (Rust) is required: install it with rustup, then rerun $0" >&2
     exit 1
 fi
+# The test command checks formatting with rustfmt (a minimal rustup profile leaves it out).
+if ! cargo fmt --version >/dev/null 2>&1; then
+    rustup component add rustfmt
+fi
 
 # PyPI's Linux torch is a CUDA build; it installs and runs on CPU. Pinned to the version SGLang 0.5.23 imports with.
 $PIP install -q "torch==2.14.1" "torchvision==0.29.1"

@@ -3,7 +3,12 @@
 Use :class:`sglang_hybrid.ngram.NgramDrafter`; this core accepts only 1-D C-contiguous int32/int64 numpy arrays
 and raises ``TypeError`` (wrong dtype/type), ``ValueError`` (non-contiguous, token out of range, duplicate start,
 finished request, bad ``k``/``n_nodes``) or ``KeyError`` (unknown request id). Every call releases the GIL.
+
+Defaults are written only in Rust (``DrafterConfig::default()``): read them with :func:`drafter_defaults`; this stub
+gives none (``= ...``).
 """
+
+from typing import TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -23,22 +28,42 @@ _Drafts = tuple[
     npt.NDArray[np.int8],  # source [B, W]
 ]
 
+class _DrafterConfig(TypedDict):
+    """Every field of ``rust_ngram::DrafterConfig``, in the order of ``NgramCore``'s arguments."""
+
+    max_draft: int
+    max_nodes: int
+    min_match: int
+    max_backoff: int
+    scan_limit: int
+    use_corpus: bool
+    corpus_cap_tokens: int
+    vocab_size: int | None
+
+def drafter_defaults() -> _DrafterConfig:
+    """``DrafterConfig::default()`` as a new dict: the defaults of ``NgramCore`` and ``NgramDrafter``."""
+    ...
+
 class NgramCore:
     def __init__(
         self,
-        max_draft: int = 8,
-        max_nodes: int = 64,
-        min_match: int = 1,
-        max_backoff: int = 2,
-        scan_limit: int = 8,
-        use_corpus: bool = True,
-        corpus_cap_tokens: int = 1 << 20,
-        vocab_size: int | None = None,
+        max_draft: int = ...,
+        max_nodes: int = ...,
+        min_match: int = ...,
+        max_backoff: int = ...,
+        scan_limit: int = ...,
+        use_corpus: bool = ...,
+        corpus_cap_tokens: int = ...,
+        vocab_size: int | None = ...,
     ) -> None: ...
     @property
     def max_draft(self) -> int: ...
     @property
     def max_nodes(self) -> int: ...
+    @property
+    def config(self) -> _DrafterConfig:
+        """The configuration this core was built with (a new dict)."""
+        ...
     def start(self, req_id: int, prompt: _IntArray) -> None: ...
     def extend(self, req_id: int, tokens: _IntArray) -> None: ...
     def extend_batch(self, req_ids: _IntArray, tokens: _IntArray, offsets: _IntArray) -> None: ...

@@ -14,8 +14,8 @@ never makes a copy *less* likely to be right). Evaluation on the device is ``buc
 Model tokens (``ModelCalibration``): the draft probability ``p`` of the drafted token, rescaled per position in logit
 space: ``a = sigmoid(logit(p) / T[depth])``, with ``T`` fit by maximum likelihood (grid + golden-section search).
 
-Records (``NgramRecords``, ``ModelRecords``) are the shared format of replay-built data and engine verify logs: one
-record per draft token that was actually *tested*, i.e. all earlier tokens on its path were accepted.
+Both fit on records (``sglang_hybrid.calibration_records``) and report the metrics of
+``sglang_hybrid.calibration_metrics``.
 """
 from __future__ import annotations
 
@@ -23,12 +23,16 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
 
 from . import _checks
+from .calibration_metrics import brier, ece
+
+if TYPE_CHECKING:
+    from .calibration_records import ModelRecords, NgramRecords
 
 NGRAM_FORMAT = "hybrid-spark-ngram-calibration"
 MODEL_FORMAT = "hybrid-spark-model-calibration"
@@ -52,27 +56,8 @@ class CalibrationFileError(ValueError):
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# metrics
+# fitting helpers
 # ------------------------------------------------------------------------------------------------------------------
-
-def ece(pred, label, n_bins: int = 10) -> float:
-    """Expected calibration error: equal-width bins over [0, 1], weighted mean |mean(pred) - mean(label)|."""
-    p = np.asarray(pred, dtype=np.float64)
-    y = np.asarray(label, dtype=np.float64)
-    if p.size == 0:
-        return float("nan")
-    b = np.clip((p * n_bins).astype(np.int64), 0, n_bins - 1)
-    n = np.bincount(b, minlength=n_bins)
-    sp = np.bincount(b, weights=p, minlength=n_bins)
-    sy = np.bincount(b, weights=y, minlength=n_bins)
-    return float(np.abs(sp - sy).sum() / p.size)
-
-
-def brier(pred, label) -> float:
-    p = np.asarray(pred, dtype=np.float64)
-    y = np.asarray(label, dtype=np.float64)
-    return float(np.mean((p - y) ** 2)) if p.size else float("nan")
-
 
 def pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Weighted pool-adjacent-violators: the non-decreasing sequence closest to ``y`` in weighted least squares."""
@@ -87,180 +72,6 @@ def pav(y: np.ndarray, w: np.ndarray) -> np.ndarray:
             c2 = cnt[-2] + cnt[-1]
             vals[-2:], wts[-2:], cnt[-2:] = [v2], [w2], [c2]
     return np.repeat(np.asarray(vals), cnt)
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# records
-# ------------------------------------------------------------------------------------------------------------------
-
-NGRAM_COLUMNS = ("match_len", "count", "total", "depth", "source", "accepted")
-MODEL_COLUMNS = ("prob", "depth", "accepted")
-
-
-def _load_columns(path, columns: tuple, dtypes: dict) -> dict:
-    path = Path(path)
-    if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-    elif path.suffix in (".jsonl", ".json"):
-        rows = []
-        with path.open() as f:
-            for ln, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{path}:{ln}: not valid JSON ({e})") from None
-        data = {}
-        for c in set(columns) | {"workload", "doc"}:
-            present = [c in r for r in rows]
-            if all(present) and rows:
-                data[c] = np.asarray([r[c] for r in rows])
-            elif any(present):
-                raise ValueError(f"{path}: column {c!r} is present in some records but not all")
-        if not rows:
-            data = {c: np.zeros(0) for c in columns}
-    else:
-        raise ValueError(f"{path}: records must be .npz or .jsonl")
-    for c in columns:
-        if c not in data:
-            raise ValueError(f"{path}: records lack column {c!r} (need {', '.join(columns)})")
-    out = {c: np.asarray(data[c]).astype(dtypes[c]) for c in columns}
-    if "workload" in data:
-        out["workload"] = np.asarray(data["workload"]).astype(str)
-    if "doc" in data:
-        out["doc"] = np.asarray(data["doc"]).astype(np.int64)
-    return out
-
-
-def _save_columns(path, cols: dict) -> None:
-    path = Path(path)
-    cols = {k: v for k, v in cols.items() if v is not None}
-    if path.suffix == ".npz":
-        np.savez_compressed(path, **cols)
-    elif path.suffix == ".jsonl":
-        keys = list(cols)
-        with path.open("w") as f:
-            for i in range(len(cols[keys[0]])):
-                f.write(json.dumps({k: cols[k][i].item() for k in keys}) + "\n")
-    else:
-        raise ValueError(f"{path}: records must be saved as .npz or .jsonl")
-
-
-@dataclass
-class NgramRecords:
-    """One row per tested n-gram draft token. ``doc`` (optional) identifies the source text for the held-out split."""
-
-    match_len: np.ndarray
-    count: np.ndarray
-    total: np.ndarray
-    depth: np.ndarray
-    source: np.ndarray
-    accepted: np.ndarray
-    workload: Optional[np.ndarray] = None
-    doc: Optional[np.ndarray] = None
-
-    _DT = {"match_len": np.int32, "count": np.int32, "total": np.int32, "depth": np.int32, "source": np.int8,
-           "accepted": np.int8}
-
-    def __post_init__(self):
-        n = None
-        for c in NGRAM_COLUMNS:
-            v = np.asarray(getattr(self, c))
-            if v.ndim != 1:
-                raise ValueError(f"records column {c!r} must be 1-D, got shape {v.shape}")
-            n = v.size if n is None else n
-            if v.size != n:
-                raise ValueError(f"records column {c!r} has {v.size} rows, expected {n}")
-            if v.size and not np.all(np.isfinite(v.astype(np.float64))):
-                raise ValueError(f"records column {c!r} contains NaN or infinite values")
-            setattr(self, c, v.astype(self._DT[c]))
-        for c in ("workload", "doc"):
-            v = getattr(self, c)
-            if v is not None:
-                v = np.asarray(v)
-                if v.shape != (n,):
-                    raise ValueError(f"records column {c!r} has shape {v.shape}, expected ({n},)")
-                setattr(self, c, v.astype(str) if c == "workload" else v.astype(np.int64))
-        if n:
-            if self.match_len.min() < 0 or self.count.min() < 0 or self.total.min() < 0:
-                raise ValueError("records: match_len, count and total must be non-negative")
-            if np.any(self.count > self.total):
-                raise ValueError("records: count must not exceed total")
-            if self.depth.min() < 1:
-                raise ValueError("records: depth is 1-based and must be >= 1")
-            if not np.isin(self.source, (0, 1)).all():
-                raise ValueError("records: source must be 0 (own context) or 1 (shared corpus)")
-            if not np.isin(self.accepted, (0, 1)).all():
-                raise ValueError("records: accepted must be 0 or 1")
-
-    def __len__(self) -> int:
-        return int(self.accepted.size)
-
-    def subset(self, mask: np.ndarray) -> "NgramRecords":
-        return NgramRecords(**{c: (None if getattr(self, c) is None else getattr(self, c)[mask])
-                               for c in NGRAM_COLUMNS + ("workload", "doc")})
-
-    @classmethod
-    def concat(cls, parts: list) -> "NgramRecords":
-        parts = list(parts)
-        if not parts:
-            return cls(*[np.zeros(0) for _ in NGRAM_COLUMNS])
-        cols = {c: np.concatenate([getattr(p, c) for p in parts]) for c in NGRAM_COLUMNS}
-        for c in ("workload", "doc"):
-            if all(getattr(p, c) is not None for p in parts):
-                cols[c] = np.concatenate([getattr(p, c) for p in parts])
-        return cls(**cols)
-
-    def save(self, path) -> None:
-        _save_columns(path, {c: getattr(self, c) for c in NGRAM_COLUMNS + ("workload", "doc")})
-
-    @classmethod
-    def load(cls, path) -> "NgramRecords":
-        return cls(**_load_columns(path, NGRAM_COLUMNS, cls._DT))
-
-    def raw_frequency(self) -> np.ndarray:
-        """The uncalibrated estimate ``count / total`` (0 when ``total == 0``): the 'before' baseline."""
-        return np.where(self.total > 0, self.count / np.maximum(self.total, 1), 0.0)
-
-
-@dataclass
-class ModelRecords:
-    """One row per tested model-drafter token: draft probability, 1-based depth, accepted."""
-
-    prob: np.ndarray
-    depth: np.ndarray
-    accepted: np.ndarray
-    workload: Optional[np.ndarray] = None
-    doc: Optional[np.ndarray] = None
-
-    _DT = {"prob": np.float64, "depth": np.int32, "accepted": np.int8}
-
-    def __post_init__(self):
-        self.prob = np.asarray(self.prob, dtype=np.float64)
-        self.depth = np.asarray(self.depth).astype(np.int32)
-        self.accepted = np.asarray(self.accepted).astype(np.int8)
-        n = self.prob.size
-        for c in ("prob", "depth", "accepted"):
-            if getattr(self, c).shape != (n,):
-                raise ValueError(f"records column {c!r} has shape {getattr(self, c).shape}, expected ({n},)")
-        if n:
-            if not np.all(np.isfinite(self.prob)) or self.prob.min() < 0 or self.prob.max() > 1:
-                raise ValueError("records: prob must be finite and lie in [0, 1]")
-            if self.depth.min() < 1:
-                raise ValueError("records: depth is 1-based and must be >= 1")
-            if not np.isin(self.accepted, (0, 1)).all():
-                raise ValueError("records: accepted must be 0 or 1")
-
-    def __len__(self) -> int:
-        return int(self.prob.size)
-
-    def save(self, path) -> None:
-        _save_columns(path, {c: getattr(self, c) for c in MODEL_COLUMNS + ("workload", "doc")})
-
-    @classmethod
-    def load(cls, path) -> "ModelRecords":
-        return cls(**_load_columns(path, MODEL_COLUMNS, cls._DT))
 
 
 # ------------------------------------------------------------------------------------------------------------------

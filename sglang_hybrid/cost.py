@@ -1,9 +1,10 @@
 """Step-time cost model ``T(n)``: seconds for one target forward verifying ``n`` tokens in the whole batch.
 
 The price of a verified slot is the goodput its marginal step time would earn elsewhere, so everything hinges on
-``T``. We do not model it; we profile it (``profile``) and interpolate the table piecewise linearly. The table must be
-positive and essentially non-decreasing: a decreasing ``T`` would make the marginal cost -- and the price -- negative.
-Small decreases (timing noise) are smoothed into a running maximum; large ones are rejected as a broken profile.
+``T``. We do not model it; we profile it (``profile``, or ``cost_from_one_batch`` from SGLang's one-batch benchmark)
+and interpolate the table piecewise linearly. The table must be positive and essentially non-decreasing: a decreasing
+``T`` would make the marginal cost -- and the price -- negative. Small decreases (timing noise) are smoothed into a
+running maximum; large ones are rejected as a broken profile.
 """
 from __future__ import annotations
 
@@ -179,3 +180,35 @@ def profile(fn: Callable[[int], object], sizes: Sequence[int], warmup: int = 2, 
     m.setdefault("repeats", repeats)
     m.setdefault("statistic", "median")
     return CostModel(sizes, secs, m)
+
+
+def cost_from_one_batch(path) -> CostModel:
+    """``CostModel`` from SGLang's own one-batch benchmark (``sglang.benchmark.one_batch_server --result-filename``
+    JSONL, one line per batch size; the median of repeated batch sizes is used).
+
+    At batch size ``b`` each decode step runs ``b`` tokens and the server reports its decode throughput
+    ``last_gen_throughput`` (tokens/s), so ``T(b) = b / last_gen_throughput`` on *this* GPU, model, attention backend
+    and CUDA-graph buckets. A verify step of ``R`` requests x ``W`` tokens runs ``R * W`` tokens with ``R`` KV contexts
+    rather than ``R * W``, so this slightly overstates attention cost at long context; it keeps the shape that matters
+    (flat while memory-bound, rising once compute-bound, steps at graph buckets). The command that writes a table from
+    such a file: ``python -m sglang_hybrid.tools.cost_profile``.
+    """
+    by_bs: dict = {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            bs, thr = int(rec["batch_size"]), float(rec["last_gen_throughput"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}:{n}: not a one_batch_server result line ({e})") from None
+        if thr <= 0:
+            raise ValueError(f"{path}:{n}: last_gen_throughput {thr} (the server reported no decode throughput; "
+                             "use a longer --output-len)")
+        by_bs.setdefault(bs, []).append(bs / thr)
+    if not by_bs:
+        raise ValueError(f"{path}: no result lines")
+    sizes = sorted(by_bs)
+    secs = [sorted(by_bs[b])[len(by_bs[b]) // 2] for b in sizes]
+    return CostModel(sizes, secs, {"source": "sglang.benchmark.one_batch_server", "file": str(path),
+                                   "rule": "T(b) = b / last_gen_throughput"})

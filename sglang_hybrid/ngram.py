@@ -27,7 +27,13 @@ import numpy as np
 
 from sglang_hybrid import _ngram
 
-__all__ = ["NgramDrafter", "NgramDrafts"]
+__all__ = ["NgramDrafter", "NgramDrafts", "drafter_defaults"]
+
+drafter_defaults = _ngram.drafter_defaults
+"""``drafter_defaults() -> dict``: every setting of :class:`NgramDrafter` and its default, read from the Rust core
+(``rust_ngram::DrafterConfig::default()``, the one place the defaults are written)."""
+
+_DEFAULTS = drafter_defaults()
 
 
 class NgramDrafts(NamedTuple):
@@ -121,19 +127,21 @@ class NgramDrafter:
         use_corpus: consult the shared corpus (donations and :meth:`add_corpus`).
         corpus_cap_tokens: cap on donated corpus tokens (two generations of ``cap/2``); 0 disables donations.
         vocab_size: when given, token ids must be below it.
+
+    Every default comes from the Rust core (:func:`drafter_defaults`); none is written in Python.
     """
 
     def __init__(
         self,
-        max_draft: int = 8,
+        max_draft: int = _DEFAULTS["max_draft"],
         *,
-        max_nodes: int = 64,
-        min_match: int = 1,
-        max_backoff: int = 2,
-        scan_limit: int = 8,
-        use_corpus: bool = True,
-        corpus_cap_tokens: int = 1 << 20,
-        vocab_size: int | None = None,
+        max_nodes: int = _DEFAULTS["max_nodes"],
+        min_match: int = _DEFAULTS["min_match"],
+        max_backoff: int = _DEFAULTS["max_backoff"],
+        scan_limit: int = _DEFAULTS["scan_limit"],
+        use_corpus: bool = _DEFAULTS["use_corpus"],
+        corpus_cap_tokens: int = _DEFAULTS["corpus_cap_tokens"],
+        vocab_size: int | None = _DEFAULTS["vocab_size"],
     ):
         args = dict(max_draft=max_draft, max_nodes=max_nodes, min_match=min_match, max_backoff=max_backoff,
                     scan_limit=scan_limit, corpus_cap_tokens=corpus_cap_tokens)

@@ -11,8 +11,7 @@ interval that separates the budget from the rest: at most ``s_(b*)`` (every slot
 and above ``s_(b*+1)`` when that survival is positive (the next slot does not). Ties at the boundary pass together.
 On smooth tables the clamp rarely binds; ``lambda`` stays ``0`` when every positive slot fits the budget.
 
-``price_device`` is sort + cumsum + argmax on the device (no host sync); ``price_host`` is the same in numpy for
-survivals that are already on the host (lagged by the overlap scheduler).
+``price_device`` is sort + cumsum + argmax on the device (no host sync).
 """
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 
 from . import _checks
-from .cost import CostModel, CostTables
+from .cost import CostTables
 
 
 def price_device(survivals: torch.Tensor, num_requests: Union[int, torch.Tensor], cost: CostTables,
@@ -65,27 +64,4 @@ def price_device(survivals: torch.Tensor, num_requests: Union[int, torch.Tensor]
     s_in, s_out = padded.gather(0, torch.stack([b_star, b_star + 1])).unbind(0)
     lo = torch.where(s_out > 0, torch.nextafter(s_out, inf[0]), torch.zeros_like(s_out))
     lam = torch.minimum(torch.maximum(lam, lo), s_in)
-    return b_star, lam
-
-
-def price_host(survivals, num_requests: int, cost: CostModel) -> tuple[int, float]:
-    """Numpy twin of ``price_device`` for (possibly lagged) host survivals. Returns ``(b_star, lam)``."""
-    s = np.asarray(survivals, dtype=np.float64).reshape(-1)
-    if not isinstance(cost, CostModel):
-        raise TypeError("cost must be a CostModel")
-    if s.size and (not np.all(np.isfinite(s)) or s.min() < 0 or s.max() > 1):
-        raise ValueError("survivals must be finite and lie in [0, 1]")
-    if not isinstance(num_requests, (int, np.integer)) or num_requests < 0:
-        raise ValueError(f"num_requests must be a non-negative int, got {num_requests!r}")
-    srt = -np.sort(-s)
-    csum = np.concatenate([[0.0], np.cumsum(srt)])
-    b = np.arange(csum.size)
-    g = (num_requests + csum) / cost.step_time_np(num_requests + b)
-    b_star = int(np.argmax(g))
-    n_star = num_requests + b_star
-    lam = float(g[b_star] * (cost.step_time_np(n_star + 1) - cost.step_time_np(n_star)))
-    padded = np.concatenate([[np.inf], srt, [0.0]]).astype(np.float32)   # float32: the same bounds as the device
-    s_in, s_out = padded[b_star], padded[b_star + 1]
-    lo = float(np.nextafter(s_out, np.float32(np.inf))) if s_out > 0 else 0.0
-    lam = min(max(lam, lo), float(s_in))
     return b_star, lam

@@ -1,33 +1,47 @@
 """Per-request draft selection under the goodput price -> fixed-width ``VerifyTree``.
 
-Both modes work on one *pool* of candidate nodes per request: the model chain (``Km`` nodes), the n-gram chain or tree
-(``Kn`` nodes) and ``n_nodes`` always-invalid filler nodes (so the pool is never narrower than the output and empty
+The selector is generic over drafters: it takes one ``Candidates`` record per source (the EAGLE chain, the n-gram
+chain or tree, any further drafter), each with its nodes' tokens, parents, survivals and lengths, and a ``Source``
+value naming who drafted it. Both modes work on one *pool* of candidate nodes per request: every source's nodes in
+the order given, then ``n_nodes`` always-invalid filler nodes (so the pool is never narrower than the output and empty
 sources need no special case). A node is *eligible* iff it is valid, its survival is positive and at least ``lam``.
 Because a child's survival never exceeds its parent's, eligible sets are prefix-closed, and ranking by survival with
 ties broken by depth keeps every parent ahead of its children: the first ``n_nodes`` ranked nodes form a prefix-closed
 tree in topological order, which is exactly the output layout (node 0 = root, then nodes in rank order).
 
-* ``choose`` (the published rule): per request the source with the larger ``sum_{eligible}(s - lam)`` (ties -> the
-  model) supplies all eligible nodes; the other source is masked out.
-* ``merge``: n-gram nodes whose token path equals a prefix of the model chain are folded into that model node
-  (``source = 2``, survival = max of the estimates); the rest hang off the model chain or the root. The top
-  ``n_nodes`` eligible nodes of the union are kept, so ``merge`` never expects fewer accepted tokens than ``choose``.
+* ``choose`` (the published rule): per request the source with the largest ``sum_{eligible}(s - lam)`` (ties -> the
+  earlier source, so the model when it comes first) supplies all its eligible nodes; the others are masked out.
+* ``merge``: nodes whose whole token path equals the path of a node of an earlier source (or an earlier node) are
+  folded into that node (its survival becomes the maximum of the estimates; its source ``Source.SHARED`` when the
+  folded nodes came from different drafters); the rest hang off their (possibly folded) parents. The top ``n_nodes``
+  eligible nodes of the union are kept, so ``merge`` never expects fewer accepted tokens than ``choose``.
 
 Everything is gathers, sorts and pointer jumping over static shapes: no host sync, CUDA-graph and
 ``torch.compile(fullgraph=True)`` safe.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Union
+from enum import IntEnum
+from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 
 from . import _checks
-from .survival import check_parents, path_min, path_product, path_sum
+from .survival import chain_parents, check_parents, path_min, path_sum
 
-SOURCE_MODEL = 0
-SOURCE_NGRAM = 1
-SOURCE_BOTH = 2
+
+class Source(IntEnum):
+    """Who drafted a verify-tree node (``VerifyTree.source``, int8). One vocabulary for the core, the engines and
+    the reports. A new drafter takes the next free value; ``SHARED`` marks a node that several drafters proposed."""
+
+    NONE = -1      # the root and padding nodes
+    MODEL = 0      # the EAGLE draft head
+    NGRAM = 1      # the suffix-automaton n-gram drafter
+    SHARED = 2     # proposed by more than one source (merge folded identical paths)
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
 
 
 class VerifyTree(NamedTuple):
@@ -38,9 +52,37 @@ class VerifyTree(NamedTuple):
     ancestors: torch.Tensor         # [B, W, W] bool, ancestors[b, i, j]: j on path root..i (inclusive)
     depth: torch.Tensor             # [B, W] int64, root 0
     valid: torch.Tensor             # [B, W] bool, prefix of the row, root always valid
-    source: torch.Tensor            # [B, W] int8, -1 root/invalid, 0 model, 1 n-gram, 2 both
+    source: torch.Tensor            # [B, W] int8, Source values (-1 root/invalid)
     survival: torch.Tensor          # [B, W] float32, root 1, invalid 0
     expected_accepted: torch.Tensor  # [B] float32
+
+
+class Candidates(NamedTuple):
+    """One drafter's proposals for a batch: ``K`` nodes per request, a chain or a tree.
+
+    ``tokens [B, K]`` (ignored past ``length``), ``parents [B, K]`` (``-1`` = child of the root, else an earlier
+    index: ``parents[b, i] < i``), ``survival [B, K]`` (calibrated probability that the node is accepted),
+    ``length [B]`` (valid nodes are the first ``length``), ``source`` (a ``Source`` value).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    survival: torch.Tensor
+    length: torch.Tensor
+    source: int
+
+    @classmethod
+    def chain(cls, tokens: torch.Tensor, survival: torch.Tensor, length: torch.Tensor, source: int) -> "Candidates":
+        """A chain: node ``j``'s parent is ``j - 1``."""
+        b, k = tokens.shape
+        return cls(tokens, chain_parents(b, k, tokens.device), survival, length, source)
+
+    @classmethod
+    def empty(cls, batch: int, source: int, device=None) -> "Candidates":
+        """No proposals (a drafter that is off, or has nothing this step)."""
+        z = torch.zeros((batch, 0), dtype=torch.int64, device=device)
+        return cls(z, z, torch.zeros((batch, 0), dtype=torch.float32, device=device),
+                   torch.zeros(batch, dtype=torch.int64, device=device), source)
 
 
 def ancestors_from_parents(parents: torch.Tensor) -> torch.Tensor:
@@ -58,34 +100,47 @@ def ancestors_from_parents(parents: torch.Tensor) -> torch.Tensor:
     return anc
 
 
-def _check_inputs(root_tokens, model_tokens, model_surv, model_len, ngram_tokens, ngram_parents, ngram_surv,
-                  ngram_len, lam, mode, n_nodes, check_values):
-    names = ["root_tokens", "model_tokens", "model_surv", "model_len", "ngram_tokens", "ngram_parents",
-             "ngram_surv", "ngram_len"]
-    ts = [root_tokens, model_tokens, model_surv, model_len, ngram_tokens, ngram_parents, ngram_surv, ngram_len]
-    for n, t in zip(names, ts):
-        _checks.tensor(t, n)
+def _source_name(c: Candidates, idx: int) -> str:
+    try:
+        return Source(int(c.source)).label
+    except ValueError:
+        return f"candidates[{idx}]"
+
+
+def _check_inputs(root_tokens, candidates, lam, mode, n_nodes, check_values):
+    _checks.tensor(root_tokens, "root_tokens")
     if mode not in ("choose", "merge"):
         raise ValueError(f"mode must be 'choose' or 'merge', got {mode!r}")
     if not isinstance(n_nodes, int) or isinstance(n_nodes, bool) or n_nodes < 1:
         raise ValueError(f"n_nodes must be a positive int, got {n_nodes!r}")
+    if isinstance(candidates, Candidates) or not all(isinstance(c, Candidates) for c in candidates):
+        raise TypeError("candidates must be a sequence of Candidates records (one per drafter)")
+    if not candidates:
+        raise ValueError("candidates must name at least one drafter (use Candidates.empty for one that is off)")
     _checks.int_tensor(root_tokens, "root_tokens", 1)
-    _checks.int_tensor(model_tokens, "model_tokens", 2)
-    _checks.float_tensor(model_surv, "model_surv", 2)
-    _checks.int_tensor(model_len, "model_len", 1)
-    _checks.int_tensor(ngram_tokens, "ngram_tokens", 2)
-    _checks.int_tensor(ngram_parents, "ngram_parents", 2)
-    _checks.float_tensor(ngram_surv, "ngram_surv", 2)
-    _checks.int_tensor(ngram_len, "ngram_len", 1)
     b = root_tokens.shape[0]
     _checks.non_empty_batch(b, "root_tokens")
-    _checks.shape(model_tokens, "model_tokens", (b, model_tokens.shape[1]))
-    _checks.shape(model_surv, "model_surv", tuple(model_tokens.shape))
-    _checks.shape(model_len, "model_len", (b,))
-    _checks.shape(ngram_tokens, "ngram_tokens", (b, ngram_tokens.shape[1]))
-    _checks.shape(ngram_parents, "ngram_parents", tuple(ngram_tokens.shape))
-    _checks.shape(ngram_surv, "ngram_surv", tuple(ngram_tokens.shape))
-    _checks.shape(ngram_len, "ngram_len", (b,))
+    names, ts = ["root_tokens"], [root_tokens]
+    seen = set()
+    for idx, c in enumerate(candidates):
+        src = int(c.source)
+        if src < 0 or src == Source.SHARED:
+            raise ValueError(f"candidates[{idx}].source = {src}: a drafter's source must be MODEL, NGRAM or a new "
+                             f"value above {int(Source.SHARED)} (NONE and SHARED are reserved)")
+        if src in seen:
+            raise ValueError(f"candidates[{idx}].source = {src} appears twice: one Candidates record per drafter")
+        seen.add(src)
+        n = _source_name(c, idx)
+        _checks.int_tensor(c.tokens, f"{n}.tokens", 2)
+        _checks.int_tensor(c.parents, f"{n}.parents", 2)
+        _checks.float_tensor(c.survival, f"{n}.survival", 2)
+        _checks.int_tensor(c.length, f"{n}.length", 1)
+        _checks.shape(c.tokens, f"{n}.tokens", (b, c.tokens.shape[1]))
+        _checks.shape(c.parents, f"{n}.parents", tuple(c.tokens.shape))
+        _checks.shape(c.survival, f"{n}.survival", tuple(c.tokens.shape))
+        _checks.shape(c.length, f"{n}.length", (b,))
+        names += [f"{n}.tokens", f"{n}.parents", f"{n}.survival", f"{n}.length"]
+        ts += [c.tokens, c.parents, c.survival, c.length]
     if isinstance(lam, torch.Tensor):
         if lam.dim() != 0:
             raise ValueError(f"lam must be a 0-dim tensor or a float, got shape {tuple(lam.shape)}")
@@ -95,92 +150,108 @@ def _check_inputs(root_tokens, model_tokens, model_surv, model_len, ngram_tokens
         raise TypeError(f"lam must be a 0-dim tensor or a float, got {type(lam).__name__}")
     _checks.same_device(names, ts)
     if _checks.want_values(check_values, *ts):
-        km, kn = model_tokens.shape[1], ngram_tokens.shape[1]
-        _checks.lengths(model_len, "model_len", km)
-        _checks.lengths(ngram_len, "ngram_len", kn)
-        _checks.probabilities(model_surv, "model_surv")
-        _checks.probabilities(ngram_surv, "ngram_surv")
         lam_v = float(lam)
         if lam_v != lam_v or lam_v < 0:
             raise ValueError(f"lam must be a non-negative number, got {lam_v}")
         if bool((root_tokens < 0).any()):
             raise ValueError("root_tokens must be non-negative token ids")
-        mv = torch.arange(km, device=model_len.device)[None] < model_len[:, None]
-        nv = torch.arange(kn, device=ngram_len.device)[None] < ngram_len[:, None]
-        if bool((mv & (model_tokens < 0)).any()):
-            raise ValueError("model_tokens has a negative token id inside model_len")
-        if bool((nv & (ngram_tokens < 0)).any()):
-            raise ValueError("ngram_tokens has a negative token id inside ngram_len")
-        check_parents(ngram_parents, nv, "ngram_parents")
+        for idx, c in enumerate(candidates):
+            n = _source_name(c, idx)
+            k = c.tokens.shape[1]
+            _checks.lengths(c.length, f"{n}.length", k)
+            _checks.probabilities(c.survival, f"{n}.survival")
+            v = torch.arange(k, device=c.length.device)[None] < c.length[:, None]
+            if bool((v & (c.tokens < 0)).any()):
+                raise ValueError(f"{n}.tokens has a negative token id inside {n}.length")
+            check_parents(c.parents, v, f"{n}.parents")
 
 
-def select(root_tokens: torch.Tensor, model_tokens: torch.Tensor, model_surv: torch.Tensor, model_len: torch.Tensor,
-           ngram_tokens: torch.Tensor, ngram_parents: torch.Tensor, ngram_surv: torch.Tensor,
-           ngram_len: torch.Tensor, lam: Union[torch.Tensor, float], mode: str = "choose", n_nodes: int = 8,
-           check_values: Optional[bool] = None) -> VerifyTree:
-    """Build the verify tree of each request (see module docstring and docs/core.md)."""
-    _check_inputs(root_tokens, model_tokens, model_surv, model_len, ngram_tokens, ngram_parents, ngram_surv,
-                  ngram_len, lam, mode, n_nodes, check_values)
+def _fold_identical_paths(tok, par, depth, valid, src, max_depth: int):
+    """Merge: fold every node whose token path equals an earlier pool node's path into that node.
+
+    Pool arrays ``[B, P]`` (``par`` = pool index of the parent, ``-1`` for children of the root). Returns
+    ``(rep, same)``: ``rep [B, P]`` the lowest pool index with the same path (the node itself when unique or invalid)
+    and ``same [B, P, P]`` the path-equality relation. Path equality is built from the leaves' token equality by
+    ``max_depth`` rounds of "and the parents are path-equal" (static count: graph safe).
+    """
+    b, p = tok.shape
+    dev = tok.device
+    base = valid[:, :, None] & valid[:, None, :] & (tok[:, :, None] == tok[:, None, :]) & \
+        (depth[:, :, None] == depth[:, None, :])
+    both_top = (par[:, :, None] < 0) & (par[:, None, :] < 0)
+    pi = par.clamp(min=0)
+    bi = torch.arange(b, device=dev)[:, None, None]
+    same = base & both_top
+    for _ in range(max_depth):
+        up = same[bi, pi[:, :, None], pi[:, None, :]]                 # [B, P, P]: parents path-equal
+        same = base & (both_top | up)
+    idx = torch.arange(p, device=dev)
+    big = torch.full((), p, dtype=torch.int64, device=dev)
+    rep = torch.where(same, idx[None, None, :], big).amin(-1)
+    rep = torch.where(valid, rep, idx[None, :].expand(b, p))
+    return rep, same
+
+
+def select(root_tokens: torch.Tensor, candidates: Sequence[Candidates], lam: Union[torch.Tensor, float],
+           mode: str = "choose", n_nodes: int = 8, check_values: Optional[bool] = None) -> VerifyTree:
+    """Build the verify tree of each request from every drafter's ``Candidates`` (see the module docstring and
+    docs/core.md). ``candidates`` order matters only for ties: an earlier source wins ``choose`` ties and keeps its
+    node when ``merge`` folds identical paths."""
+    _check_inputs(root_tokens, candidates, lam, mode, n_nodes, check_values)
     dev = root_tokens.device
     b = root_tokens.shape[0]
-    km, kn = model_tokens.shape[1], ngram_tokens.shape[1]
     f32, i64 = torch.float32, torch.int64
     lam_t = lam.to(f32) if isinstance(lam, torch.Tensor) else torch.full((), float(lam), dtype=f32, device=dev)
 
-    # ---- model chain ----
-    jm = torch.arange(km, device=dev, dtype=i64)
-    mv = jm[None, :] < model_len.to(i64)[:, None]
-    m_tok = torch.where(mv, model_tokens.to(i64), torch.full_like(mv, -1, dtype=i64))
-    # survivals never grow along a path; enforcing it (running minimum) keeps every selection prefix-closed even if a
-    # caller's estimates are inconsistent
-    m_surv = torch.cummin(torch.where(mv, model_surv.to(f32), torch.zeros_like(mv, dtype=f32)), dim=1).values
-    m_par = (jm - 1).expand(b, km)
-    m_depth = (jm + 1).expand(b, km)
+    # ---- pool: every source's nodes, then filler ----
+    toks, pars, survs, depths, valids, srcs, owner = [], [], [], [], [], [], []
+    offset = 0
+    for si, c in enumerate(candidates):
+        k = c.tokens.shape[1]
+        j = torch.arange(k, device=dev, dtype=i64)
+        v = j[None, :] < c.length.to(i64)[:, None]
+        par = torch.where(v, c.parents.to(i64), torch.full_like(v, -1, dtype=i64))
+        toks.append(torch.where(v, c.tokens.to(i64), torch.full_like(v, -1, dtype=i64)))
+        # survivals never grow along a path; enforcing it (running minimum) keeps every selection prefix-closed even
+        # if a caller's estimates are inconsistent
+        survs.append(path_min(torch.where(v, c.survival.to(f32), torch.zeros_like(v, dtype=f32)), par))
+        depths.append(path_sum(v.to(i64), par))                     # 1-based depth of valid nodes
+        pars.append(torch.where(par >= 0, par + offset, par))
+        valids.append(v)
+        srcs.append(torch.full((b, k), int(c.source), dtype=torch.int8, device=dev))
+        owner.append(torch.full((b, k), si, dtype=i64, device=dev))
+        offset += k
+    p_tok, p_par, p_surv = torch.cat(toks, 1), torch.cat(pars, 1), torch.cat(survs, 1)
+    p_depth, p_valid, p_src, p_owner = torch.cat(depths, 1), torch.cat(valids, 1), torch.cat(srcs, 1), \
+        torch.cat(owner, 1)
 
-    # ---- n-gram chain / tree ----
-    jn = torch.arange(kn, device=dev, dtype=i64)
-    nv = jn[None, :] < ngram_len.to(i64)[:, None]
-    n_tok = torch.where(nv, ngram_tokens.to(i64), torch.full_like(nv, -1, dtype=i64))
-    n_par = torch.where(nv, ngram_parents.to(i64), torch.full_like(nv, -1, dtype=i64))
-    n_surv = path_min(torch.where(nv, ngram_surv.to(f32), torch.zeros_like(nv, dtype=f32)), n_par)
-    n_depth = path_sum(nv.to(i64), n_par)  # 1-based depth of valid nodes
+    if mode == "merge" and len(candidates) > 1 and offset > 0:
+        max_depth = max(c.tokens.shape[1] for c in candidates)
+        rep, same = _fold_identical_paths(p_tok, p_par, p_depth, p_valid, p_src, max_depth)
+        # a kept node takes the best estimate of its class, and SHARED when another drafter proposed it too
+        p_surv = torch.where(same, p_surv[:, :, None], torch.zeros((), dtype=f32, device=dev)).amax(1)
+        shared = (same & (p_src[:, :, None] != p_src[:, None, :])).any(1)
+        p_src = torch.where(shared, torch.full_like(p_src, int(Source.SHARED)), p_src)
+        idx = torch.arange(offset, device=dev)[None, :]
+        p_valid = p_valid & (rep == idx)
+        # a node whose parent was folded hangs off the node its parent was folded into
+        p_par = torch.where(p_par >= 0, torch.gather(rep, 1, p_par.clamp(min=0)), p_par)
 
-    m_src = torch.full((b, km), SOURCE_MODEL, dtype=torch.int8, device=dev)
-    n_src = torch.full((b, kn), SOURCE_NGRAM, dtype=torch.int8, device=dev)
-    m_valid, n_valid = mv, nv
-    n_pool_par = torch.where(n_par >= 0, n_par + km, n_par)
+    p_elig = p_valid & (p_surv > 0) & (p_surv >= lam_t)
+    if mode == "choose" and len(candidates) > 1:
+        gain = torch.where(p_elig, p_surv - lam_t, torch.zeros_like(p_surv))
+        values = torch.stack([torch.where(p_owner == si, gain, torch.zeros_like(gain)).sum(1)
+                              for si in range(len(candidates))], 1)           # [B, S]
+        best = torch.argmax(values, dim=1)                                    # first maximum: earlier source
+        p_elig = p_elig & (p_owner == best[:, None])
 
-    if mode == "merge" and km > 0 and kn > 0:
-        # n-gram node i equals model node d_i - 1 iff its whole token path equals the model chain's prefix
-        midx = (n_depth - 1).clamp(min=0, max=km - 1)
-        same = nv & (n_depth <= model_len.to(i64)[:, None]) & (n_tok == torch.gather(m_tok, 1, midx))
-        on_chain = path_product(same.to(f32), n_par) > 0.5
-        onehot = on_chain[:, :, None] & (midx[:, :, None] == jm[None, None, :])       # [B, Kn, Km]
-        folded = onehot.any(1)                                                         # model nodes also drafted
-        m_surv = torch.maximum(m_surv, (onehot.to(f32) * n_surv[:, :, None]).amax(1))
-        m_src = torch.where(folded, torch.full_like(m_src, SOURCE_BOTH), m_src)
-        n_valid = nv & ~on_chain
-        # an n-gram node whose parent was folded hangs off that model node (index d_parent - 1 = d_i - 2)
-        par_folded = torch.gather(on_chain, 1, n_par.clamp(min=0)) & (n_par >= 0)
-        n_pool_par = torch.where(par_folded, n_depth - 2, n_pool_par)
-
-    m_elig = m_valid & (m_surv > 0) & (m_surv >= lam_t)
-    n_elig = n_valid & (n_surv > 0) & (n_surv >= lam_t)
-    if mode == "choose":
-        v_m = torch.where(m_elig, m_surv - lam_t, torch.zeros_like(m_surv)).sum(1)
-        v_n = torch.where(n_elig, n_surv - lam_t, torch.zeros_like(n_surv)).sum(1)
-        use_ng = (v_n > v_m)[:, None]
-        m_elig = m_elig & ~use_ng
-        n_elig = n_elig & use_ng
-
-    # ---- pool: model | n-gram | filler ----
     fill_i = torch.full((b, n_nodes), -1, dtype=i64, device=dev)
-    p_tok = torch.cat([m_tok, n_tok, fill_i], 1)
-    p_par = torch.cat([m_par, n_pool_par, fill_i], 1)
-    p_surv = torch.cat([m_surv, n_surv, torch.zeros((b, n_nodes), dtype=f32, device=dev)], 1)
-    p_src = torch.cat([m_src, n_src, torch.full((b, n_nodes), -1, dtype=torch.int8, device=dev)], 1)
-    p_depth = torch.cat([m_depth, n_depth, torch.zeros((b, n_nodes), dtype=i64, device=dev)], 1)
-    p_elig = torch.cat([m_elig, n_elig, torch.zeros((b, n_nodes), dtype=torch.bool, device=dev)], 1)
+    p_tok = torch.cat([p_tok, fill_i], 1)
+    p_par = torch.cat([p_par, fill_i], 1)
+    p_surv = torch.cat([p_surv, torch.zeros((b, n_nodes), dtype=f32, device=dev)], 1)
+    p_src = torch.cat([p_src, torch.full((b, n_nodes), -1, dtype=torch.int8, device=dev)], 1)
+    p_depth = torch.cat([p_depth, torch.zeros((b, n_nodes), dtype=i64, device=dev)], 1)
+    p_elig = torch.cat([p_elig, torch.zeros((b, n_nodes), dtype=torch.bool, device=dev)], 1)
 
     # rank by (survival desc, depth asc, pool index asc): two stable sorts, the primary key last
     key = torch.where(p_elig, p_surv, torch.full_like(p_surv, -1.0))
@@ -215,12 +286,4 @@ def select(root_tokens: torch.Tensor, model_tokens: torch.Tensor, model_surv: to
                       valid=valid, source=source, survival=survival, expected_accepted=d_surv.sum(1))
 
 
-def tree_value(tree: VerifyTree, lam: float = 0.0) -> torch.Tensor:
-    """``sum over valid draft nodes of (survival - lam)`` per request (the selector's objective)."""
-    draft = tree.valid.clone()
-    draft[:, 0] = False
-    return torch.where(draft, tree.survival - lam, torch.zeros_like(tree.survival)).sum(1)
-
-
-__all__ = ["VerifyTree", "select", "ancestors_from_parents", "tree_value", "SOURCE_MODEL", "SOURCE_NGRAM",
-           "SOURCE_BOTH"]
+__all__ = ["Candidates", "Source", "VerifyTree", "select", "ancestors_from_parents"]

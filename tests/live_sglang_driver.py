@@ -62,18 +62,24 @@ def abort_case(model: str, prompts: list[str]) -> dict:
 
 
 def retract_case(model: str, prompts: list[str]) -> dict:
-    """The whole batch admitted into a KV pool too small to decode it to the end: SGLang retracts requests and
-    re-prefills them later; HYBRID's drafter state for a retracted request must be rebuilt, never reused."""
-    n_new = 24
-    reference = _reference(model, prompts, n_new)
-    total_prompt = sum(len(p) for p in prompts) // 3          # rough token count, only to size the pool
-    eng = _engine(model, hybrid=True, max_total_tokens=max(total_prompt + 64, 600), max_running_requests=3)
+    """The two code edits admitted together into a KV pool that holds their prompts plus a few tokens: admission is
+    made optimistic (``schedule_conservativeness``), so decoding runs out of KV, SGLang retracts a running request
+    and re-prefills it later. HYBRID's drafter state for a retracted request must be rebuilt, never reused."""
+    from transformers import AutoTokenizer
+
+    n_new = 16
+    code = [p for p in prompts if "```python" in p][:2]
+    reference = _reference(model, code, n_new)
+    tok = AutoTokenizer.from_pretrained(model)
+    prompt_tokens = sum(len(tok(p)["input_ids"]) for p in code)
+    eng = _engine(model, hybrid=True, max_total_tokens=prompt_tokens + 40, schedule_conservativeness=0.01,
+                  max_running_requests=2)
     try:
-        out = eng.generate(prompts, dict(GREEDY, max_new_tokens=n_new))
+        out = eng.generate(code, dict(GREEDY, max_new_tokens=n_new))
     finally:
         eng.shutdown()
     return {"reference": reference, "hybrid": [o["output_ids"] for o in out],
-            "retractions": [o["meta_info"].get("num_retractions", 0) for o in out]}
+            "retractions": [o["meta_info"].get("num_retractions", 0) for o in out], "pool": prompt_tokens + 40}
 
 
 def main() -> None:

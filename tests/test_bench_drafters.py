@@ -7,15 +7,11 @@ full by our drafter. Anchors are optional: their adapter checks skip when the pa
 """
 
 import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: `bench` is not an installed package
-
-from bench import anchors, drafters  # noqa: E402
+from bench import anchors, drafters
 
 rng = np.random.default_rng(0)
 

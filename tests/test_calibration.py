@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_hybrid import calibrate
+from sglang_hybrid import calibration_replay
 from sglang_hybrid.calibration import (DEFAULT_HELDOUT_PATH, DEFAULT_PATH, CalibrationFileError, ModelCalibration,
-                                       ModelRecords, NgramCalibration, NgramRecords, brier, ece, pav)
+                                       NgramCalibration, pav)
+from sglang_hybrid.calibration_metrics import brier, ece
+from sglang_hybrid.calibration_records import ModelRecords, NgramRecords
+from sglang_hybrid.tools import calibrate
 
 torch.set_num_threads(1)
 
@@ -241,13 +244,13 @@ def test_replay_records_are_conditional_and_steps_mimic_decoding():
     # at 0: drafts 10, 11, 99 -> hits, hits, miss ; step commits 10, 11, 12 (2 accepted + bonus)
     # at 3: drafts 13, 14, 15, 16 -> 3 hits then past the end (not a hit) ; commits 13, 14, 15
     d = ScriptedDrafter({0: [10, 11, 99, 12], 3: [13, 14, 15, 16]})
-    cols = calibrate.replay_document(d, 7, [1, 2], resp, k=8)
+    cols = calibration_replay.replay_document(d, 7, [1, 2], resp, k=8)
     assert cols["accepted"] == [1, 1, 0, 1, 1, 1, 0]
     assert cols["depth"] == [1, 2, 3, 1, 2, 3, 4]
     assert [c for c in d.calls if c[0] == "extend"] == [("extend", 7, [10, 11, 12]), ("extend", 7, [13, 14, 15])]
     assert d.calls[-2:] == [("finish", 7, True), ("remove", 7)]
     d = ScriptedDrafter({0: [10, 99], 1: [11, 12]})
-    cols = calibrate.replay_document(d, 1, [1], resp[:3], k=4, step_mode="token")
+    cols = calibration_replay.replay_document(d, 1, [1], resp[:3], k=4, step_mode="token")
     assert cols["accepted"] == [1, 0, 1, 1]
     assert [c[2] for c in d.calls if c[0] == "extend"] == [[10], [11], [12]]
 
@@ -291,7 +294,7 @@ def write_synthetic_trace(path, n_req=12, k=4, seed=0):
 def test_cli_fits_both_drafters_from_a_trace(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
     write_synthetic_trace(trace)
-    rec = calibrate.model_records_from_trace(trace)
+    rec = calibration_replay.model_records_from_trace(trace)
     assert len(rec) > 0 and set(rec.workload.tolist()) == {"chat", "code"}
     # conditional records: depth j + 1 appears only after a hit at depth j of the same row
     assert (rec.depth >= 1).all() and (rec.depth <= 4).all()

@@ -1,12 +1,14 @@
-"""calibration_check: the metrics detect (mis)calibration, the step view agrees with calibrate's records, the
+"""calibration_check: the metrics detect (mis)calibration, the step view agrees with the replay records, the
 expected-accepted-tokens sum is the survival sum, and the CLI runs end to end on a tiny synthetic trace."""
 import json
 
 import numpy as np
 import pytest
 
-from sglang_hybrid import calibrate, calibration_check as cc
-from sglang_hybrid.calibration import DEFAULT_EDGES, NgramCalibration, NgramRecords, _shape
+from sglang_hybrid import calibration_replay
+from sglang_hybrid.calibration import DEFAULT_EDGES, NgramCalibration, _shape
+from sglang_hybrid.calibration_records import NgramRecords
+from sglang_hybrid.tools import calibration_check as cc
 from sglang_hybrid.reference.trace import TraceHeader, TraceRecord, write_trace
 
 
@@ -112,8 +114,8 @@ def _docs():
 def test_steps_align_with_calibrate_records(corpus):
     docs = _docs()
     rec, steps = cc.replay_with_steps(docs, k=6, corpus=corpus)
-    if corpus == "shared":                           # identical to calibrate.replay, which it must mirror
-        ref = calibrate.replay(docs, k=6, progress=False)
+    if corpus == "shared":                           # identical to calibration_replay.replay, which it must mirror
+        ref = calibration_replay.replay(docs, k=6, progress=False)
         for c in ("match_len", "count", "total", "depth", "source", "accepted", "doc"):
             np.testing.assert_array_equal(getattr(rec, c), getattr(ref, c))
     assert len(rec) > 20 and rec.accepted.sum() > 10

@@ -1,4 +1,4 @@
-"""Cost model (table validation, interpolation, profiling helper) and the goodput budget / price."""
+"""Cost model (table validation, interpolation, profiling helpers) and the goodput budget / price."""
 import itertools
 import json
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from sglang_hybrid import cost as cost_mod
-from sglang_hybrid.cost import CostFileError, CostModel, profile
-from sglang_hybrid.price import price_device, price_host
+from sglang_hybrid.cost import CostFileError, CostModel, cost_from_one_batch, profile
+from sglang_hybrid.price import price_device
 
 torch.set_num_threads(1)
 
@@ -87,6 +87,27 @@ def test_profile_takes_median_after_warmup(monkeypatch):
     assert m.meta["statistic"] == "median"
 
 
+def test_cost_table_from_one_batch_results(tmp_path):
+    from sglang_hybrid.tools.cost_profile import main
+
+    raw = tmp_path / "raw.jsonl"
+    rows = [(1, 50.0), (8, 390.0), (64, 2500.0), (8, 410.0), (8, 400.0)]
+    raw.write_text("\n".join(json.dumps({"batch_size": b, "last_gen_throughput": t, "latency": 1.0})
+                             for b, t in rows) + "\n")
+    model = cost_from_one_batch(raw)
+    assert model.to_json()["sizes"] == [1, 8, 64]
+    assert model.to_json()["seconds"] == pytest.approx([1 / 50.0, 8 / 400.0, 64 / 2500.0])
+    out = tmp_path / "cost.json"
+    assert main([str(raw), "--out", str(out)]) == 0
+    assert CostModel.load(out).to_json()["sizes"] == [1, 8, 64]
+    raw.write_text(json.dumps({"batch_size": 4, "last_gen_throughput": -1}) + "\n")
+    with pytest.raises(ValueError, match="no decode throughput"):
+        cost_from_one_batch(raw)
+    raw.write_text('{"latency": 1}\n')
+    with pytest.raises(ValueError, match="not a one_batch_server result line"):
+        cost_from_one_batch(raw)
+
+
 def brute_budget(s, r, cost):
     """Max goodput over every subset of slots (the top-b set must be optimal among subsets of size b)."""
     best, best_b = -1.0, None
@@ -97,6 +118,23 @@ def brute_budget(s, r, cost):
             if g > best + 1e-12:
                 best, best_b = g, k
     return best, best_b
+
+
+def price_host(survivals, num_requests: int, cost: CostModel) -> tuple[int, float]:
+    """The price maths of ``price_device`` in float64 numpy (an independent oracle): ``(b_star, lam)``."""
+    s = np.asarray(survivals, dtype=np.float64).reshape(-1)
+    srt = -np.sort(-s)
+    csum = np.concatenate([[0.0], np.cumsum(srt)])
+    b = np.arange(csum.size)
+    g = (num_requests + csum) / cost.step_time_np(num_requests + b)
+    b_star = int(np.argmax(g))
+    n_star = num_requests + b_star
+    lam = float(g[b_star] * (cost.step_time_np(n_star + 1) - cost.step_time_np(n_star)))
+    padded = np.concatenate([[np.inf], srt, [0.0]]).astype(np.float32)   # float32: the same bounds as the device
+    s_in, s_out = padded[b_star], padded[b_star + 1]
+    lo = float(np.nextafter(s_out, np.float32(np.inf))) if s_out > 0 else 0.0
+    lam = min(max(lam, lo), float(s_in))
+    return b_star, lam
 
 
 def test_budget_equals_brute_force_and_device_equals_host():
@@ -167,5 +205,3 @@ def test_price_bad_input():
         price_device(torch.tensor([[0.5]]), -1, ct)
     with pytest.raises(ValueError, match="cost tables are on"):
         price_device(torch.zeros((1, 1), device="meta"), 1, ct)
-    with pytest.raises(ValueError, match="survivals must be finite"):
-        price_host(np.array([[2.0]]), 1, STAIRCASE)

@@ -96,7 +96,7 @@ def _tiny_sequences(model, n=12, length=40, seed=0):
 
 
 def test_training_learns_and_resume_is_deterministic(tiny, tmp_path):
-    from sglang_hybrid.train_eagle import TrainConfig, heldout_top1, train
+    from sglang_hybrid.tools.train_eagle import TrainConfig, heldout_top1, train
 
     # A random tiny target is not a task that generalises from a dozen sequences, so this checks that the
     # optimisation works (agreement on the training sequences rises); real held-out numbers come from SmolLM2.

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_hybrid.calibration import ModelCalibration, NgramCalibration, NgramRecords
+from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
+from sglang_hybrid.calibration_records import NgramRecords
 from sglang_hybrid.cost import CostModel
 from sglang_hybrid.price import price_device
-from sglang_hybrid.selector import select
+from sglang_hybrid.selector import Candidates, Source, select
+from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
 from sglang_hybrid.survival import chain_survival, tree_survival
 from sglang_hybrid.verify import greedy_accept, sample_accept
 
@@ -47,18 +49,24 @@ def inputs():
                 uniforms=torch.rand((B, N_NODES + 1), generator=g), temperature=torch.tensor([0.0, 0.7, 1.0, 1.3]))
 
 
+def drafts(x):
+    model = ModelDraft(x["model_tokens"], x["prob"], x["model_len"])
+    ngram = NgramDraft(x["ngram_tokens"], x["par"], x["ngram_len"], tree=True, **x["feats"])
+    return model, ngram
+
+
+def candidates(m_tok, s_m, m_len, n_tok, n_par, s_ng, n_len):
+    return [Candidates.chain(m_tok, s_m, m_len, Source.MODEL), Candidates(n_tok, n_par, s_ng, n_len, Source.NGRAM)]
+
+
 def step(x, mode):
-    """One decode step of the hybrid core, as an engine would run it."""
-    a_ng = x["ngram_cal"].acceptance(**x["feats"])
-    s_ng = tree_survival(a_ng, x["par"], x["ngram_len"])
-    a_m = x["model_cal"].acceptance(x["prob"], x["mdepth"])
-    s_m = chain_survival(a_m, x["model_len"])
-    b_star, lam = price_device(torch.cat([s_m, s_ng], 1), B, x["cost"])
-    tree = select(x["root"], x["model_tokens"], s_m, x["model_len"], x["ngram_tokens"], x["par"], s_ng,
-                  x["ngram_len"], lam, mode=mode, n_nodes=N_NODES)
-    g = greedy_accept(tree, x["logits"])
-    s = sample_accept(tree, x["logits"], x["temperature"], x["uniforms"])
-    return (a_ng, s_ng, a_m, s_m, b_star, lam) + tuple(tree) + tuple(g) + tuple(s)
+    """One decode step of the hybrid core, as an engine runs it: the core's DecisionStep, then both verify rules."""
+    decide = DecisionStep(mode=mode, n_nodes=N_NODES, model_calibration=x["model_cal"],
+                          ngram_calibration=x["ngram_cal"])
+    d = decide(x["root"], *drafts(x), cost=x["cost"], batch=B)
+    g = greedy_accept(d.tree, x["logits"])
+    s = sample_accept(d.tree, x["logits"], x["temperature"], x["uniforms"])
+    return (d.model_survival, d.ngram_survival, d.b_star, d.lam) + tuple(d.tree) + tuple(g) + tuple(s)
 
 
 def assert_same(got, want):
@@ -83,16 +91,16 @@ def test_each_per_step_function_is_one_graph(inputs, mode):
     s_ng = tree_survival(a_ng, x["par"], x["ngram_len"])
     s_m = chain_survival(x["model_cal"].acceptance(x["prob"], x["mdepth"]), x["model_len"])
     lam = price_device(torch.cat([s_m, s_ng], 1), B, x["cost"])[1]
-    tree = select(x["root"], x["model_tokens"], s_m, x["model_len"], x["ngram_tokens"], x["par"], s_ng,
-                  x["ngram_len"], lam, mode=mode, n_nodes=N_NODES)
+    tree = select(x["root"], candidates(x["model_tokens"], s_m, x["model_len"], x["ngram_tokens"], x["par"], s_ng,
+                                        x["ngram_len"]), lam, mode=mode, n_nodes=N_NODES)
     cases = [
         (lambda f: x["ngram_cal"].acceptance(**f), (x["feats"],)),
         (lambda p, d: x["model_cal"].acceptance(p, d), (x["prob"], x["mdepth"])),
         (chain_survival, (s_m, x["model_len"])),
         (tree_survival, (a_ng, x["par"], x["ngram_len"])),
         (lambda s: price_device(s, B, x["cost"]), (torch.cat([s_m, s_ng], 1),)),
-        (lambda *a: select(*a, mode=mode, n_nodes=N_NODES),
-         (x["root"], x["model_tokens"], s_m, x["model_len"], x["ngram_tokens"], x["par"], s_ng, x["ngram_len"], lam)),
+        (lambda root, lam_, *a: select(root, candidates(*a), lam_, mode=mode, n_nodes=N_NODES),
+         (x["root"], lam, x["model_tokens"], s_m, x["model_len"], x["ngram_tokens"], x["par"], s_ng, x["ngram_len"])),
         (greedy_accept, (tree, x["logits"])),
         (sample_accept, (tree, x["logits"], x["temperature"], x["uniforms"])),
     ]

@@ -394,6 +394,59 @@ def test_constructor_validation():
         NgramDrafter(max_nodes=1.5)
 
 
+def test_drafter_defaults_have_one_owner():
+    """The defaults are written once, in Rust (``DrafterConfig::default()``, exposed as ``_ngram.drafter_defaults()``):
+    every remaining copy (the facade's signature, the core's signature, the stub) must agree with it."""
+    import ast
+    import inspect
+    import pathlib
+
+    from sglang_hybrid import _ngram
+    from sglang_hybrid import ngram as ngram_mod
+
+    rust = _ngram.drafter_defaults()
+    names = list(rust)
+    assert "max_draft" in names and "vocab_size" in names
+    assert ngram_mod.drafter_defaults() == rust
+    ngram_mod.drafter_defaults()["max_draft"] = -1  # a new dict each call: callers cannot corrupt the defaults
+    assert _ngram.drafter_defaults() == rust
+
+    # The facade: same arguments, in the same order, with the very same defaults (bool stays bool, None stays None).
+    params = list(inspect.signature(NgramDrafter.__init__).parameters.values())[1:]
+    assert [p.name for p in params] == names
+    for p in params:
+        assert p.default == rust[p.name] and type(p.default) is type(rust[p.name]), p
+
+    # The core: built with no argument it holds the defaults; its signature names every field.
+    core = _ngram.NgramCore()
+    assert core.config == rust
+    assert (core.max_draft, core.max_nodes) == (rust["max_draft"], rust["max_nodes"])
+    assert list(inspect.signature(_ngram.NgramCore).parameters) == names
+    assert NgramDrafter()._core.config == rust
+
+    # The facade passes every setting through to the core (none falls back to a default of its own).
+    changed = {}
+    for n, v in rust.items():
+        changed[n] = (not v) if isinstance(v, bool) else 1000 if v is None else v + 1
+    assert NgramDrafter(**changed)._core.config == changed
+
+    # The stub: the same arguments, and no default value other than `...` or the Rust one.
+    stub = ast.parse(pathlib.Path(ngram_mod.__file__).with_name("_ngram.pyi").read_text())
+    classes = {c.name: c for c in stub.body if isinstance(c, ast.ClassDef)}
+    init = next(f for f in classes["NgramCore"].body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    args = init.args.args[1:] + init.args.kwonlyargs
+    assert [a.arg for a in args] == names
+    defaults = dict(zip([a.arg for a in init.args.args[1:]][-len(init.args.defaults) :], init.args.defaults))
+    defaults.update({a.arg: d for a, d in zip(init.args.kwonlyargs, init.args.kw_defaults) if d is not None})
+    assert set(defaults) == set(names)
+    for n, d in defaults.items():
+        if not (isinstance(d, ast.Constant) and d.value is Ellipsis):
+            assert eval(ast.unparse(d), {}) == rust[n], f"_ngram.pyi: {n} = {ast.unparse(d)} but Rust says {rust[n]!r}"
+    typed = [s.target.id for s in classes["_DrafterConfig"].body if isinstance(s, ast.AnnAssign)]
+    assert typed == names
+    assert any(isinstance(f, ast.FunctionDef) and f.name == "drafter_defaults" for f in stub.body)
+
+
 def test_core_rejects_wrong_arrays_directly():
     """The compiled core is safe on its own too (the facade is not the only guard)."""
     from sglang_hybrid import _ngram
@@ -457,7 +510,8 @@ def test_threads_share_one_drafter_safely():
     """8 threads drive disjoint requests of one drafter at once; results equal a single-threaded run."""
     rng = np.random.default_rng(9)
     plans = {
-        t: [(rid, random_context(rng, 30, 4), [random_context(rng, 3, 4) for _ in range(15)]) for rid in range(t * 10, t * 10 + 10)]
+        t: [(rid, random_context(rng, 30, 4), [random_context(rng, 3, 4) for _ in range(15)])
+            for rid in range(t * 10, t * 10 + 10)]
         for t in range(8)
     }
 

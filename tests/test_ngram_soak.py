@@ -60,7 +60,8 @@ def test_soak_lifecycles_memory_returns_under_cap():
         assert st["donated_tokens"] <= CAP + 2
         corpus_seen = max(corpus_seen, st["bytes"])
         # Bounded: live automata (<= 200 B/token, plus small per-request overhead) + corpus (<= 2 generations).
-        bound = BYTES_PER_TOKEN * sum(v[1] for v in live.values()) + 2048 * len(live) + BYTES_PER_TOKEN * 2 * (CAP + 2) + (1 << 16)
+        bound = (BYTES_PER_TOKEN * sum(v[1] for v in live.values()) + 2048 * len(live)
+                 + BYTES_PER_TOKEN * 2 * (CAP + 2) + (1 << 16))
         assert d.memory_bytes() <= bound
     assert len(d) == 0 and next_id == total_lifecycles
     st = d.corpus_stats()

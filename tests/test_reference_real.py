@@ -16,11 +16,11 @@ def setup():
     from sglang_hybrid.reference import eagle
     from sglang_hybrid.reference import prompts as P
     from sglang_hybrid.reference.models import load_smollm2
-    from sglang_hybrid.train_eagle import DEFAULT_OUT
+    from sglang_hybrid.tools.train_eagle import DEFAULT_OUT
 
     lm = load_smollm2(full_check=False)
     if not (DEFAULT_OUT / "model.safetensors").is_file():
-        pytest.fail(f"the trained EAGLE head is missing from {DEFAULT_OUT} (python -m sglang_hybrid.train_eagle)")
+        pytest.fail(f"the trained EAGLE head is missing from {DEFAULT_OUT} (python -m sglang_hybrid.tools.train_eagle)")
     head = eagle.load_head(DEFAULT_OUT, lm.model.config)
     # Short versions of both workloads: a code edit (the file is in the prompt) and a chat question.
     code = P.encode(lm.tokenizer, P.CODE_EDITS[2])
@@ -44,7 +44,7 @@ def test_real_model_greedy_lossless(setup, mode):
 def test_shipped_head_checkpoint_fits_smollm2(setup):
     import json
 
-    from sglang_hybrid.train_eagle import DEFAULT_OUT
+    from sglang_hybrid.tools.train_eagle import DEFAULT_OUT
 
     lm, head, *_ = setup
     cfg = json.loads((DEFAULT_OUT / "config.json").read_text())

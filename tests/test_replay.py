@@ -1,18 +1,14 @@
-"""Replay benchmark mechanics (bench/replay.py, bench/policies.py, bench/cost_tables/roofline.py) on tiny traces."""
+"""Replay benchmark mechanics (bench/replay_*.py, bench/policies.py, bench/cost_tables/roofline.py) on tiny traces."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench import policies as P  # noqa: E402
-from bench import replay as R  # noqa: E402
-from bench.cost_tables import roofline  # noqa: E402
+from bench import policies as P
+from bench import replay_costs, replay_drafts, replay_report, replay_sim, replay_traces
+from bench.cost_tables import roofline
 
 
 def one_request_trace(L=30, k=4, eagle_right=True, prompt=None, output=None, workload="code"):
@@ -27,14 +23,14 @@ def one_request_trace(L=30, k=4, eagle_right=True, prompt=None, output=None, wor
             truth = int(out[p + j]) if p + j < L else 0
             et[p, j] = truth if eagle_right else truth + 100
     ep = np.full((L, k), 0.9 if eagle_right else 0.1, np.float32)
-    return [R.TraceRequest("r0", workload, prompt, out, et, ep)]
+    return [replay_traces.TraceRequest("r0", workload, prompt, out, et, ep)]
 
 
 def linear_cost(base=1.0, per_token=0.1, draft=0.05, max_tokens=4096):
     from sglang_hybrid.cost import CostModel
 
     m = CostModel.linear(base, per_token, max_tokens)
-    return R.BatchCost(m, m.to("cpu"), draft)
+    return replay_costs.BatchCost(m, m.to("cpu"), draft)
 
 
 class ExactDrafts(P.Policy):
@@ -52,8 +48,8 @@ class ExactDrafts(P.Policy):
 
 
 def test_perfect_drafts_accept_k_and_emit_k_plus_one():
-    bank = R.DraftBank(one_request_trace(L=30, k=4), k=4)
-    res = R.simulate(P.EagleFixed(4), bank, [0], batch=1, cost=linear_cost())
+    bank = replay_drafts.DraftBank(one_request_trace(L=30, k=4), k=4)
+    res = replay_sim.simulate(P.EagleFixed(4), bank, [0], batch=1, cost=linear_cost())
     # stream = the request twice (max(2 B, 1) requests); 30 = 6 steps x 5 tokens each time
     assert res.tokens == 60
     assert res.steps == 12
@@ -62,8 +58,8 @@ def test_perfect_drafts_accept_k_and_emit_k_plus_one():
 
 
 def test_oracle_at_end_of_output_caps_emitted_tokens():
-    bank = R.DraftBank(one_request_trace(L=7, k=4), k=4)
-    res = R.simulate(ExactDrafts(4), bank, [0], batch=1, cost=linear_cost())
+    bank = replay_drafts.DraftBank(one_request_trace(L=7, k=4), k=4)
+    res = replay_sim.simulate(ExactDrafts(4), bank, [0], batch=1, cost=linear_cost())
     # 7 tokens: one step of 5 (4 accepted + bonus), then 2 left: the second step emits exactly 2
     assert res.steps == 4 and res.tokens == 14
     assert res.accepted == 2 * (4 + 1)
@@ -72,9 +68,9 @@ def test_oracle_at_end_of_output_caps_emitted_tokens():
 def test_no_speculation_one_token_per_step_and_throughput_by_hand():
     reqs = one_request_trace(L=25) + one_request_trace(L=25)
     reqs[1].id = "r1"
-    bank = R.DraftBank(reqs, k=4)
+    bank = replay_drafts.DraftBank(reqs, k=4)
     cost = linear_cost(base=2.0, per_token=0.5, draft=0.3)
-    res = R.simulate(P.NoSpeculation(), bank, [0, 1], batch=2, cost=cost)
+    res = replay_sim.simulate(P.NoSpeculation(), bank, [0, 1], batch=2, cost=cost)
     assert res.tokens_per_step == 1.0 and res.accepted == 0
     # stream of 4 requests (2 permutations), 2 slots, 25 tokens each: 50 steps, each verifying n = 2 tokens
     assert res.steps == 50 and res.tokens == 100
@@ -84,9 +80,9 @@ def test_no_speculation_one_token_per_step_and_throughput_by_hand():
 
 
 def test_fixed_eagle_pays_verified_tokens_and_draft_steps():
-    bank = R.DraftBank(one_request_trace(L=30, k=4, eagle_right=False), k=4)
+    bank = replay_drafts.DraftBank(one_request_trace(L=30, k=4, eagle_right=False), k=4)
     cost = linear_cost(base=1.0, per_token=0.1, draft=0.05)
-    res = R.simulate(P.EagleFixed(3), bank, [0], batch=1, cost=cost)
+    res = replay_sim.simulate(P.EagleFixed(3), bank, [0], batch=1, cost=cost)
     # every draft is wrong: 1 token per step, each step verifies 1 + 3 tokens and runs 3 + 1 draft forwards
     assert res.accepted == 0 and res.steps == 60
     assert res.seconds == pytest.approx(60 * ((1.0 + 0.1 * 4) + 4 * 0.05))
@@ -98,17 +94,17 @@ def test_greedy_tree_accept_takes_deepest_path_and_respects_parents():
     tokens = np.array([[7, 1, 2, 3, -1]])
     parents = np.array([[-1, -1, 1, 0, -1]])
     targets = np.array([[1, 2, 3, 9, 9]])
-    assert R.greedy_tree_accept(tokens, parents, targets).tolist() == [2]
+    assert replay_sim.greedy_tree_accept(tokens, parents, targets).tolist() == [2]
     # a correct token under a rejected parent is not accepted
     tokens2 = np.array([[7, 2, -1]])
     parents2 = np.array([[-1, 0, -1]])
-    assert R.greedy_tree_accept(tokens2, parents2, np.array([[1, 2, 3]])).tolist() == [0]
+    assert replay_sim.greedy_tree_accept(tokens2, parents2, np.array([[1, 2, 3]])).tolist() == [0]
     with pytest.raises(ValueError, match="parents"):
-        R.greedy_tree_accept(np.array([[1, 2]]), np.array([[-1, 1]]), np.array([[1, 2]]))
+        replay_sim.greedy_tree_accept(np.array([[1, 2]]), np.array([[-1, 1]]), np.array([[1, 2]]))
 
 
 def _fake(policy, tok_s):
-    return R.RunResult(policy, policy, "w", 4, "c", 1, int(tok_s), 1.0, 1, 0, 0, 1, 0, 0.0, 0.0)
+    return replay_sim.RunResult(policy, policy, "w", 4, "c", 1, int(tok_s), 1.0, 1, 0, 0, 1, 0, 0.0, 0.0)
 
 
 def test_paper_layout_marks_targets_met_and_missed():
@@ -118,7 +114,7 @@ def test_paper_layout_marks_targets_met_and_missed():
         res[("gpu", w, 0.0, b, "model_adaptive")] = _fake("model_adaptive", 1000)
         res[("gpu", w, 0.0, b, "hybrid_choose")] = _fake("hybrid_choose", 1000 * ch)
         res[("gpu", w, 0.0, b, "hybrid_merge")] = _fake("hybrid_merge", 1000 * me)
-    text, verdicts = R.paper_layout(res, "gpu", [0.0], [4, 128])
+    text, verdicts = replay_report.paper_layout(res, "gpu", [0.0], [4, 128])
     got = {name.split(": ", 1)[1]: met for name, met, _ in verdicts}
     assert got["code editing, batch 4: HYBRID choose / model-only >= 1.62x"] is True      # 1.70
     assert got["code editing, batch 4: HYBRID merge / model-only >= 1.62x"] is True       # 1.80
@@ -127,26 +123,26 @@ def test_paper_layout_marks_targets_met_and_missed():
     assert got["chat, temperature 0: HYBRID choose / model-only >= 1.00x"] is False       # worst batch 0.99
     assert got["chat, temperature 0: HYBRID merge / model-only >= 1.00x"] is True         # 1.02, 1.00
     assert "1.10-1.62x" in text and "MISSED" in text
-    mc = R.merge_vs_choose(res, "gpu")
+    mc = replay_report.merge_vs_choose(res, "gpu")
     assert mc[1] is True
     res[("gpu", "chat", 0.0, 4, "hybrid_merge")] = _fake("hybrid_merge", 990)
-    mc = R.merge_vs_choose(res, "gpu")
+    mc = replay_report.merge_vs_choose(res, "gpu")
     assert mc[1] is False and "B=4" in mc[2] and "0.990" in mc[2]
 
 
 def test_prompt_lookup_longest_ngram_earliest_occurrence():
     ctx = np.array([5, 1, 2, 9, 1, 2, 3, 8, 1, 2, 3, 4, 0, 1, 2, 3])
     # suffix [1,2,3] (n=3) first occurs at index 4 -> copy [8, 1, 2]; n=2 would have matched earlier (index 1)
-    assert R.prompt_lookup(ctx, 2, 5, 3).tolist() == [8, 1, 2]
-    assert R.prompt_lookup(np.array([1, 2, 3, 4]), 2, 5, 3).tolist() == []
-    assert R.prompt_lookup(np.array([1, 2, 7, 1, 2]), 2, 5, 8).tolist() == [7, 1, 2]
+    assert replay_drafts.prompt_lookup(ctx, 2, 5, 3).tolist() == [8, 1, 2]
+    assert replay_drafts.prompt_lookup(np.array([1, 2, 3, 4]), 2, 5, 3).tolist() == []
+    assert replay_drafts.prompt_lookup(np.array([1, 2, 7, 1, 2]), 2, 5, 8).tolist() == [7, 1, 2]
 
 
 def test_trace_roundtrip_and_bad_input(tmp_path):
-    tr = R.synthetic_trace(n_code=2, n_chat=1, k=3, out_len=12, seed=3)
+    tr = replay_traces.synthetic_trace(n_code=2, n_chat=1, k=3, out_len=12, seed=3)
     path = tmp_path / "t.jsonl"
-    R.write_trace(tr, path)
-    back = R.read_trace(path)
+    replay_traces.write_trace(tr, path)
+    back = replay_traces.read_trace(path)
     assert back.eagle_k == 3 and len(back.requests) == 3
     for a, b in zip(tr.requests, back.requests):
         assert np.array_equal(a.output, b.output) and np.array_equal(a.eagle_tokens, b.eagle_tokens)
@@ -155,13 +151,13 @@ def test_trace_roundtrip_and_bad_input(tmp_path):
     bad = json.loads(lines[1])
     bad["eagle_tokens"] = bad["eagle_tokens"][:-1]
     (tmp_path / "bad.jsonl").write_text(lines[0] + "\n" + json.dumps(bad) + "\n")
-    with pytest.raises(R.TraceError, match="eagle_tokens"):
-        R.read_trace(tmp_path / "bad.jsonl")
+    with pytest.raises(replay_traces.TraceError, match="eagle_tokens"):
+        replay_traces.read_trace(tmp_path / "bad.jsonl")
     (tmp_path / "hdr.jsonl").write_text(json.dumps({"format": "other", "version": 1}) + "\n")
-    with pytest.raises(R.TraceError, match="format"):
-        R.read_trace(tmp_path / "hdr.jsonl")
+    with pytest.raises(replay_traces.TraceError, match="format"):
+        replay_traces.read_trace(tmp_path / "hdr.jsonl")
     with pytest.raises(FileNotFoundError):
-        R.read_trace(tmp_path / "missing.jsonl")
+        replay_traces.read_trace(tmp_path / "missing.jsonl")
 
 
 def test_roofline_is_memory_bound_then_compute_bound_and_states_assumptions():
@@ -181,13 +177,13 @@ def test_cost_spec_loading(tmp_path):
     doc = roofline.build_tables(roofline.Roofline(), (4,), max_width=3)
     p = tmp_path / "c.json"
     p.write_text(json.dumps(doc))
-    spec = R.load_cost_spec(p)
+    spec = replay_costs.load_cost_spec(p)
     assert spec.for_batch(4).step_time(4) == pytest.approx(roofline.Roofline().target_step_s(4, 4))
     with pytest.raises(ValueError, match="no table for batch 32"):
         spec.for_batch(32)
     (tmp_path / "x.json").write_text(json.dumps({"format": "nope"}))
     with pytest.raises(ValueError, match="unknown format"):
-        R.load_cost_spec(tmp_path / "x.json")
+        replay_costs.load_cost_spec(tmp_path / "x.json")
 
 
 def _core_or_skip():
@@ -199,8 +195,8 @@ def _core_or_skip():
 
 def test_model_only_adaptive_at_zero_price_verifies_the_whole_chain():
     core = _core_or_skip()
-    trace = R.synthetic_trace(n_code=1, n_chat=2, k=4, out_len=40, seed=5)
-    bank = R.DraftBank(trace.requests, k=4)
+    trace = replay_traces.synthetic_trace(n_code=1, n_chat=2, k=4, out_len=40, seed=5)
+    bank = replay_drafts.DraftBank(trace.requests, k=4)
     flat = linear_cost(base=1.0, per_token=0.0, draft=0.0)  # flat cost: the price is 0, verify everything useful
     rng = np.random.default_rng(0)
     req = np.array([0, 1, 2])
@@ -220,8 +216,8 @@ def test_hybrid_policies_call_the_core_and_merge_at_zero_price_contains_both_cha
         core.ngram_cal
     except (FileNotFoundError, OSError) as e:  # pragma: no cover - depends on parallel work
         pytest.skip(f"n-gram calibration not shipped yet: {e}")
-    trace = R.synthetic_trace(n_code=2, n_chat=2, k=4, out_len=40, seed=7)
-    bank = R.DraftBank(trace.requests, k=4)
+    trace = replay_traces.synthetic_trace(n_code=2, n_chat=2, k=4, out_len=40, seed=7)
+    bank = replay_drafts.DraftBank(trace.requests, k=4)
     flat = linear_cost(base=1.0, per_token=0.0, draft=0.0)
     choose, merge = P.Hybrid("choose", 4, 4, core), P.Hybrid("merge", 4, 8, core)
     rng = np.random.default_rng(1)
@@ -232,8 +228,8 @@ def test_hybrid_policies_call_the_core_and_merge_at_zero_price_contains_both_cha
         c, m = choose.propose(view), merge.propose(view)
         assert c.model_steps == m.model_steps == 5  # both run the EAGLE drafter every step
         tgt = bank.targets(req, pos, 8)
-        acc_c = R.greedy_tree_accept(c.tokens, c.parents, tgt)
-        acc_m = R.greedy_tree_accept(m.tokens, m.parents, tgt)
+        acc_c = replay_sim.greedy_tree_accept(c.tokens, c.parents, tgt)
+        acc_m = replay_sim.greedy_tree_accept(m.tokens, m.parents, tgt)
         # at price 0 with room for both chains, the merged tree holds both candidates, so it accepts at least as much
         assert (acc_m >= acc_c).all()
         ng_toks, ng_len = bank.chain("ngram", req, pos, 4)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_hybrid.selector import VerifyTree, ancestors_from_parents, select
+from sglang_hybrid.selector import Candidates, Source, VerifyTree, ancestors_from_parents, select
 from sglang_hybrid.survival import chain_parents, chain_survival, tree_survival
 
 torch.set_num_threads(1)
@@ -14,6 +14,16 @@ torch.set_num_threads(1)
 # ---------------------------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------------------------
+
+def two_sources(model_tokens, model_surv, model_len, ngram_tokens, ngram_parents, ngram_surv, ngram_len):
+    """The two drafters HYBRID runs: the EAGLE chain first, then the n-gram chain or tree."""
+    return [Candidates.chain(model_tokens, model_surv, model_len, Source.MODEL),
+            Candidates(ngram_tokens, ngram_parents, ngram_surv, ngram_len, Source.NGRAM)]
+
+
+def sel(root_tokens, lam, mode, n_nodes, **drafts):
+    return select(root_tokens, two_sources(**drafts), lam, mode=mode, n_nodes=n_nodes)
+
 
 def random_tree(rng, n, vocab, max_children=3):
     """Random topological tree: parents[i] < i (or -1), distinct sibling tokens, sibling a's summing to <= 1."""
@@ -190,7 +200,7 @@ def test_expected_accepted_matches_enumeration():
             "ngram_surv": tree_survival(torch.tensor(a, dtype=torch.float32)[None], torch.tensor(p)[None],
                                         torch.tensor([n])),
             "ngram_len": torch.tensor([n])}
-        tree = select(**batch, lam=0.0, mode="merge", n_nodes=n)
+        tree = sel(**batch, lam=0.0, mode="merge", n_nodes=n)
         want = brute_expected_accepted(a, p)
         assert abs(float(tree.expected_accepted[0]) - want) < 1e-5, (trial, want)
 
@@ -205,7 +215,7 @@ def test_layout_invariants_and_paths_come_from_candidates(mode, tree_shape):
     rng = np.random.default_rng(3)
     for lam in (0.0, 0.2, 0.5):
         batch = make_batch(rng, 16, 5, 6, tree=tree_shape)
-        out = select(**batch, lam=torch.tensor(lam), mode=mode, n_nodes=6)
+        out = sel(**batch, lam=torch.tensor(lam), mode=mode, n_nodes=6)
         check_layout(out, 6)
         for r in range(16):
             cands = candidate_paths(batch, r)
@@ -246,8 +256,8 @@ def test_merge_is_the_best_prefix_closed_tree_and_never_below_choose():
         batch = make_batch(rng, 6, 4, 5, vocab=3, tree=True, overlap=0.8)
         lam = float(rng.choice([0.0, 0.1, 0.3]))
         n_nodes = int(rng.integers(1, 6))
-        m = select(**batch, lam=lam, mode="merge", n_nodes=n_nodes)
-        c = select(**batch, lam=lam, mode="choose", n_nodes=n_nodes)
+        m = sel(**batch, lam=lam, mode="merge", n_nodes=n_nodes)
+        c = sel(**batch, lam=lam, mode="choose", n_nodes=n_nodes)
         assert (m.expected_accepted >= c.expected_accepted - 1e-6).all()
         for r in range(6):
             want = brute_best(candidate_paths(batch, r), lam, n_nodes)
@@ -261,13 +271,13 @@ def test_choose_picks_larger_net_value_and_truncates_below_lam():
                  ngram_tokens=torch.tensor([[4, 5, 6, 8]]), ngram_parents=chain_parents(1, 4),
                  ngram_surv=torch.tensor([[0.95, 0.5, 0.45, 0.4]]), ngram_len=torch.tensor([4]))
     # lam = 0.35: V_model = 0.55 + 0.25 = 0.8 ; V_ngram = 0.6 + 0.15 + 0.1 + 0.05 = 0.9 -> n-gram, all 4 nodes
-    t = select(**batch, lam=0.35, mode="choose", n_nodes=8)
+    t = sel(**batch, lam=0.35, mode="choose", n_nodes=8)
     assert t.tokens[0, :5].tolist() == [7, 4, 5, 6, 8] and (t.source[0, 1:5] == 1).all()
     # lam = 0.45: V_model = 0.45 + 0.15 = 0.6 ; V_ngram = 0.5 + 0.05 + 0 = 0.55 -> model, truncated before 0.3
-    t = select(**batch, lam=0.45, mode="choose", n_nodes=8)
+    t = sel(**batch, lam=0.45, mode="choose", n_nodes=8)
     assert t.tokens[0, :4].tolist() == [7, 1, 2, -1] and int(t.valid.sum()) == 3
     # node budget of 2 truncates the chosen chain
-    t = select(**batch, lam=0.35, mode="choose", n_nodes=2)
+    t = sel(**batch, lam=0.35, mode="choose", n_nodes=2)
     assert t.tokens[0].tolist() == [7, 4, 5]
 
 
@@ -275,14 +285,14 @@ def test_lambda_zero_keeps_everything_positive_and_huge_lambda_keeps_only_root()
     rng = np.random.default_rng(5)
     batch = make_batch(rng, 8, 4, 4, tree=True, overlap=0.0)
     for mode in ("choose", "merge"):
-        big = select(**batch, lam=torch.tensor(1e9), mode=mode, n_nodes=16)
+        big = sel(**batch, lam=torch.tensor(1e9), mode=mode, n_nodes=16)
         assert big.valid[:, 1:].sum() == 0 and (big.expected_accepted == 0).all()
         assert (big.tokens[:, 0] == batch["root_tokens"]).all()
-    zero = select(**batch, lam=0.0, mode="merge", n_nodes=16)
+    zero = sel(**batch, lam=0.0, mode="merge", n_nodes=16)
     for r in range(8):   # every distinct drafted path with positive survival is verified
         want = sum(max(v for _, v in vs) > 0 for vs in candidate_paths(batch, r).values())
         assert int(zero.valid[r, 1:].sum()) == want
-    zero_c = select(**batch, lam=0.0, mode="choose", n_nodes=16)
+    zero_c = sel(**batch, lam=0.0, mode="choose", n_nodes=16)
     use_ng = batch["ngram_surv"].sum(1) > batch["model_surv"].sum(1)   # lam = 0: V = sum of survivals
     want = torch.where(use_ng, (batch["ngram_surv"] > 0).sum(1), (batch["model_surv"] > 0).sum(1))
     assert torch.equal(zero_c.valid[:, 1:].sum(1), want)
@@ -293,7 +303,7 @@ def test_merge_folds_shared_prefix():
                  model_surv=torch.tensor([[0.8, 0.5, 0.2]]), model_len=torch.tensor([3]),
                  ngram_tokens=torch.tensor([[1, 2, 9, 4]]), ngram_parents=torch.tensor([[-1, 0, 1, 0]]),
                  ngram_surv=torch.tensor([[0.9, 0.7, 0.6, 0.1]]), ngram_len=torch.tensor([4]))
-    t = select(**batch, lam=0.0, mode="merge", n_nodes=8)
+    t = sel(**batch, lam=0.0, mode="merge", n_nodes=8)
     check_layout(t, 8)
     got = {paths(t, 0)[i]: (int(t.source[0, i]), round(float(t.survival[0, i]), 4)) for i in paths(t, 0)}
     assert got == {(1,): (2, 0.9), (1, 2): (2, 0.7), (1, 2, 9): (1, 0.6), (1, 2, 3): (0, 0.2), (1, 4): (1, 0.1)}
@@ -324,13 +334,13 @@ def good_batch():
 
 
 @pytest.mark.parametrize("change,match", [
-    (dict(model_surv=torch.tensor([[0.5, 0.2, 0.1], [0.4, 0.1, 0.1]])), "model_surv has shape"),
-    (dict(ngram_len=torch.tensor([2])), "ngram_len has shape"),
-    (dict(model_surv=torch.tensor([[1, 0], [0, 0]])), "model_surv must have a floating dtype"),
-    (dict(ngram_tokens=torch.tensor([[5.0, 6.0], [7.0, 0.0]])), "ngram_tokens must have an integer dtype"),
-    (dict(ngram_surv=torch.tensor([[float("nan"), 0.1], [0.3, 0.0]])), "ngram_surv contains NaN"),
-    (dict(model_surv=torch.tensor([[1.5, 0.2], [0.4, 0.1]])), r"model_surv must lie in \[0, 1\]"),
-    (dict(model_len=torch.tensor([3, 2])), "model_len must lie in"),
+    (dict(model_surv=torch.tensor([[0.5, 0.2, 0.1], [0.4, 0.1, 0.1]])), "model.survival has shape"),
+    (dict(ngram_len=torch.tensor([2])), "ngram.length has shape"),
+    (dict(model_surv=torch.tensor([[1, 0], [0, 0]])), "model.survival must have a floating dtype"),
+    (dict(ngram_tokens=torch.tensor([[5.0, 6.0], [7.0, 0.0]])), "ngram.tokens must have an integer dtype"),
+    (dict(ngram_surv=torch.tensor([[float("nan"), 0.1], [0.3, 0.0]])), "ngram.survival contains NaN"),
+    (dict(model_surv=torch.tensor([[1.5, 0.2], [0.4, 0.1]])), r"model.survival must lie in \[0, 1\]"),
+    (dict(model_len=torch.tensor([3, 2])), "model.length must lie in"),
     (dict(ngram_parents=torch.tensor([[-1, 1], [-1, -1]])), "parents must satisfy"),
     (dict(ngram_tokens=torch.tensor([[5, -1], [7, -1]])), "negative token id"),
     (dict(model_tokens=torch.zeros((2, 2), dtype=torch.int64, device="meta")), "must share one device"),
@@ -339,21 +349,21 @@ def test_bad_input_is_named(change, match):
     b = good_batch()
     b.update(change)
     with pytest.raises((ValueError, TypeError), match=match):
-        select(**b, lam=0.1, mode="merge", n_nodes=4)
+        sel(**b, lam=0.1, mode="merge", n_nodes=4)
 
 
 def test_bad_mode_budget_lambda_and_empty_batch():
     with pytest.raises(ValueError, match="mode"):
-        select(**good_batch(), lam=0.1, mode="best", n_nodes=4)
+        sel(**good_batch(), lam=0.1, mode="best", n_nodes=4)
     with pytest.raises(ValueError, match="n_nodes"):
-        select(**good_batch(), lam=0.1, mode="merge", n_nodes=0)
+        sel(**good_batch(), lam=0.1, mode="merge", n_nodes=0)
     with pytest.raises(ValueError, match="lam must be a 0-dim"):
-        select(**good_batch(), lam=torch.tensor([0.1]), mode="merge", n_nodes=4)
+        sel(**good_batch(), lam=torch.tensor([0.1]), mode="merge", n_nodes=4)
     with pytest.raises(ValueError, match="lam must be a non-negative"):
-        select(**good_batch(), lam=float("nan"), mode="merge", n_nodes=4)
+        sel(**good_batch(), lam=float("nan"), mode="merge", n_nodes=4)
     empty = {k: v[:0] for k, v in good_batch().items()}
     with pytest.raises(ValueError, match="empty batch"):
-        select(**empty, lam=0.1, mode="merge", n_nodes=4)
+        sel(**empty, lam=0.1, mode="merge", n_nodes=4)
     with pytest.raises(ValueError, match="a must lie"):
         chain_survival(torch.tensor([[1.2]]), torch.tensor([1]))
     with pytest.raises(ValueError, match="lengths has shape"):
@@ -368,9 +378,86 @@ def test_inconsistent_survivals_still_give_a_prefix_closed_tree():
                  ngram_surv=torch.tensor([[0.1, 0.95, 0.9]]), ngram_len=torch.tensor([3]))
     for mode in ("choose", "merge"):
         for n_nodes in (1, 2, 4):
-            t = select(**batch, lam=0.15, mode=mode, n_nodes=n_nodes)
+            t = sel(**batch, lam=0.15, mode=mode, n_nodes=n_nodes)
             check_layout(t, n_nodes)
             # running minimum: model chain 0.2 everywhere (>= lam), n-gram 0.1 everywhere (< lam)
             want = [(1,), (1, 2), (1, 2, 3)][:min(n_nodes, 3)]
             assert sorted(paths(t, 0).values()) == want
             assert torch.allclose(t.survival[0, 1:1 + len(want)], torch.tensor(0.2))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# more than two drafters
+# ---------------------------------------------------------------------------------------------------------------
+
+def three_sources(rng, b, vocab=3):
+    """EAGLE chain, n-gram tree and a third drafter's chain (value 3), often sharing prefixes."""
+    base = make_batch(rng, b, 4, 5, vocab=vocab, tree=True, overlap=0.8)
+    k3 = 3
+    t3 = rng.integers(0, vocab, (b, k3))
+    copy = rng.random(b) < 0.6
+    t3[copy] = base["model_tokens"][copy, :k3].numpy()
+    l3 = rng.integers(0, k3 + 1, b)
+    s3 = chain_survival(torch.tensor(rng.uniform(0.3, 1.0, (b, k3)), dtype=torch.float32), torch.tensor(l3))
+    cands = two_sources(**{k: v for k, v in base.items() if k != "root_tokens"})
+    cands.append(Candidates.chain(torch.tensor(t3), s3, torch.tensor(l3), 3))
+    return base["root_tokens"], cands
+
+
+def union_paths(cands, r):
+    """path -> [(source, survival)] over every valid node of every source (brute force, python loops)."""
+    out = {}
+    for c in cands:
+        for i in range(int(c.length[r])):
+            p, j = [], i
+            while j >= 0:
+                p.append(int(c.tokens[r, j]))
+                j = int(c.parents[r, j])
+            out.setdefault(tuple(reversed(p)), []).append((int(c.source), float(c.survival[r, i])))
+    return out
+
+
+def test_three_sources_merge_is_the_best_tree_and_choose_the_best_source():
+    rng = np.random.default_rng(11)
+    for trial in range(8):
+        root, cands = three_sources(rng, 6)
+        lam = float(rng.choice([0.0, 0.1, 0.3]))
+        n_nodes = int(rng.integers(1, 6))
+        m = select(root, cands, lam, mode="merge", n_nodes=n_nodes)
+        c = select(root, cands, lam, mode="choose", n_nodes=n_nodes)
+        check_layout(m, n_nodes)
+        check_layout(c, n_nodes)
+        assert (m.expected_accepted >= c.expected_accepted - 1e-6).all()
+        for r in range(6):
+            union = union_paths(cands, r)
+            want = brute_best({p: [("x", max(v for _, v in vs))] for p, vs in union.items()}, lam, n_nodes)
+            assert abs(float(m.expected_accepted[r]) - want) < 1e-5, (trial, r)
+            got = paths(m, r)
+            assert len(set(got.values())) == len(got), "merge verifies each drafted path once"
+            for i, path in got.items():
+                srcs = {s for s, _ in union[path]}
+                assert int(m.source[r, i]) == (int(Source.SHARED) if len(srcs) > 1 else srcs.pop())
+            # choose: one source, the one with the largest net value (ties to the earlier source)
+            values = []
+            for cand in cands:       # survivals from chain_survival / tree_survival never grow along a path
+                sv = cand.survival[r, :int(cand.length[r])]
+                values.append(float(torch.where((sv > 0) & (sv >= lam), sv - lam, torch.zeros_like(sv)).sum()))
+            best = int(np.argmax(values))
+            srcs = set(c.source[r, 1:int(c.valid[r].sum())].tolist())
+            assert srcs <= {int(cands[best].source)}, (values, srcs)
+
+
+def test_candidates_are_checked_as_a_set():
+    root = torch.tensor([0])
+    m = Candidates.chain(torch.tensor([[1, 2]]), torch.tensor([[0.5, 0.2]]), torch.tensor([2]), Source.MODEL)
+    with pytest.raises(ValueError, match="appears twice"):
+        select(root, [m, m], 0.0, mode="merge", n_nodes=4)
+    with pytest.raises(ValueError, match="reserved"):
+        select(root, [m._replace(source=Source.SHARED)], 0.0, mode="merge", n_nodes=4)
+    with pytest.raises(TypeError, match="sequence of Candidates"):
+        select(root, m, 0.0, mode="merge", n_nodes=4)
+    with pytest.raises(ValueError, match="at least one drafter"):
+        select(root, [], 0.0, mode="merge", n_nodes=4)
+    t = select(root, [Candidates.empty(1, Source.MODEL), m._replace(source=Source.NGRAM)], 0.0, mode="choose",
+               n_nodes=4)
+    assert t.tokens[0, :3].tolist() == [0, 1, 2] and t.source[0, 1:3].tolist() == [Source.NGRAM] * 2

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("sglang.srt.speculative.eagle_info", reason="sglang is not installed (scripts/setup.sh installs it)")
+pytest.importorskip("sglang.srt.speculative.eagle_info",
+                    reason="sglang is not installed (scripts/setup.sh installs it)")
 
 from sglang_hybrid.sglang_plugin import alignment  # noqa: E402
 from sglang_hybrid.sglang_plugin.config import HybridSettings  # noqa: E402
@@ -259,7 +260,7 @@ def test_hybrid_step_decode_on_cpu():
     assert tree.tokens.shape == (3, w)
     ngram_first = tree.tokens[tree.source >= 1]
     assert 22 in ngram_first.tolist() or 34 in ngram_first.tolist()   # n-gram proposals made it into trees
-    vi = build_verify_input(tree, seq_lens, num_steps=3, max_depth=step.max_depth, mask_mode=TreeMaskMode.QLEN_ONLY)
+    build_verify_input(tree, seq_lens, num_steps=3, max_depth=step.max_depth, mask_mode=TreeMaskMode.QLEN_ONLY)
     # target: follows the n-gram branch for row 1 for two tokens
     logits = torch.randn(3, w, 128)
     path_nodes = [i for i in range(w) if tree.valid[1, i] and int(tree.source[1, i]) in (1, 2)][:2]

@@ -21,8 +21,9 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 from sglang.srt.speculative.spec_registry import get_spec  # noqa: E402
 
 from sglang_hybrid.sglang_plugin import ALGORITHM, register  # noqa: E402
-from sglang_hybrid.sglang_plugin.config import HybridConfigError, HybridSettings, load_settings  # noqa: E402
-from sglang_hybrid.sglang_plugin.spec_algo import ENV_EAGLE3, HybridSpecAlgo  # noqa: E402
+from sglang_hybrid.sglang_plugin.config import (ENV_CACHE, ENV_EAGLE3, HybridConfigError,  # noqa: E402
+                                                 HybridSettings, load_settings)
+from sglang_hybrid.sglang_plugin.spec_algo import HybridSpecAlgo  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 
@@ -179,6 +180,8 @@ def test_missing_ngram_extension_is_reported(models, monkeypatch):
 
 def test_settings_validation_names_the_setting(tmp_path):
     assert load_settings({}) == HybridSettings()
+    # HYBRID's variables that are not settings (the child-process relay, the reference loop's model cache)
+    assert load_settings({ENV_EAGLE3: "1", ENV_CACHE: str(tmp_path)}) == HybridSettings()
     s = load_settings({"SGLANG_HYBRID_MODE": "choose", "SGLANG_HYBRID_NGRAM_K": "5",
                        "SGLANG_HYBRID_NGRAM_OPTIONS": '{"min_match": 2}', "SGLANG_HYBRID_NGRAM_DONATE": "false"})
     assert (s.mode, s.ngram_k, s.ngram_options, s.ngram_donate) == ("choose", 5, {"min_match": 2}, False)
@@ -200,28 +203,6 @@ def test_settings_validation_names_the_setting(tmp_path):
     f.write_text("{not json")
     with pytest.raises(HybridConfigError, match="not valid json"):
         load_settings({"SGLANG_HYBRID_CONFIG": str(f)})
-
-
-def test_cost_table_from_one_batch_results(tmp_path):
-    from sglang_hybrid.cost import CostModel
-    from sglang_hybrid.sglang_plugin.cost_profile import cost_from_one_batch, main
-
-    raw = tmp_path / "raw.jsonl"
-    rows = [(1, 50.0), (8, 390.0), (64, 2500.0), (8, 410.0), (8, 400.0)]
-    raw.write_text("\n".join(json.dumps({"batch_size": b, "last_gen_throughput": t, "latency": 1.0})
-                             for b, t in rows) + "\n")
-    model = cost_from_one_batch(raw)
-    assert model.to_json()["sizes"] == [1, 8, 64]
-    assert model.to_json()["seconds"] == pytest.approx([1 / 50.0, 8 / 400.0, 64 / 2500.0])
-    out = tmp_path / "cost.json"
-    main([str(raw), "--out", str(out)])
-    assert CostModel.load(out).to_json()["sizes"] == [1, 8, 64]
-    raw.write_text(json.dumps({"batch_size": 4, "last_gen_throughput": -1}) + "\n")
-    with pytest.raises(ValueError, match="no decode throughput"):
-        cost_from_one_batch(raw)
-    raw.write_text('{"latency": 1}\n')
-    with pytest.raises(ValueError, match="not a one_batch_server result line"):
-        cost_from_one_batch(raw)
 
 
 def test_attention_backend_default_reads_the_users_choice(models):

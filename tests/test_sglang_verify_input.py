@@ -16,12 +16,12 @@ import textwrap
 import pytest
 import torch
 
-pytest.importorskip("sglang.srt.speculative.eagle_info", reason="sglang is not installed (scripts/setup.sh installs it)")
+pytest.importorskip("sglang.srt.speculative.eagle_info",
+                    reason="sglang is not installed (scripts/setup.sh installs it)")
 
-from sglang_hybrid.selector import VerifyTree, select  # noqa: E402
+from sglang_hybrid.selector import Candidates, Source, VerifyTree, select  # noqa: E402
 from sglang_hybrid.sglang_plugin.verify_input import (  # noqa: E402
     HybridVerifyInput, TreeMaskMode, build_verify_input, full_mask, tree_links_torch)
-from sglang_hybrid.survival import chain_parents  # noqa: E402
 from sglang_hybrid.verify import greedy_accept  # noqa: E402
 
 pytestmark = pytest.mark.sglang
@@ -42,14 +42,16 @@ def mixed_batch() -> VerifyTree:
     m_surv = torch.tensor([[.9, .8, .7, .6], [.5, .2, .1, .05], [.2, .1, .05, .01]])
     n_tok = torch.tensor([[11, 12, -1], [13, 14, 15], [16, -1, -1]])
     n_surv = torch.tensor([[.4, .1, 0], [.9, .9, .8], [.1, 0, 0]])
-    choose = select(root, m_tok, m_surv, torch.tensor([4, 4, 4]), n_tok, chain_parents(3, 3), n_surv,
-                    torch.tensor([2, 3, 1]), 0.3, mode="choose", n_nodes=N_NODES)
+    choose = select(root, [Candidates.chain(m_tok, m_surv, torch.tensor([4, 4, 4]), Source.MODEL),
+                           Candidates.chain(n_tok, n_surv, torch.tensor([2, 3, 1]), Source.NGRAM)],
+                    0.3, mode="choose", n_nodes=N_NODES)
     root2 = torch.tensor([8, 9, 10])
     m2 = torch.tensor([[1, 2, 3, 4], [20, 21, 22, 23], [1, 2, -1, -1]])
     s2 = torch.tensor([[.9, .8, .3, .2], [.6, .5, .4, .3], [.5, .4, 0, 0]])
     n2 = torch.tensor([[1, 2, 9], [24, 25, 26], [3, -1, -1]])
     ns2 = torch.tensor([[.95, .9, .85], [.5, .4, .3], [.3, 0, 0]])
-    merge = select(root2, m2, s2, torch.tensor([4, 4, 2]), n2, chain_parents(3, 3), ns2, torch.tensor([3, 3, 1]),
+    merge = select(root2, [Candidates.chain(m2, s2, torch.tensor([4, 4, 2]), Source.MODEL),
+                           Candidates.chain(n2, ns2, torch.tensor([3, 3, 1]), Source.NGRAM)],
                    0.0, mode="merge", n_nodes=N_NODES)
     return _cat([choose, merge])
 

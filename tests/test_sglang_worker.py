@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("sglang.srt.speculative.eagle_worker_v2", reason="sglang is not installed (scripts/setup.sh installs it)")
+pytest.importorskip("sglang.srt.speculative.eagle_worker_v2",
+                    reason="sglang is not installed (scripts/setup.sh installs it)")
 
 import sglang.srt.speculative.eagle_worker_v2 as eagle_v2  # noqa: E402
 from sglang.srt.layers.attention.verify_mask import VerifyMask, maybe_create_verify_mask  # noqa: E402

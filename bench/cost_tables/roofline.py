@@ -68,7 +68,8 @@ class Roofline:
             raise ValueError(f"n={n} tokens cannot be fewer than requests={requests} (1 token per request)")
         padded, graphed = self.bucket(n)
         bw = self.hbm_bytes_per_s * self.hbm_efficiency
-        mem_bytes = (self.weight_bytes - self.embedding_bytes) + requests * self.context_tokens * self.kv_bytes_per_token
+        kv_bytes = requests * self.context_tokens * self.kv_bytes_per_token
+        mem_bytes = (self.weight_bytes - self.embedding_bytes) + kv_bytes
         attn_flops_per_token = 4.0 * self.context_tokens * self.hidden * self.n_layers
         flops = padded * (2.0 * self.linear_params + attn_flops_per_token)
         t = max(mem_bytes / bw, flops / (self.bf16_flops * self.flops_efficiency)) + self.step_overhead_s
@@ -101,7 +102,8 @@ class Roofline:
             f"KV cache: {a.n_layers} layers x {a.n_kv_heads} KV heads x {a.head_dim} dims bf16 = "
             f"{a.kv_bytes_per_token / 1024:.0f} KiB/token; every request has {a.context_tokens} context tokens, "
             f"its prefix read once per step (tree-verify kernel tiles all of a request's queries together)",
-            f"Attention: {4 * a.context_tokens * a.hidden * a.n_layers / 1e9:.2f} GFLOP per verified token at that context",
+            f"Attention: {4 * a.context_tokens * a.hidden * a.n_layers / 1e9:.2f} GFLOP per verified token at that "
+            "context",
             "Step time = max(bytes / achieved bandwidth, FLOPs on the padded token count / achieved FLOP/s) "
             f"+ {a.step_overhead_s * 1e3:.2f} ms fixed per step",
             self._bucket_text(),

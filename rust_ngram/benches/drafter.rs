@@ -101,7 +101,10 @@ fn tree(c: &mut Criterion) {
 }
 
 fn config() -> Criterion {
-    Criterion::default().sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3))
+    Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3))
 }
 
 criterion_group! { name = benches; config = config(); targets = step_single, build, step_batch, tree }

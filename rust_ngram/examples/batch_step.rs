@@ -14,7 +14,11 @@ fn main() {
     let ctx: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(32_768);
     let steps = 20usize;
     let stream: Vec<u32> = match args.get(1) {
-        Some(p) => std::fs::read(p).expect("stream file").chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect(),
+        Some(p) => std::fs::read(p)
+            .expect("stream file")
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
         None => rust_ngram::synth::edit_text(1 << 20, 50_000, 1),
     };
     let span = stream.len() - ctx - (steps + 4) * 9;
@@ -43,7 +47,11 @@ fn main() {
         d.propose(&ids, 8, &mut out.rows()).unwrap();
         let t2 = Instant::now();
         if s < 3 {
-            println!("warm-up step {s}: extend {:.2} ms, propose {:.2} ms", (t1 - t0).as_secs_f64() * 1e3, (t2 - t1).as_secs_f64() * 1e3);
+            println!(
+                "warm-up step {s}: extend {:.2} ms, propose {:.2} ms",
+                (t1 - t0).as_secs_f64() * 1e3,
+                (t2 - t1).as_secs_f64() * 1e3
+            );
         } else {
             te.push((t1 - t0).as_secs_f64() * 1e3);
             tp.push((t2 - t1).as_secs_f64() * 1e3);

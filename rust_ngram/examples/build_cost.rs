@@ -8,7 +8,11 @@ use rust_ngram::SuffixAutomaton;
 
 fn main() {
     let stream: Vec<u32> = match std::env::args().nth(1) {
-        Some(p) => std::fs::read(p).expect("stream file").chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect(),
+        Some(p) => std::fs::read(p)
+            .expect("stream file")
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
         None => rust_ngram::synth::edit_text(1 << 20, 50_000, 1),
     };
     for &n in &[8_192usize, 32_768, 131_072, 524_288] {

@@ -4,7 +4,10 @@ use rust_ngram::synth::{edit_text, zipf_text};
 use rust_ngram::SuffixAutomaton;
 
 fn main() {
-    println!("{:<10} {:>8} {:>8} {:>8} {:>12} {:>12}", "text", "tokens", "states", "trans", "bytes/token", "after_shrink");
+    println!(
+        "{:<10} {:>8} {:>8} {:>8} {:>12} {:>12}",
+        "text", "tokens", "states", "trans", "bytes/token", "after_shrink"
+    );
     for &n in &[1_000usize, 8_000, 32_000, 128_000, 1_000_000] {
         let texts: Vec<(&str, Vec<u32>)> = vec![
             ("zipf", zipf_text(n, 50_000, 1)),

@@ -90,8 +90,10 @@ pub struct TreeParams {
 }
 
 impl Default for TreeParams {
+    /// The tree settings of [`DrafterConfig::default`](crate::DrafterConfig::default), their one owner.
     fn default() -> Self {
-        TreeParams { max_backoff: 2, min_match: 1, scan_limit: 8 }
+        let crate::DrafterConfig { max_backoff, min_match, scan_limit, .. } = crate::DrafterConfig::default();
+        TreeParams { max_backoff, min_match, scan_limit }
     }
 }
 
@@ -138,8 +140,7 @@ fn expand(sam: &mut SuffixAutomaton, m: Match, params: &TreeParams, out: &mut Ve
         if let Some(e) = st.last_end {
             let recent = sam.tokens()[e + 1];
             local.clear();
-            let scanned: Vec<u32> =
-                sam.transitions(c.state).take(params.scan_limit).map(|(t, _)| t).collect();
+            let scanned: Vec<u32> = sam.transitions(c.state).take(params.scan_limit).map(|(t, _)| t).collect();
             for t in scanned.into_iter().chain((recent != SEPARATOR).then_some(recent)) {
                 if t == SEPARATOR || local.iter().any(|&(u, _)| u == t) {
                     continue;
@@ -162,10 +163,8 @@ fn expand(sam: &mut SuffixAutomaton, m: Match, params: &TreeParams, out: &mut Ve
                 if let Some(slot) = out.iter_mut().find(|x| x.0 == t) {
                     slot.1 += q;
                 } else {
-                    let child = Match {
-                        state: sam.transition(c.state, t).expect("counted continuation"),
-                        len: c.len + 1,
-                    };
+                    let child =
+                        Match { state: sam.transition(c.state, t).expect("counted continuation"), len: c.len + 1 };
                     let tok = DraftToken {
                         token: t,
                         parent: -1,

@@ -29,6 +29,8 @@ pub struct DrafterConfig {
 }
 
 impl Default for DrafterConfig {
+    /// The drafter's defaults, written only here: [`TreeParams::default`] and the Python binding
+    /// (`sglang_hybrid._ngram.drafter_defaults()`, the signatures of `NgramCore` and `NgramDrafter`) read them.
     fn default() -> Self {
         DrafterConfig {
             max_draft: 8,
@@ -552,10 +554,8 @@ impl Drafter {
         let min_match = self.cfg.min_match;
         {
             let mut rows: Vec<Option<Row<'_>>> = split_rows(out, b).into_iter().map(Some).collect();
-            let mut jobs: Vec<(&mut Request, CorpusPick, Row<'_>)> = work
-                .iter_mut()
-                .map(|(row, _, r, c)| (r, *c, rows[*row].take().expect("distinct rows")))
-                .collect();
+            let mut jobs: Vec<(&mut Request, CorpusPick, Row<'_>)> =
+                work.iter_mut().map(|(row, _, r, c)| (r, *c, rows[*row].take().expect("distinct rows"))).collect();
             let job = |(r, corpus, row): &mut (&mut Request, CorpusPick, Row<'_>)| {
                 if corpus.is_some() {
                     return; // drafted below from the shared corpus

@@ -12,7 +12,8 @@ fn snapshot(d: &mut Drafter, ids: &[u64]) -> DraftBatch {
 
 #[test]
 fn rejected_calls_change_nothing() {
-    let mut d = Drafter::new(DrafterConfig { vocab_size: Some(10), corpus_cap_tokens: 100, ..Default::default() }).unwrap();
+    let mut d =
+        Drafter::new(DrafterConfig { vocab_size: Some(10), corpus_cap_tokens: 100, ..Default::default() }).unwrap();
     d.start(1, &[1, 2, 3, 1, 2]).unwrap();
     d.start(2, &[4, 5, 4]).unwrap();
     let before = snapshot(&mut d, &[1, 2]);

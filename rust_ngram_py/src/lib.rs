@@ -6,12 +6,17 @@
 //! the Rust drafter write into them directly. Every call releases the GIL (`Python::detach`) and then takes the
 //! drafter's mutex, so several Python threads may call one drafter at once, and a thread waiting for the mutex
 //! never holds the GIL (no lock-order deadlock).
+//!
+//! The drafter's defaults have one owner, `DrafterConfig::default()`: the signature of `NgramCore` evaluates it,
+//! `drafter_defaults()` hands it to Python (`sglang_hybrid/ngram.py` builds its signature from that), and the
+//! stub `_ngram.pyi` writes no values (`= ...`).
 
 use std::sync::{Mutex, MutexGuard};
 
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1};
 use pyo3::exceptions::{PyKeyError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use rust_ngram::{DraftBatch, Drafter, DrafterConfig, DrafterError};
 
 fn to_py(e: DrafterError) -> PyErr {
@@ -19,6 +24,43 @@ fn to_py(e: DrafterError) -> PyErr {
         DrafterError::UnknownRequest(_) => PyKeyError::new_err(e.to_string()),
         _ => PyValueError::new_err(e.to_string()),
     }
+}
+
+/// `DrafterConfig::default()`: the defaults of `NgramCore`'s signature.
+fn dflt() -> DrafterConfig {
+    DrafterConfig::default()
+}
+
+/// Every field of `cfg` as a dict, in declaration order (`vocab_size` is `None` when unset).
+fn config_dict<'py>(py: Python<'py>, cfg: &DrafterConfig) -> PyResult<Bound<'py, PyDict>> {
+    // No `..`: a field added to `DrafterConfig` does not compile here until it is exposed too.
+    let DrafterConfig {
+        max_draft,
+        max_nodes,
+        min_match,
+        max_backoff,
+        scan_limit,
+        use_corpus,
+        corpus_cap_tokens,
+        vocab_size,
+    } = cfg;
+    let d = PyDict::new(py);
+    d.set_item("max_draft", max_draft)?;
+    d.set_item("max_nodes", max_nodes)?;
+    d.set_item("min_match", min_match)?;
+    d.set_item("max_backoff", max_backoff)?;
+    d.set_item("scan_limit", scan_limit)?;
+    d.set_item("use_corpus", use_corpus)?;
+    d.set_item("corpus_cap_tokens", corpus_cap_tokens)?;
+    d.set_item("vocab_size", vocab_size)?;
+    Ok(d)
+}
+
+/// The drafter's defaults (`rust_ngram::DrafterConfig::default()`) as a new dict: field name -> value, in the
+/// order of `NgramCore`'s arguments.
+#[pyfunction]
+fn drafter_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    config_dict(py, &DrafterConfig::default())
 }
 
 /// Token or id array borrowed from numpy: `int32` in place, `int64` narrowed.
@@ -58,10 +100,9 @@ impl<'py> IntArray<'py> {
                 let s = a.as_slice().map_err(|_| Self::not_contiguous(name))?;
                 s.iter()
                     .map(|&t| {
-                        u32::try_from(t)
-                            .ok()
-                            .filter(|&u| u <= i32::MAX as u32)
-                            .ok_or_else(|| PyValueError::new_err(format!("{name}: token id {t} out of range [0, 2^31)")))
+                        u32::try_from(t).ok().filter(|&u| u <= i32::MAX as u32).ok_or_else(|| {
+                            PyValueError::new_err(format!("{name}: token id {t} out of range [0, 2^31)"))
+                        })
                     })
                     .collect::<PyResult<Vec<u32>>>()
                     .map(std::borrow::Cow::Owned)
@@ -75,7 +116,9 @@ impl<'py> IntArray<'py> {
             IntArray::I32(a) => {
                 a.as_slice().map_err(|_| Self::not_contiguous(name))?.iter().map(|&x| x as i64 as u64).collect()
             }
-            IntArray::I64(a) => a.as_slice().map_err(|_| Self::not_contiguous(name))?.iter().map(|&x| x as u64).collect(),
+            IntArray::I64(a) => {
+                a.as_slice().map_err(|_| Self::not_contiguous(name))?.iter().map(|&x| x as u64).collect()
+            }
         })
     }
 }
@@ -84,8 +127,8 @@ impl<'py> IntArray<'py> {
 #[pyclass(frozen, module = "sglang_hybrid._ngram")]
 struct NgramCore {
     inner: Mutex<Drafter>,
-    max_draft: usize,
-    max_nodes: usize,
+    /// The configuration the drafter was built with (immutable; read without the mutex).
+    cfg: DrafterConfig,
 }
 
 fn lock(m: &Mutex<Drafter>) -> PyResult<MutexGuard<'_, Drafter>> {
@@ -109,7 +152,13 @@ impl NgramCore {
     /// Why not `PyArray::zeros` + `readwrite()`: that costs eight numpy allocations plus eight dynamic borrow
     /// registrations per call (~2 us), a large share of a one-request step; `into_pyarray` moves each `Vec` into an
     /// array that owns it.
-    fn propose_common<'py>(&self, py: Python<'py>, req_ids: &Bound<'py, PyAny>, width: usize, tree: bool) -> PyResult<Out<'py>> {
+    fn propose_common<'py>(
+        &self,
+        py: Python<'py>,
+        req_ids: &Bound<'py, PyAny>,
+        width: usize,
+        tree: bool,
+    ) -> PyResult<Out<'py>> {
         let ids = IntArray::new(req_ids, "req_ids")?.ids("req_ids")?;
         let b = ids.len();
         let inner = &self.inner;
@@ -142,9 +191,18 @@ impl NgramCore {
 
 #[pymethods]
 impl NgramCore {
+    /// Every omitted argument takes its value from `DrafterConfig::default()` (see `drafter_defaults()`).
     #[new]
-    #[pyo3(signature = (max_draft=8, max_nodes=64, min_match=1, max_backoff=2, scan_limit=8, use_corpus=true,
-                        corpus_cap_tokens=1<<20, vocab_size=None))]
+    #[pyo3(signature = (
+        max_draft = dflt().max_draft,
+        max_nodes = dflt().max_nodes,
+        min_match = dflt().min_match,
+        max_backoff = dflt().max_backoff,
+        scan_limit = dflt().scan_limit,
+        use_corpus = dflt().use_corpus,
+        corpus_cap_tokens = dflt().corpus_cap_tokens,
+        vocab_size = dflt().vocab_size,
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         max_draft: usize,
@@ -166,18 +224,24 @@ impl NgramCore {
             corpus_cap_tokens,
             vocab_size,
         };
-        let d = Drafter::new(cfg).map_err(to_py)?;
-        Ok(NgramCore { inner: Mutex::new(d), max_draft, max_nodes })
+        let d = Drafter::new(cfg.clone()).map_err(to_py)?;
+        Ok(NgramCore { inner: Mutex::new(d), cfg })
     }
 
     #[getter]
     fn max_draft(&self) -> usize {
-        self.max_draft
+        self.cfg.max_draft
     }
 
     #[getter]
     fn max_nodes(&self) -> usize {
-        self.max_nodes
+        self.cfg.max_nodes
+    }
+
+    /// The configuration this core was built with, as a new dict (the keys of `drafter_defaults()`).
+    #[getter]
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        config_dict(py, &self.cfg)
     }
 
     /// Registers `req_id` with its prompt (1-D int32/int64 array).
@@ -292,6 +356,7 @@ impl NgramCore {
 #[pymodule]
 fn _ngram(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NgramCore>()?;
+    m.add_function(wrap_pyfunction!(drafter_defaults, m)?)?;
     m.add("SEPARATOR", rust_ngram::SEPARATOR)?;
     Ok(())
 }

@@ -2,12 +2,13 @@
 
 It is the test oracle (greedy outputs must equal plain decoding), the trace source for the replay benchmark and the
 engine behind the demo — not a serving engine. Every *decision* runs through the same core the SGLang worker uses:
-`NgramDrafter` (Rust), `calibration`, `survival`, `price`, `selector`, `verify`. Only tensor plumbing lives here.
+`NgramDrafter` (Rust), `step.DecisionStep` (calibration, survival, price, selector), `verify`. Only tensor plumbing
+lives here.
 
 One decode step for the active requests `R`:
 1. drafts: EAGLE chain (head over the target's features) and/or n-gram chain/tree, per request;
-2. acceptance estimates -> survivals (batched core calls), price `lambda` from the profiled cost model;
-3. `selector.select` builds the fixed-width VerifyTree (node 0 = root = last committed token, whose KV is not yet
+2-3. `step.DecisionStep`: acceptance estimates -> survivals, price `lambda` from the profiled cost model, and the
+   selector's fixed-width VerifyTree (node 0 = root = last committed token, whose KV is not yet
    in the target cache);
 4. the target runs each request's valid nodes in one forward over its KV cache with a 4-D additive mask (cache
    prefix visible, then the tree's ancestor matrix) at positions `cache_len + depth`;
@@ -29,9 +30,12 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang_hybrid.reference.drafters import EagleDrafter, NgramSource
+from sglang_hybrid.selector import Source
+from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
 
 MODES = ("none", "ngram", "eagle", "choose", "merge")
-SOURCE_NAMES = {-1: "none", 0: "eagle", 1: "ngram", 2: "both"}
+#: the labels this loop's reports and traces use for each ``Source`` (the demo tables print them)
+SOURCE_LABELS = {Source.NONE: "none", Source.MODEL: "eagle", Source.NGRAM: "ngram", Source.SHARED: "both"}
 
 
 @dataclass
@@ -145,6 +149,8 @@ class ReferenceLoop:
 
         self.ngram_cal = (ngram_cal or NgramCalibration.load()).to("cpu") if self.ngram_k else None
         self.model_cal = (model_cal or ModelCalibration.identity()).to("cpu") if self.eagle_k else None
+        self.decide = DecisionStep(mode="merge" if mode == "merge" else "choose", n_nodes=n_nodes,
+                                   model_calibration=self.model_cal, ngram_calibration=self.ngram_cal)
         self._cost_cache: dict[int, object] = {}
         self._ckw = cache_kw(self.target)
 
@@ -192,8 +198,6 @@ class ReferenceLoop:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int = 64, ids=None, workloads=None,
                  progress: bool = False, desc: str | None = None) -> list[Result]:
-        from sglang_hybrid.selector import select
-        from sglang_hybrid.survival import chain_survival, tree_survival
         from sglang_hybrid.verify import greedy_accept, sample_accept, sample_uniforms
 
         if not prompts or any(len(p) == 0 for p in prompts):
@@ -230,37 +234,23 @@ class ReferenceLoop:
             rids = [r.rid for r in active]
             root = torch.tensor([r.root for r in active], dtype=torch.int64)
             # 1. drafts
+            model = ngram_draft = None
+            m_tok = torch.zeros(R, 0, dtype=torch.int64)
+            m_len = n_len = torch.zeros(R, dtype=torch.int64)
             if eagle:
                 m_tok, m_prob, m_len = eagle.propose(rids, self.eagle_k)
-                depth_m = torch.arange(1, self.eagle_k + 1).expand(R, -1)
-                a_m = self.model_cal.acceptance(m_prob, depth_m)
-                s_m = chain_survival(a_m, m_len)
-            else:
-                m_tok = torch.zeros(R, 0, dtype=torch.int64)
-                s_m = torch.zeros(R, 0)
-                m_len = torch.zeros(R, dtype=torch.int64)
+                model = ModelDraft(m_tok, m_prob, m_len)
             if ngram:
                 kn = self.n_nodes if self.ngram_tree else self.ngram_k
                 nd = ngram.propose(rids, kn, tree=self.ngram_tree)
-                a_n = self.ngram_cal.acceptance(nd["match_len"], nd["count"], nd["total"], nd["depth"], nd["source"])
-                s_n = (tree_survival(a_n, nd["parents"], nd["lengths"]) if self.ngram_tree
-                       else chain_survival(a_n, nd["lengths"]))
-                n_tok, n_par, n_len = nd["tokens"], nd["parents"], nd["lengths"]
-            else:
-                n_tok = torch.zeros(R, 0, dtype=torch.int64)
-                n_par = torch.zeros(R, 0, dtype=torch.int64)
-                s_n = torch.zeros(R, 0)
-                n_len = torch.zeros(R, dtype=torch.int64)
-            # 2. price (HYBRID modes; single-drafter baselines verify all they draft unless price_single)
-            if self.mode in ("choose", "merge") or (self.price_single and self.mode != "none"):
-                from sglang_hybrid.price import price_device
-
-                _, lam = price_device(torch.cat([s_m, s_n], 1), R, self._batch_cost(R))
-            else:
-                lam = torch.tensor(0.0)
-            sel_mode = "merge" if self.mode == "merge" else "choose"
-            tree = select(root, m_tok, s_m, m_len, n_tok, n_par, s_n, n_len, lam, mode=sel_mode,
-                          n_nodes=self.n_nodes)
+                n_len = nd["lengths"]
+                ngram_draft = NgramDraft(nd["tokens"], nd["parents"], nd["lengths"], nd["match_len"], nd["count"],
+                                         nd["total"], nd["depth"], nd["source"], tree=self.ngram_tree)
+            # 2. the core's decision step: survivals, price (HYBRID modes; single-drafter baselines verify all they
+            # draft unless price_single), selection
+            priced = self.mode in ("choose", "merge") or (self.price_single and self.mode != "none")
+            decision = self.decide(root, model, ngram_draft, cost=self._batch_cost(R) if priced else None)
+            tree, lam = decision.tree, decision.lam
             # 3. target verify forward per request
             W = tree.tokens.shape[1]
             logits = torch.zeros(R, W, V)
@@ -285,7 +275,7 @@ class ReferenceLoop:
                 emitted = tree.tokens[b, path[1:]].tolist() + [bonus[b]]
                 src = tree.source[b, 1:nvalid[b]].tolist()
                 srcs = set(src)
-                source = "none" if not srcs else (SOURCE_NAMES[src[0]] if len(srcs) == 1 else "both")
+                source = "none" if not srcs else (SOURCE_LABELS[Source(src[0])] if len(srcs) == 1 else "both")
                 r.res.steps.append(StepRecord(source=source, n_nodes=nvalid[b] - 1, accepted=m,
                                               expected=float(tree.expected_accepted[b]), lam=lam_f,
                                               eagle_len=int(m_len[b]), ngram_len=int(n_len[b]),

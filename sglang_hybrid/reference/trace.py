@@ -12,6 +12,9 @@ the loop would have seen incrementally. n-gram drafts are not stored: the drafte
 tokens, so a replay recomputes them.
 
 Extra per-request keys (e.g. the loop's per-step statistics) are allowed and ignored by readers.
+
+This module is the project's only trace reader and writer (the replay benchmark, bench/replay_traces.py, converts its
+records to arrays).
 """
 
 from __future__ import annotations
@@ -120,6 +123,8 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TraceRecord]]:
                              created=str(h["created"]))
     except KeyError as e:
         raise TraceFormatError(f"{path}:1: header misses {e}") from None
+    except (TypeError, ValueError) as e:
+        raise TraceFormatError(f"{path}:1: bad header value ({e})") from None
     if header.eagle_k < 0:
         raise TraceFormatError(f"{path}:1: eagle_k must be >= 0")
     records = []
@@ -128,6 +133,8 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TraceRecord]]:
             d = json.loads(line)
         except ValueError as e:
             raise TraceFormatError(f"{path}:{ln}: invalid JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise TraceFormatError(f"{path}:{ln}: a request must be a JSON object")
         keys = ("id", "workload", "prompt", "output", "eagle_tokens", "eagle_probs")
         missing = [k for k in keys if k not in d]
         if missing:

@@ -12,7 +12,8 @@ Sources, later wins:
    ``SGLANG_HYBRID_NGRAM_K=6``, ``SGLANG_HYBRID_NGRAM_OPTIONS='{"min_match": 2}'`` (JSON for dict values).
 
 Unknown keys, unknown ``SGLANG_HYBRID_*`` variables, wrong types and out-of-range values raise ``HybridConfigError``
-naming the setting and its source: nothing silently falls back to a default.
+naming the setting and its source: nothing silently falls back to a default. The few ``SGLANG_HYBRID_*`` variables
+that are not settings (``ENV_EAGLE3``, ``ENV_CACHE``) are named below with the others; this module is their one home.
 """
 from __future__ import annotations
 
@@ -23,10 +24,18 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-ENV_CONFIG = "SGLANG_HYBRID_CONFIG"
+# Every environment variable of HYBRID is named here: ``ENV_PREFIX + FIELD.upper()`` sets one field of
+# ``HybridSettings``; the constants below are the rest.
 ENV_PREFIX = "SGLANG_HYBRID_"
-#: Variables with the prefix that are not settings (set by the plugin itself for child processes).
-_INTERNAL_ENV = {"SGLANG_HYBRID_DRAFT_IS_EAGLE3"}
+#: A settings file (.json or .toml).
+ENV_CONFIG = ENV_PREFIX + "CONFIG"
+#: Written by the launcher (``server_args.handle_server_args``), read by ``HybridSpecAlgo.is_eagle3`` in the spawned
+#: scheduler and detokenizer: "1" when the draft model is an EAGLE-3 head, else "0".
+ENV_EAGLE3 = ENV_PREFIX + "DRAFT_IS_EAGLE3"
+#: Converted-model cache root of the CPU reference loop (``sglang_hybrid.reference.models``).
+ENV_CACHE = ENV_PREFIX + "CACHE"
+#: Variables with the prefix that are not settings.
+_NOT_SETTINGS = {ENV_CONFIG, ENV_EAGLE3, ENV_CACHE}
 
 
 class HybridConfigError(ValueError):
@@ -46,7 +55,8 @@ class HybridSettings(BaseModel):
         None, ge=1, le=63, description="draft nodes verified per request (verify width W = n_nodes + 1); default: "
                                        "steps + ngram_k in merge mode, max(steps, ngram_k) in choose mode")
     ngram_calibration: Optional[str] = Field(
-        None, description="n-gram calibration JSON (python -m sglang_hybrid.calibrate); default: the shipped table")
+        None, description="n-gram calibration JSON (python -m sglang_hybrid.tools.calibrate); default: the shipped "
+                          "table")
     model_calibration: Optional[str] = Field(
         None, description="EAGLE per-position temperature JSON; default: identity (draft probability as is)")
     cost_table: Optional[str] = Field(
@@ -131,7 +141,7 @@ def load_settings(environ: Optional[dict] = None) -> HybridSettings:
             values[k] = v
             origin[k] = f"{env[ENV_CONFIG]} [{k}]"
     for key, raw in env.items():
-        if not key.startswith(ENV_PREFIX) or key == ENV_CONFIG or key in _INTERNAL_ENV:
+        if not key.startswith(ENV_PREFIX) or key in _NOT_SETTINGS:
             continue
         name = key[len(ENV_PREFIX):].lower()
         if name not in _FIELDS:
@@ -164,7 +174,7 @@ def check_files(settings: HybridSettings) -> None:
         if not os.access(path, os.R_OK) or not Path(path).is_file():
             raise HybridConfigError(
                 f"HYBRID setting '{name}' = {path!r}: file missing or unreadable; fix the path "
-                f"(SGLANG_HYBRID_{name.upper()} or the config file) or unset it to use the default")
+                f"({ENV_PREFIX}{name.upper()} or the config file) or unset it to use the default")
         try:
             loader(path)
         except (ValueError, OSError, KeyError, TypeError) as e:

@@ -3,10 +3,12 @@
 Inputs: the EAGLE chain (tokens + per-step draft confidence) and the slot-indexed n-gram proposal buffers. Output:
 the ``VerifyTree`` that ``verify_input.build_verify_input`` turns into SGLang's verify input.
 
-    align n-gram proposals -> calibrate (n-gram table, model temperature) -> survivals -> price lambda -> select
+    align n-gram proposals (this module) -> sglang_hybrid.step.DecisionStep (calibrate, survivals, price, select)
 
-Kept apart from the SGLang worker so it runs (and is tested) on CPU tensors with no SGLang objects; the worker only
-adapts tensors. Static shapes, no host sync: CUDA-graph and ``torch.compile`` safe.
+The decision itself is the core's ``DecisionStep``, the same one the reference loop and the replay call; this
+module only adds what is specific to the engine: the n-gram proposals arrive one step late and are aligned on the
+device first. Kept apart from the SGLang worker so it runs (and is tested) on CPU tensors with no SGLang objects.
+Static shapes, no host sync: CUDA-graph and ``torch.compile`` safe.
 """
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ import torch
 
 from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
 from sglang_hybrid.cost import CostModel
-from sglang_hybrid.price import price_device
-from sglang_hybrid.selector import VerifyTree, select
-from sglang_hybrid.survival import chain_parents, chain_survival
+from sglang_hybrid.selector import VerifyTree
+from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
+from sglang_hybrid.survival import chain_parents
 
 from . import alignment
 from .config import HybridSettings
@@ -37,13 +39,14 @@ class HybridStep:
         #: deepest draft path the configuration allows (model chain or n-gram chain; merge shares prefixes)
         self.max_depth = min(self.n_nodes, max(num_steps, self.k))
         self.device = torch.device(device)
-        self.ngram_cal = NgramCalibration.load(settings.ngram_calibration).to(self.device)
-        self.model_cal = (ModelCalibration.load(settings.model_calibration) if settings.model_calibration
-                          else ModelCalibration.identity()).to(self.device)
+        model_cal = (ModelCalibration.load(settings.model_calibration) if settings.model_calibration
+                     else ModelCalibration.identity())
+        self.decide = DecisionStep(
+            mode=settings.mode, n_nodes=self.n_nodes, model_calibration=model_cal.to(self.device),
+            ngram_calibration=NgramCalibration.load(settings.ngram_calibration).to(self.device))
         self.cost = CostModel.load(settings.cost_table).to(self.device) if settings.cost_table else None
         self.buffers = alignment.alloc_buffers(pool_size, self.k, max(2 * self.k, 16), self.device)
         self.counters = counters if counters is not None else HybridCounters(self.device)
-        self._zero = torch.zeros((), dtype=torch.float32, device=self.device)
 
     def select(self, root_tokens: torch.Tensor, model_tokens: torch.Tensor, model_conf: torch.Tensor,
                slots: torch.Tensor, cur_gen: torch.Tensor, seq_lens: torch.Tensor) -> VerifyTree:
@@ -57,22 +60,12 @@ class HybridStep:
         dev = model_tokens.device
         alignment.ring_write_root(self.buffers, slots, seq_lens, root_tokens)
         ng = alignment.align(self.buffers, slots, cur_gen, seq_lens)
-        a_ng = self.ngram_cal.acceptance(ng.match_len, ng.count, ng.total, ng.depth, ng.source, check_values=False)
-        s_ng = chain_survival(a_ng, ng.length, check_values=False)
-        depth_m = torch.arange(1, s + 1, device=dev, dtype=torch.int64).expand(b, s)
-        conf = model_conf.to(torch.float32).clamp(0.0, 1.0)
-        a_m = self.model_cal.acceptance(conf, depth_m, check_values=False)
-        model_len = torch.full((b,), s, dtype=torch.int64, device=dev)
-        s_m = chain_survival(a_m, model_len, check_values=False)
-        if self.cost is not None:
-            b_star, lam = price_device(torch.cat([s_m, s_ng], 1), b, self.cost, check_values=False)
-        else:
-            b_star, lam = torch.full((), b * (s + self.k), dtype=torch.int64, device=dev), self._zero
-        tree = select(root_tokens.to(torch.int64), model_tokens.to(torch.int64), s_m, model_len, ng.tokens,
-                      chain_parents(b, self.k, dev), s_ng, ng.length, lam, mode=self.settings.mode,
-                      n_nodes=self.n_nodes, check_values=False)
-        self.counters.on_select(tree, ng.length, lam, b_star)
-        return tree
+        model = ModelDraft(model_tokens, model_conf, torch.full((b,), s, dtype=torch.int64, device=dev))
+        ngram = NgramDraft(ng.tokens, chain_parents(b, self.k, dev), ng.length, ng.match_len, ng.count, ng.total,
+                           ng.depth, ng.source)
+        d = self.decide(root_tokens, model, ngram, cost=self.cost, check_values=False)
+        self.counters.on_select(d.tree, ng.length, d.lam, d.b_star)
+        return d.tree
 
     def after_verify(self, tree: VerifyTree, slots: torch.Tensor, seq_lens_before: torch.Tensor,
                      emitted: torch.Tensor, accept_lens: torch.Tensor) -> None:

@@ -18,6 +18,8 @@ from typing import Optional
 
 import torch
 
+from sglang_hybrid.selector import Source
+
 logger = logging.getLogger("sglang_hybrid")
 
 CLASSES = ("none", "model", "ngram", "mixed")
@@ -32,9 +34,9 @@ def tree_class(source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """``[B]`` int64 class index into ``CLASSES`` from a VerifyTree's ``source``/``valid``."""
     draft = valid.clone()
     draft[:, 0] = False
-    has_m = (draft & (source == 0)).any(1)
-    has_n = (draft & (source == 1)).any(1)
-    has_both = (draft & (source == 2)).any(1)
+    has_m = (draft & (source == Source.MODEL)).any(1)
+    has_n = (draft & (source == Source.NGRAM)).any(1)
+    has_both = (draft & (source == Source.SHARED)).any(1)
     mixed = has_both | (has_m & has_n)
     return torch.where(mixed, 3, torch.where(has_n, 2, torch.where(has_m, 1, 0))).to(torch.int64)
 

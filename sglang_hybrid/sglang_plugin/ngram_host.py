@@ -12,7 +12,7 @@ used it has completed (it records an event per copy), so the next step cannot ov
 from __future__ import annotations
 
 import logging
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch

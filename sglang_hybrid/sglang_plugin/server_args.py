@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 import os
 
-from .config import HybridConfigError, HybridSettings, check_files, load_settings
-from .spec_algo import ENV_EAGLE3, draft_is_eagle3
+from .config import ENV_EAGLE3, HybridConfigError, HybridSettings, check_files, load_settings
+from .draft_arch import draft_is_eagle3
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,8 @@ def validate_server_args(server_args, *, check_ngram: bool = True) -> HybridSett
         ("disaggregation_mode", lambda v: v not in (None, "null"),
          "prefill/decode disaggregation is not supported by HYBRID; drop --disaggregation-mode"),
         ("pp_size", lambda v: v is not None and int(v) > 1,
-         "pipeline parallelism is not supported by HYBRID (the PP tail-draft relays EAGLE-only trees); use --pp-size 1"),
+         "pipeline parallelism is not supported by HYBRID (the PP tail-draft relays EAGLE-only trees); "
+         "use --pp-size 1"),
         ("speculative_adaptive", bool,
          "--speculative-adaptive tunes EAGLE steps only; HYBRID prices its drafts itself: drop the flag"),
         ("enable_multi_layer_eagle", bool,

@@ -9,35 +9,14 @@ Features keyed to the literal names EAGLE/EAGLE3 (adaptive steps, watermark, uni
 """
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import Optional
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-ENV_EAGLE3 = "SGLANG_HYBRID_DRAFT_IS_EAGLE3"
-
-
-def draft_is_eagle3(draft_model_path: Optional[str], trust_remote_code: bool = False) -> bool:
-    """True when the draft's config names an EAGLE-3 architecture.
-
-    Local directories are read directly; anything else goes through SGLang's own ``get_config`` (the loader its
-    EAGLE alias resolution uses, honouring the HF cache / offline settings).
-    """
-    if not draft_model_path:
-        return False
-    cfg = Path(draft_model_path) / "config.json"
-    if cfg.is_file():
-        try:
-            archs = json.loads(cfg.read_text()).get("architectures") or []
-        except (OSError, json.JSONDecodeError):
-            archs = []
-    else:
-        from sglang.srt.utils.hf_transformers_utils import get_config
-
-        archs = getattr(get_config(draft_model_path, trust_remote_code=trust_remote_code), "architectures", None) or []
-    return any("eagle3" in str(a).lower() for a in archs)
+from .config import ENV_EAGLE3
+from .draft_arch import draft_is_eagle3
+from .server_args import handle_server_args as _handle_server_args
 
 
 class HybridSpecAlgo(CustomSpecAlgo):
@@ -88,6 +67,4 @@ class HybridSpecAlgo(CustomSpecAlgo):
 
     # --- argument handling ------------------------------------------------------------------------------------
     def handle_server_args(self, server_args) -> None:
-        from .server_args import handle_server_args
-
-        handle_server_args(server_args)
+        _handle_server_args(server_args)

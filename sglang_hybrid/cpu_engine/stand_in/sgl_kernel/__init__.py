@@ -39,7 +39,8 @@ def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, e
 
 def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
                                  pool_len) -> None:
-    """``cache_locs.assign_extend_cache_locs``: the inverse gather, ``out[off_i:...] = req_to_token[row_i, s_i:e_i]``."""
+    """``cache_locs.assign_extend_cache_locs``: the inverse gather,
+    ``out[off_i:...] = req_to_token[row_i, s_i:e_i]``."""
     off = 0
     for row, (s, e) in zip(req_pool_indices.tolist(), _segments(start_offset, end_offset)):
         n = e - s

@@ -1,15 +1,17 @@
-"""Check the shipped n-gram calibration on a real model's own outputs: ``python -m sglang_hybrid.calibration_check``.
+"""Check the shipped n-gram calibration on a real model's own outputs.
+
+Run: ``python -m sglang_hybrid.tools.calibration_check``.
 
 Why: the default ``NgramCalibration`` is fit once on general text (ShareGPT answers, HumanEval, stdlib, package
-releases; see ``calibrate.py``). In serving, the "text" the drafter is judged against is the *target model's* greedy
-output, whose repetitiveness differs per workload (a small model editing code copies a lot of its prompt; in chat it
-loops). The selector turns the per-token estimates into survivals and an expected number of accepted tokens per step,
-so a workload where the table is off shifts which drafter wins. This module measures that error on a reference-loop
-trace (``sglang_hybrid.reference.trace``, greedy ``temperature == 0``):
+releases; see ``sglang_hybrid.tools.calibrate``). In serving, the "text" the drafter is judged against is the *target
+model's* greedy output, whose repetitiveness differs per workload (a small model editing code copies a lot of its
+prompt; in chat it loops). The selector turns the per-token estimates into survivals and an expected number of
+accepted tokens per step, so a workload where the table is off shifts which drafter wins. This module measures that
+error on a reference-loop trace (``sglang_hybrid.reference.trace``, greedy ``temperature == 0``):
 
-* records: every output is replayed through ``NgramDrafter`` with ``calibrate.replay_document`` -- the very rule the
-  default was fit with (a draft is accepted iff it equals the model's actual next token; records stop at the first
-  miss, so they are conditional, exactly what ``a_j`` estimates);
+* records: every output is replayed through ``NgramDrafter`` with ``calibration_replay.replay_document`` -- the very
+  rule the default was fit with (a draft is accepted iff it equals the model's actual next token; records stop at the
+  first miss, so they are conditional, exactly what ``a_j`` estimates);
 * per workload x per position: n, mean predicted, hit rate, ECE and Brier, *before* (raw ``count / total``) and
   *after* (the calibrated table); ECE also with its noise floor (the ECE a perfectly calibrated predictor would show at
   this n) and a bootstrap interval over documents, because a trace has few documents;
@@ -18,7 +20,7 @@ trace (``sglang_hybrid.reference.trace``, greedy ``temperature == 0``):
 * a reliability plot (predicted vs observed per bin, one line per workload, before and after) as a PNG.
 
 The drafter passed to ``replay_document`` is wrapped by ``_RecordingDrafter``, which keeps each step's full proposed
-chain; the records themselves come unchanged from ``calibrate``.
+chain; the records themselves come unchanged from ``calibration_replay``.
 """
 from __future__ import annotations
 
@@ -32,8 +34,10 @@ from typing import Optional
 
 import numpy as np
 
-from .calibrate import replay_document, trace_documents
-from .calibration import NgramCalibration, NgramRecords, brier, ece
+from sglang_hybrid.calibration import NgramCalibration
+from sglang_hybrid.calibration_metrics import brier, ece
+from sglang_hybrid.calibration_records import NgramRecords
+from sglang_hybrid.calibration_replay import replay_document, trace_documents
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -43,7 +47,7 @@ N_BINS = 10
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# replay (records from calibrate.replay_document + the full chain of every step)
+# replay (records from calibration_replay.replay_document + the full chain of every step)
 # ------------------------------------------------------------------------------------------------------------------
 
 class _RecordingDrafter:
@@ -111,11 +115,12 @@ def _steps_from_proposals(proposals, cols: dict, k: int, workload: str, doc: int
 def replay_with_steps(docs, k: int = 8, corpus: str = "shared", drafter_kwargs=None) -> tuple:
     """Replay ``(workload, prompt, output, id)`` documents; returns ``(NgramRecords, Steps)``.
 
-    ``corpus="shared"``: one drafter for all documents, each finished with ``donate=True`` (what ``calibrate.replay``
-    does, so later documents may copy from earlier ones: ``source = 1``). ``corpus="isolated"``: a fresh drafter per
-    document (no cross-request copying, like the reference loop, which does not donate).
+    ``corpus="shared"``: one drafter for all documents, each finished with ``donate=True`` (what
+    ``calibration_replay.replay`` does, so later documents may copy from earlier ones: ``source = 1``).
+    ``corpus="isolated"``: a fresh drafter per document (no cross-request copying, like the reference loop, which does
+    not donate).
     """
-    from .ngram import NgramDrafter
+    from sglang_hybrid.ngram import NgramDrafter
     if corpus not in ("shared", "isolated"):
         raise ValueError(f"corpus must be 'shared' or 'isolated', got {corpus!r}")
     if k < 1:
@@ -357,7 +362,7 @@ def _json_default(o):
 
 
 def main(argv: Optional[list] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sglang_hybrid.calibration_check",
+    ap = argparse.ArgumentParser(prog="python -m sglang_hybrid.tools.calibration_check",
                                  description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
@@ -366,12 +371,12 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     ap.add_argument("-k", type=int, default=8, help="chain length proposed per step (calibrate's default: 8)")
     ap.add_argument("--corpus", default="shared", choices=["shared", "isolated"],
-                    help="shared: one drafter, finished requests donated (as calibrate.py); isolated: fresh per "
+                    help="shared: one drafter, finished requests donated (as tools.calibrate); isolated: fresh per "
                          "request (as the reference loop)")
     args = ap.parse_args(argv)
     if not args.trace.is_file():
         raise SystemExit(f"trace not found: {args.trace} (write one with the reference loop; see docs/reference.md)")
-    from .reference.trace import read_trace
+    from sglang_hybrid.reference.trace import read_trace
     header, _ = read_trace(args.trace)
     if float(getattr(header, "temperature", 0.0) or 0.0) != 0.0:
         print(f"warning: trace temperature {header.temperature} != 0; labels are a proxy for acceptance",

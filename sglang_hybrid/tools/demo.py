@@ -1,4 +1,4 @@
-"""Hybrid Spark end to end on a CPU: `python -m sglang_hybrid.demo [--out out/demo] [--max-new 64] [--quick]`.
+"""Hybrid Spark end to end on a CPU: `python -m sglang_hybrid.tools.demo [--out out/demo] [--max-new 64] [--quick]`.
 
 Decodes code-editing prompts (edit a given source file: rename, add a parameter, fix a bug) and ShareGPT chat
 prompts with SmolLM2-135M-Instruct in every mode — no speculation, n-gram only, EAGLE only, HYBRID choose and
@@ -29,7 +29,7 @@ def find_or_train_head(target, cache_root=None, train_minutes: float = 8.0):
     """The shipped head if present, else a cached one, else train a small one now (with a clear message)."""
     from sglang_hybrid.reference import eagle
     from sglang_hybrid.reference.models import default_cache_root
-    from sglang_hybrid.train_eagle import DEFAULT_OUT, TrainConfig, train_smollm2
+    from sglang_hybrid.tools.train_eagle import DEFAULT_OUT, TrainConfig, train_smollm2
 
     for folder in (DEFAULT_OUT, (Path(cache_root) if cache_root else default_cache_root()) / "eagle_smollm2"):
         if (folder / "model.safetensors").is_file():
@@ -37,7 +37,7 @@ def find_or_train_head(target, cache_root=None, train_minutes: float = 8.0):
     folder = (Path(cache_root) if cache_root else default_cache_root()) / "eagle_smollm2"
     print(f"[demo] no trained EAGLE head found (looked in {DEFAULT_OUT}); training a small one for "
           f"~{train_minutes:.0f} minutes on this CPU and caching it in {folder}. "
-          "Run `python -m sglang_hybrid.train_eagle` for a better one.", flush=True)
+          "Run `python -m sglang_hybrid.tools.train_eagle` for a better one.", flush=True)
     train_smollm2(out=folder, cfg=TrainConfig(steps=120, minutes=train_minutes), n_chat=400, n_code=200,
                   cache_root=cache_root)
     return eagle.load_head(folder, target.config), folder
@@ -108,7 +108,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sglang_hybrid.tools.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("out/demo"), help="folder for the table, plot and traces")
     ap.add_argument("--max-new", type=int, default=64, help="new tokens per request")
     ap.add_argument("--n-chat", type=int, default=2, help="ShareGPT chat prompts")

@@ -1,6 +1,6 @@
 """CPU cost of the hybrid core per decode step, against one target forward of a SmolLM2-135M-shaped model.
 
-    python bench/selector.py [--threads 1] [--repeats 20] [--model random|smollm2]
+    python -m bench.step_cost [--threads 1] [--repeats 20] [--model random|smollm2] [--no-model]
 
 For batch 1/4/32/128 and two modes -- ``chain`` (EAGLE chain of 8 vs n-gram chain of 8, ``choose``, 8 verify nodes)
 and ``tree`` (EAGLE chain of 8 + n-gram tree of 16, ``merge``, 16 verify nodes) -- it times, eagerly on the CPU:
@@ -23,21 +23,16 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from sglang_hybrid.calibration import ModelCalibration, NgramCalibration  # noqa: E402
-from sglang_hybrid.cost import CostModel  # noqa: E402
-from sglang_hybrid.price import price_device  # noqa: E402
-from sglang_hybrid.selector import select  # noqa: E402
-from sglang_hybrid.survival import chain_parents, chain_survival, tree_survival  # noqa: E402
-from sglang_hybrid.verify import greedy_accept, sample_accept  # noqa: E402
+from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
+from sglang_hybrid.cost import CostModel
+from sglang_hybrid.selector import Candidates, Source, select
+from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
+from sglang_hybrid.survival import chain_parents
+from sglang_hybrid.verify import greedy_accept
 
 VOCAB = 49152
 MODES = {"chain": dict(km=8, kn=8, tree=False, mode="choose", n_nodes=8),
@@ -81,28 +76,23 @@ def make_step_inputs(batch: int, km: int, kn: int, tree: bool, n_nodes: int, dev
     return x
 
 
+def decision_step(x: dict, mode: str, n_nodes: int) -> DecisionStep:
+    return DecisionStep(mode=mode, n_nodes=n_nodes, model_calibration=x["model_cal"], ngram_calibration=x["ngram_cal"])
+
+
 def decide(x: dict, mode: str, n_nodes: int, tree: bool):
-    """Everything before the target forward: acceptance -> survival -> price -> select."""
-    a_ng = x["ngram_cal"].acceptance(**x["feats"])
-    s_ng = tree_survival(a_ng, x["par"], x["ngram_len"]) if tree else chain_survival(a_ng, x["ngram_len"])
-    s_m = chain_survival(x["model_cal"].acceptance(x["prob"], x["mdepth"]), x["model_len"])
-    b_star, lam = price_device(torch.cat([s_m, s_ng], 1), x["batch"], x["cost"])
-    t = select(x["root"], x["model_tokens"], s_m, x["model_len"], x["ngram_tokens"], x["par"], s_ng, x["ngram_len"],
-               lam, mode=mode, n_nodes=n_nodes)
-    return b_star, lam, t
-
-
-def core_step(x: dict, mode: str, n_nodes: int, tree: bool, sample: bool = False):
-    """One decode step of the engine-agnostic core; returns every output tensor (for equality checks)."""
-    b_star, lam, t = decide(x, mode, n_nodes, tree)
-    res = (sample_accept(t, x["logits"], x["temperature"], x["uniforms"]) if sample
-           else greedy_accept(t, x["logits"]))
-    return (b_star, lam) + tuple(t) + tuple(res)
+    """Everything before the target forward: the core's DecisionStep (acceptance -> survival -> price -> select)."""
+    model = ModelDraft(x["model_tokens"], x["prob"], x["model_len"])
+    ngram = NgramDraft(x["ngram_tokens"], x["par"], x["ngram_len"], tree=tree, **x["feats"])
+    d = decision_step(x, mode, n_nodes)(x["root"], model, ngram, cost=x["cost"], batch=x["batch"])
+    return d.b_star, d.lam, d.tree
 
 
 def select_only(x: dict, mode: str, n_nodes: int, s_m, s_ng, lam):
-    return select(x["root"], x["model_tokens"], s_m, x["model_len"], x["ngram_tokens"], x["par"], s_ng,
-                  x["ngram_len"], lam, mode=mode, n_nodes=n_nodes)
+    """The selector alone (a component of ``decide``, timed on its own)."""
+    return select(x["root"], [Candidates.chain(x["model_tokens"], s_m, x["model_len"], Source.MODEL),
+                              Candidates(x["ngram_tokens"], x["par"], s_ng, x["ngram_len"], Source.NGRAM)],
+                  lam, mode=mode, n_nodes=n_nodes)
 
 
 def median_ms(fn, repeats: int, warmup: int = 3) -> float:
@@ -152,10 +142,10 @@ def main(argv=None) -> int:
             x = make_step_inputs(b, m["km"], m["kn"], m["tree"], m["n_nodes"])
             with torch.inference_mode():
                 _, lam, t = decide(x, m["mode"], m["n_nodes"], m["tree"])
-                s_m = chain_survival(x["model_cal"].acceptance(x["prob"], x["mdepth"]), x["model_len"])
-                a_ng = x["ngram_cal"].acceptance(**x["feats"])
-                s_ng = (tree_survival(a_ng, x["par"], x["ngram_len"]) if m["tree"]
-                        else chain_survival(a_ng, x["ngram_len"]))
+                step = decision_step(x, m["mode"], m["n_nodes"])
+                s_m = step.model_survival(ModelDraft(x["model_tokens"], x["prob"], x["model_len"]))
+                s_ng = step.ngram_survival(NgramDraft(x["ngram_tokens"], x["par"], x["ngram_len"], tree=m["tree"],
+                                                      **x["feats"]))
                 sel = median_ms(lambda: select_only(x, m["mode"], m["n_nodes"], s_m, s_ng, lam), args.repeats)
                 dec = median_ms(lambda: decide(x, m["mode"], m["n_nodes"], m["tree"]), args.repeats)
                 ver = median_ms(lambda: greedy_accept(t, x["logits"]), args.repeats)
@@ -163,7 +153,6 @@ def main(argv=None) -> int:
                 if model is not None and w not in fwd_ms:
                     ids = torch.randint(0, VOCAB, (b, w), generator=torch.Generator().manual_seed(1))
                     fwd_ms[w] = median_ms(lambda: model(input_ids=ids, use_cache=False), args.model_repeats, 1)
-            del x
             f = fwd_ms.get(w)
             fmt = (lambda v: f"{v / f:.5f}") if f else (lambda v: "n/a")
             print(f"{b:>5} {name:>6} {w:>3} {sel:>10.3f} {dec:>10.3f} {ver:>10.3f} "

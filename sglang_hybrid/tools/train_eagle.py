@@ -1,4 +1,6 @@
-"""Train an EAGLE draft head for SmolLM2 on CPU: `python -m sglang_hybrid.train_eagle [--minutes 30] [--out DIR]`.
+"""Train an EAGLE draft head for SmolLM2 on CPU.
+
+Run: `python -m sglang_hybrid.tools.train_eagle [--minutes 30] [--out DIR]`.
 
 Why this recipe: EAGLE-1 learns to predict the target's next *feature* (post-norm hidden state) from the current
 feature and the next token, and that feature is decoded by the target's own lm_head. Teacher-forced target features
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 
 from sglang_hybrid.reference import eagle as eagle_mod
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "data" / "eagle_smollm2"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "data" / "eagle_smollm2"
 
 EDIT_REQUESTS = [
     "clearer variable names", "type hints on every function", "a docstring for each function",
@@ -272,7 +274,8 @@ def train_smollm2(out: Path = DEFAULT_OUT, work: Path | None = None, cfg: TrainC
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sglang_hybrid.tools.train_eagle",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (SGLang EAGLE checkpoint layout)")
     ap.add_argument("--work", type=Path, default=None, help="checkpoint folder for resuming")
     ap.add_argument("--cache", type=Path, default=None, help="model cache root (default $SGLANG_HYBRID_CACHE)")

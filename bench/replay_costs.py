@@ -1,0 +1,108 @@
+"""The replay's step-time models: per-batch-size cost tables (simulated GPU roofline, measured CPU, or yours).
+
+A step verifying n tokens costs T(n) from the core's `CostModel`, plus the EAGLE draft forwards the policy ran times
+the table's draft-step cost.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from bench.cost_tables import roofline
+
+CPU_TABLE = Path(__file__).resolve().parent / "cost_tables" / "cpu_smollm2.json"
+
+
+@dataclasses.dataclass
+class BatchCost:
+    """Step-time model for one batch size: T(n) (core CostModel) and the cost of one EAGLE draft forward."""
+
+    model: object          # sglang_hybrid.cost.CostModel
+    tables: object         # its CostTables on CPU (the price input)
+    draft_step_s: float
+
+    def step_time(self, n: int) -> float:
+        return float(self.model.step_time_np(np.asarray([n]))[0])
+
+
+@dataclasses.dataclass
+class CostSpec:
+    name: str
+    kind: str              # "simulated" | "measured" | "user"
+    assumptions: list
+    per_batch: dict        # {B: BatchCost}; key 0 = applies to every B
+
+    def for_batch(self, b: int) -> BatchCost:
+        if b in self.per_batch:
+            return self.per_batch[b]
+        if 0 in self.per_batch:
+            return self.per_batch[0]
+        raise ValueError(f"cost model {self.name!r} has no table for batch {b} (has {sorted(self.per_batch)})")
+
+
+def _batch_cost(sizes, seconds, draft_s, meta=None) -> BatchCost:
+    from sglang_hybrid.cost import CostModel
+
+    m = CostModel(list(sizes), list(seconds), meta=meta or {})
+    return BatchCost(m, m.to("cpu"), float(draft_s))
+
+
+def gpu_cost_spec(batch_sizes, context: int, buckets: bool = True) -> CostSpec:
+    roof = roofline.Roofline(context_tokens=context, **({} if buckets else {"graph_buckets": ()}))
+    doc = roofline.build_tables(roof, batch_sizes)
+    per = {int(b): _batch_cost(t["tokens"], t["seconds"], t["draft_step_seconds"]) for b, t in doc["tables"].items()}
+    return CostSpec("gpu-roofline" if buckets else "gpu-smooth", "simulated", roof.assumptions(), per)
+
+
+def load_cost_spec(path, name=None) -> CostSpec:
+    """A cost file: this benchmark's per-batch format (`hybrid-spark-cost-tables`, as written by
+    bench/cost_tables/*.py) or the core's single table (`hybrid-spark-cost`, e.g. from `sglang_hybrid.cost.profile`
+    on your own GPU; it then applies to every batch size, and `meta.draft_step_seconds` gives the EAGLE step cost)."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cost table {path}: cannot read JSON ({e})") from None
+    fmt = doc.get("format")
+    if fmt == roofline.FORMAT:
+        tabs = doc.get("tables")
+        if not isinstance(tabs, dict) or not tabs:
+            raise ValueError(f"cost table {path}: 'tables' must be a non-empty object keyed by batch size")
+        per = {}
+        for b, t in tabs.items():
+            for key in ("tokens", "seconds", "draft_step_seconds"):
+                if key not in t:
+                    raise ValueError(f"cost table {path}: batch {b} lacks {key!r}")
+            per[int(b)] = _batch_cost(t["tokens"], t["seconds"], t["draft_step_seconds"])
+        kind = "measured" if "measured" in str(doc.get("source", "")) else "simulated"
+        return CostSpec(name or path.stem, kind, list(doc.get("assumptions", [])), per)
+    if fmt == "hybrid-spark-cost":
+        meta = doc.get("meta") or {}
+        draft = float(meta.get("draft_step_seconds", 0.0))
+        per = {0: _batch_cost(doc["sizes"], doc["seconds"], draft, meta)}
+        notes = [f"user table {path} (one T(n) for every batch size)", f"meta: {json.dumps(meta)[:300]}"]
+        if "draft_step_seconds" not in meta:
+            notes.append("no meta.draft_step_seconds: EAGLE drafting is charged 0 s (favours EAGLE-based policies)")
+        return CostSpec(name or path.stem, "user", notes, per)
+    raise ValueError(f"cost table {path}: unknown format {fmt!r} "
+                     f"(expected {roofline.FORMAT!r} or 'hybrid-spark-cost')")
+
+
+def cost_specs(names, batch_sizes, gpu_context: int) -> list:
+    """The cost models named on the command line: 'gpu' / 'gpu-smooth' (roofline with / without CUDA-graph
+    buckets), 'cpu' (the measured table, skipped with a note when absent) or a cost file."""
+    specs = []
+    for c in names:
+        if c in ("gpu", "gpu-smooth"):
+            specs.append(gpu_cost_spec(batch_sizes, gpu_context, buckets=(c == "gpu")))
+        elif c == "cpu":
+            if not CPU_TABLE.is_file():
+                print(f"note: no measured CPU table at {CPU_TABLE}; run python -m bench.cost_tables.profile_cpu")
+                continue
+            specs.append(load_cost_spec(CPU_TABLE, "cpu-smollm2"))
+        else:
+            specs.append(load_cost_spec(c))
+    return specs

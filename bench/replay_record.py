@@ -1,0 +1,111 @@
+"""Recording a real per-position trace for the replay (``python -m bench.replay --make-trace FILE``).
+
+SmolLM2-135M-Instruct decodes code-editing and chat prompts (greedy output = any lossless speculative mode's output),
+then the trained EAGLE head's chain at every output position is computed by `sglang_hybrid.reference.trace.eagle_rows`
+and the file is written by `sglang_hybrid.reference.trace.write_trace`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def code_edit_prompts(n: int):
+    """The reference loop's code-editing prompts, then edits of short held-out standard-library files (real code
+    nobody here wrote; every 10th stdlib file, which the EAGLE head's training excludes)."""
+    import re
+
+    from sglang_hybrid.reference import prompts as PR
+    from sglang_hybrid.reference.corpus import stdlib_python_files
+
+    out = list(PR.CODE_EDITS[:n])
+    for f in stdlib_python_files()[::10]:
+        if len(out) >= n:
+            break
+        try:
+            src = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        names = re.findall(r"^def ([a-z_][a-z0-9_]*)\(", src, flags=re.M)
+        if not (1200 <= len(src) <= 3500) or not names:
+            continue
+        fn = names[0]
+        text = (f"Here is the file `{f.name}`:\n```python\n{src}```\nRename the function `{fn}` to "
+                f"`{fn}_renamed` everywhere. Reply with the complete updated file.")
+        out.append(PR.Prompt(f"code-{f.stem}", "code", text))
+    return out
+
+
+def _decode_batch(target, prompts, max_new, temperature, seed, eos):
+    """The target's own continuation of each prompt, all prompts in one left-padded `generate` call (about ten times
+    faster on CPU than one at a time). Temperature 0 = greedy; otherwise plain multinomial sampling (no top-k/p).
+    Each output ends at its first EOS (kept) or after `max_new` tokens."""
+    import torch
+
+    pad = eos if eos is not None else 0
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    torch.manual_seed(seed)
+    kw = dict(do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0) if temperature > 0 else \
+        dict(do_sample=False)
+    with torch.no_grad():
+        gen = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=1,
+                              pad_token_id=pad, eos_token_id=eos, **kw)
+    outs = []
+    for row in gen[:, width:].tolist():
+        if eos is not None and eos in row:
+            row = row[:row.index(eos) + 1]
+        outs.append(row)
+    return outs
+
+
+def make_trace(out_path, temperature=0.0, n_code=8, n_chat=8, max_new=320, k=8, head_dir=None, seed=0,
+               threads=1) -> int:
+    """Record a per-position trace with the reference loop's pieces: the target's own decode of each prompt (greedy
+    output = any lossless speculative mode's output), then the EAGLE rows by `reference.trace.eagle_rows`.
+    Outputs are cached next to the trace (`.outputs.json`) so decoding survives a missing head or a restart."""
+    import torch
+    from tqdm import tqdm
+
+    from sglang_hybrid.reference import prompts as PR
+    from sglang_hybrid.reference import trace as TR
+    from sglang_hybrid.reference.eagle import load_head
+    from sglang_hybrid.reference.models import load_smollm2
+
+    torch.set_num_threads(threads)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    cache_path = out_path.with_suffix(".outputs.json")
+    lm = load_smollm2()
+    prompts = code_edit_prompts(n_code) + PR.chat_prompts(n_chat)
+    done = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
+    key = f"T{temperature:g}-max{max_new}-seed{seed}"
+    got = done.setdefault(key, {})
+    todo = [pr for pr in prompts if pr.id not in got]
+    if todo:
+        print(f"decoding {len(todo)} prompts (T={temperature:g}, up to {max_new} tokens) in one batch ...", flush=True)
+        enc = [PR.encode(lm.tokenizer, pr) for pr in todo]
+        outs = _decode_batch(lm.model, enc, max_new, temperature, seed, lm.eos_token_id)
+        for pr, ids, o in zip(todo, enc, outs):
+            got[pr.id] = {"workload": pr.workload, "prompt": ids, "output": o}
+        cache_path.write_text(json.dumps(done))
+    head_dir = Path(head_dir) if head_dir else Path(__file__).resolve().parents[1] / "sglang_hybrid" / "data" / \
+        "eagle_smollm2"
+    try:
+        head = load_head(head_dir, lm.model.config).eval()
+    except Exception as e:  # noqa: BLE001 - report and keep the decoded outputs
+        print(f"cannot load the EAGLE head from {head_dir} ({e}); decoded outputs kept in {cache_path}; "
+              "rerun when the head exists (python -m sglang_hybrid.tools.train_eagle)")
+        return 2
+    recs = []
+    for pid, r in tqdm(got.items(), desc="EAGLE rows"):
+        toks, probs = TR.eagle_rows(lm.model, head, r["prompt"], r["output"], k)
+        recs.append(TR.TraceRecord(pid, r["workload"], r["prompt"], r["output"], toks, probs))
+    header = TR.TraceHeader(model=lm.name, draft_model=str(head_dir), temperature=float(temperature), eagle_k=k)
+    TR.write_trace(out_path, header, recs)
+    print(f"wrote {out_path}: {len(recs)} requests, {sum(len(r.output) for r in recs)} output tokens")
+    return 0

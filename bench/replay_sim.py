@@ -1,0 +1,139 @@
+"""The replay's simulation: continuous batching of one policy over a draft bank under one cost model.
+
+Replay rule (per step, continuous batching at a fixed concurrency B):
+  * every active request gets draft nodes from the policy (bench/policies.py);
+  * accepted = the deepest draft node whose whole path equals the trace's output (greedy acceptance);
+    emitted = accepted + 1 (the bonus token), capped at what is left of the output;
+  * the step verifies n = sum over requests of (1 + draft nodes) tokens and costs T(n) + (EAGLE draft forwards) x
+    t_draft from the cost model;
+  * finished requests are replaced by the next one from a seeded stream (whole permutations of the workload);
+    the run stops at the first step after which a slot cannot be refilled, so throughput is measured with the batch
+    full (no tail where a few long requests run alone).
+Temperature-1 traces replay with the same rule: with deterministic (one-hot) drafts, exact tree speculative sampling
+accepts child x with probability p(x) and otherwise resamples from the residual, which is the same as drawing the
+target token y ~ p once and accepting the child equal to y; the trace's sampled output is that y.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from bench import policies as P
+from bench.replay_costs import BatchCost
+from bench.replay_drafts import DraftBank
+
+
+def greedy_tree_accept(tokens: np.ndarray, parents: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Accepted draft tokens per request: depth of the deepest node whose whole path equals the targets.
+
+    tokens/parents [B, N] (-1 = no node / root parent, parents[i] < i); targets [B, >= N] = the output from the
+    current position on (targets[:, d - 1] is what a depth-d node must equal)."""
+    b, n = tokens.shape
+    if n == 0:
+        return np.zeros(b, np.int64)
+    rows = np.arange(b)
+    depth = np.zeros((b, n), np.int64)
+    acc = np.zeros((b, n), bool)
+    for i in range(n):
+        par = parents[:, i]
+        if (par >= i).any():
+            raise ValueError("parents must satisfy parents[i] < i (topological order)")
+        has = par >= 0
+        pidx = np.where(has, par, 0)
+        d = np.where(has, depth[rows, pidx], 0) + 1
+        ok_parent = np.where(has, acc[rows, pidx], True)
+        depth[:, i] = d
+        acc[:, i] = (tokens[:, i] >= 0) & ok_parent & (tokens[:, i] == targets[rows, d - 1])
+    return (depth * acc).max(axis=1)
+
+
+@dataclasses.dataclass
+class RunResult:
+    policy: str
+    label: str
+    workload: str
+    batch: int
+    cost: str
+    steps: int
+    tokens: int
+    seconds: float
+    request_steps: int
+    accepted: int
+    verified_nodes: int
+    requests_done: int
+    model_steps: int
+    ngram_share: float       # share of verified draft nodes proposed by the n-gram drafter (or both)
+    mean_lambda: float
+
+    @property
+    def tok_per_s(self):
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def accepted_per_step(self):
+        return self.accepted / max(1, self.request_steps)
+
+    @property
+    def tokens_per_step(self):
+        return self.tokens / max(1, self.request_steps)
+
+    @property
+    def verified_per_step(self):
+        return self.verified_nodes / max(1, self.request_steps)
+
+
+def request_stream(indices, batch: int, seed: int) -> np.ndarray:
+    """Whole seeded permutations of the workload, enough for at least max(2 B, |workload|) requests."""
+    indices = np.asarray(indices)
+    rng = np.random.default_rng(seed)
+    cycles = max(1, math.ceil(max(2 * batch, len(indices)) / len(indices)))
+    return np.concatenate([rng.permutation(indices) for _ in range(cycles)])
+
+
+def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed: int = 0,
+             workload: str = "", cost_name: str = "") -> RunResult:
+    """Continuous-batching replay of one policy at concurrency `batch` (the rule in the module docstring)."""
+    stream = request_stream(indices, batch, seed)
+    if len(stream) < batch:
+        raise ValueError("request stream shorter than the batch")
+    req = stream[:batch].astype(np.int64)
+    pos = np.zeros(batch, np.int64)
+    nxt = batch
+    tot = dict(steps=0, tokens=0, seconds=0.0, rs=0, acc=0, nodes=0, done=0, msteps=0, ng=0, lam=0.0)
+    while True:
+        view = P.StepView(req=req, pos=pos, root=bank.roots(req, pos), drafts=bank,
+                          cost=cost.tables, requests=batch)
+        prop = policy.propose(view)
+        toks, par = np.asarray(prop.tokens, np.int64), np.asarray(prop.parents, np.int64)
+        n_nodes = (toks >= 0).sum(axis=1)
+        accepted = greedy_tree_accept(toks, par, bank.targets(req, pos, max(1, toks.shape[1])))
+        remaining = bank.lengths[req] - pos
+        emitted = np.minimum(accepted + 1, remaining)
+        n_tokens = batch + int(n_nodes.sum())
+        tot["seconds"] += cost.step_time(n_tokens) + prop.model_steps * cost.draft_step_s
+        tot["steps"] += 1
+        tot["tokens"] += int(emitted.sum())
+        tot["rs"] += batch
+        tot["acc"] += int((emitted - 1).sum())
+        tot["nodes"] += int(n_nodes.sum())
+        tot["msteps"] += prop.model_steps
+        tot["lam"] += float(getattr(policy, "last_lambda", 0.0))
+        if prop.source is not None:
+            tot["ng"] += int(((prop.source == 1) | (prop.source == 2))[toks >= 0].sum())
+        pos = pos + emitted
+        done = np.nonzero(pos >= bank.lengths[req])[0]
+        stop = False
+        for slot in done:
+            tot["done"] += 1
+            if nxt < len(stream):
+                req[slot], pos[slot] = stream[nxt], 0
+                nxt += 1
+            else:
+                stop = True
+        if stop:
+            break
+    return RunResult(policy.name, policy.describe(), workload, batch, cost_name, tot["steps"], tot["tokens"],
+                     tot["seconds"], tot["rs"], tot["acc"], tot["nodes"], tot["done"], tot["msteps"],
+                     tot["ng"] / max(1, tot["nodes"]), tot["lam"] / max(1, tot["steps"]))

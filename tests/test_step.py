@@ -1,0 +1,137 @@
+"""The decode step is composed in one place (``sglang_hybrid.step.DecisionStep``) and every engine calls it."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
+from sglang_hybrid.cost import CostModel
+from sglang_hybrid.selector import Source
+from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
+from sglang_hybrid.survival import chain_parents
+
+ROOT = Path(__file__).resolve().parents[1]
+B, S, K = 3, 4, 5
+
+
+def _drafts(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    model = ModelDraft(torch.randint(0, 50, (B, S), generator=g), torch.rand((B, S), generator=g),
+                       torch.tensor([S, S, S]))
+    tokens = torch.randint(0, 50, (B, K), generator=g)
+    tokens[0, :2] = model.tokens[0, :2]                      # shared prefix: merge folds it
+    length = torch.tensor([K, 2, 0])
+    j = torch.arange(K)[None]
+    valid = j < length[:, None]
+    feats = dict(match_len=torch.where(valid, torch.randint(1, 40, (B, K), generator=g), 0),
+                 count=torch.where(valid, torch.randint(1, 4, (B, K), generator=g), 0),
+                 total=torch.where(valid, torch.full((B, K), 4), 0), depth=torch.where(valid, j + 1, 0),
+                 source=torch.zeros((B, K), dtype=torch.int64))
+    ngram = NgramDraft(torch.where(valid, tokens, -1), chain_parents(B, K), length, **feats)
+    return torch.tensor([7, 8, 9]), model, ngram
+
+
+def _calls(tree: ast.AST, names) -> list[str]:
+    """Calls of the core functions ``names``: bare (``select(...)``) or through their module
+    (``selector.select(...)``, ``price.price_device(...)``, ``core.selector.select(...)``)."""
+    modules = {"select": "selector", "price_device": "price"}
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id in names:
+            out.append(f.id)
+        elif isinstance(f, ast.Attribute) and f.attr in names:
+            owner = f.value
+            owner_name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", None)
+            if owner_name == modules[f.attr]:
+                out.append(f.attr)
+    return out
+
+
+def test_only_the_core_step_composes_price_and_selection():
+    """No engine, tool or benchmark prices and selects on its own: ``price_device`` and ``select`` are called in
+    ``step.py`` and nowhere else (their own modules and tests aside)."""
+    component_benchmarks = {"bench/step_cost.py": ["select"]}     # times the selector alone, beside the step
+    offenders = {}
+    files = list((ROOT / "sglang_hybrid").rglob("*.py")) + list((ROOT / "bench").rglob("*.py"))
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in ("sglang_hybrid/step.py", "sglang_hybrid/price.py", "sglang_hybrid/selector.py"):
+            continue
+        calls = _calls(ast.parse(path.read_text()), {"price_device", "select"})
+        if calls and calls != component_benchmarks.get(rel):
+            offenders[rel] = calls
+    assert not offenders, f"compose the decode step through sglang_hybrid.step.DecisionStep: {offenders}"
+
+
+@pytest.mark.parametrize("mode", ["choose", "merge"])
+def test_worker_and_reference_loop_decide_the_same_tree(mode, tmp_path):
+    """The SGLang worker's ``HybridStep`` (n-gram proposal published and aligned on the device first) and the CPU
+    reference loop give the same tree, budget and price as the core step for the same drafts."""
+    pytest.importorskip("sglang.srt.speculative.eagle_worker_v2", reason="sglang is not installed")
+    from sglang_hybrid.reference.loop import ReferenceLoop
+    from sglang_hybrid.reference.models import tiny_target
+    from sglang_hybrid.sglang_plugin import alignment
+    from sglang_hybrid.sglang_plugin.config import HybridSettings
+    from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
+
+    root, model, ngram = _drafts()
+    cost = CostModel([1, 16, 64, 256], [1.0, 1.1, 1.6, 4.0])
+    cost_file = tmp_path / "cost.json"
+    cost.save(cost_file)
+    core = DecisionStep(mode=mode, n_nodes=8, model_calibration=ModelCalibration.identity().to(),
+                        ngram_calibration=NgramCalibration.load().to())
+    want = core(root, model, ngram, cost=cost.to("cpu"))
+
+    settings = HybridSettings(mode=mode, ngram_k=K, n_nodes=8, cost_table=str(cost_file))
+    worker = HybridStep(settings, num_steps=S, pool_size=4, device="cpu")
+    slots, seq_lens, gen = torch.tensor([0, 2, 3]), torch.tensor([10, 20, 30]), torch.tensor([1, 1, 1])
+    alignment.publish(worker.buffers, slots, ngram.tokens, ngram.length, seq_lens + 1, gen, ngram.match_len,
+                      ngram.count, ngram.total, ngram.source)
+    got_tree = worker.select(root, model.tokens, model.confidence, slots, gen, seq_lens)
+
+    loop = ReferenceLoop(tiny_target().model, mode=mode, head=object(), n_nodes=8, ngram_k=K, ngram_tree=False)
+    assert isinstance(loop.decide, DecisionStep)
+    loop_d = loop.decide(root, model, ngram, cost=cost.to("cpu"))
+
+    for got in (got_tree, loop_d.tree):
+        for name in want.tree._fields:
+            a, b = getattr(want.tree, name), getattr(got, name)
+            assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b), name
+    assert torch.equal(loop_d.b_star, want.b_star) and torch.equal(loop_d.lam, want.lam)
+    if mode == "merge":
+        assert (want.tree.source == Source.SHARED).any()          # the shared prefix was folded
+
+
+def test_absent_drafters_enter_as_empty_sources():
+    root, model, ngram = _drafts(1)
+    step = DecisionStep(mode="choose", n_nodes=6, ngram_calibration=NgramCalibration.load().to())
+    only_model = step(root, model, None)
+    assert set(only_model.tree.source[only_model.tree.valid].tolist()) <= {-1, int(Source.MODEL)}
+    assert only_model.ngram_survival.shape == (B, 0) and float(only_model.lam) == 0.0
+    assert int(only_model.b_star) == B * S                       # no cost table: the whole pool
+    only_ngram = step(root, None, ngram)
+    assert set(only_ngram.tree.source[only_ngram.tree.valid].tolist()) <= {-1, int(Source.NGRAM)}
+    with pytest.raises(ValueError, match="no n-gram calibration"):
+        DecisionStep(mode="merge", n_nodes=4)(root, model, ngram)
+    with pytest.raises(ValueError, match="mode"):
+        DecisionStep(mode="best", n_nodes=4)
+
+
+def test_step_compiles_fullgraph():
+    root, model, ngram = _drafts(2)
+    step = DecisionStep(mode="merge", n_nodes=8, ngram_calibration=NgramCalibration.load().to())
+    cost = CostModel([1, 16, 64, 256], [1.0, 1.1, 1.6, 4.0]).to("cpu")
+    want = step(root, model, ngram, cost=cost, check_values=False)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda: step(root, model, ngram, cost=cost, check_values=False), fullgraph=True,
+                       backend="aot_eager")
+    got = fn()
+    assert torch.equal(got.tree.tokens, want.tree.tokens) and torch.equal(got.b_star, want.b_star)
+    assert np.isclose(float(got.lam), float(want.lam))
