@@ -1,6 +1,9 @@
-//! One batched step as `bench/drafters.py` measures it: 128 requests x 32k context, each request first extended by
-//! the tokens it accepted (its draft checked against the true continuation, + 1 bonus token), then one propose for
-//! all. Run: `cargo run --release -p rust_ngram --features parallel --example batch_step [-- stream.u32 [B] [ctx]]`
+//! Shows one batched decode step over many requests (default 128 x 32k context): `extend_batch`, then `propose`.
+//!
+//! Each request is first extended by the tokens it accepted (its previous draft checked against the true
+//! continuation, + 1 bonus token), then one `propose` drafts for all of them: the step a serving engine runs (and
+//! the one the project's `bench/drafters.py` measures).
+//! Run: `cargo run --release -p rust_ngram --features parallel --example batch_step [-- stream.u32 [B] [ctx]]`
 //! where `stream.u32` is raw little-endian u32 token ids (e.g. `bench.data.long_context_stream(...).tofile(...)`);
 //! without it a synthetic edit stream is used. Prints wall-clock medians of the extend and propose halves.
 

@@ -1,5 +1,7 @@
-//! Prints heap bytes per context token of one request's automaton for several text shapes and sizes.
-//! Run: `cargo run --release -p rust_ngram --example memory`.
+//! Shows the heap bytes per context token of one request's automaton for several text shapes and sizes.
+//!
+//! Before and after `shrink_to_fit`. Run: `cargo run --release -p rust_ngram --example memory`.
+
 use rust_ngram::synth::{edit_text, zipf_text};
 use rust_ngram::SuffixAutomaton;
 

@@ -1,6 +1,11 @@
-//! Per-step cost split (extend vs propose) for one request at several context sizes, with a wall clock.
-//! Run: `cargo run --release -p rust_ngram --example step_cost`.
-//! Times are this thread's CPU time (CLOCK_THREAD_CPUTIME_ID), so a loaded shared machine does not inflate them.
+//! Shows the per-step cost split (propose vs extend) for one request at several context sizes, and one batch step.
+//!
+//! Run: `cargo run --release -p rust_ngram --example step_cost` (add `--features parallel` for a parallel batch).
+//! Single-request times are this thread's CPU time (CLOCK_THREAD_CPUTIME_ID), so a loaded shared machine does not
+//! inflate them; the batch step (128 requests x 32k) reports process CPU time (all threads) and wall time.
+
+use rust_ngram::synth::{edit_text, zipf_text};
+use rust_ngram::{DraftBatch, Drafter, DrafterConfig};
 
 /// Thread CPU time in seconds.
 fn cpu() -> f64 {
@@ -9,8 +14,6 @@ fn cpu() -> f64 {
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
-use rust_ngram::synth::{edit_text, zipf_text};
-use rust_ngram::{DraftBatch, Drafter, DrafterConfig};
 
 fn main() {
     for (name, gen) in [("edit", edit_text as fn(usize, u32, u64) -> Vec<u32>), ("zipf", zipf_text)] {

@@ -25,8 +25,9 @@ pub struct Match {
 /// Occurrence statistics of a state, counting only end positions that are *followed* by a token.
 ///
 /// Why "followed": a drafter copies the token after an occurrence, so an occurrence at the very end of the text
-/// (which has no continuation yet) is useless to it. `occurrences` is therefore exactly the `total` feature of
-/// ARCHITECTURE.md, and `last_end` is the end position of the most recent occurrence that can be copied from.
+/// (which has no continuation yet) is useless to it. `occurrences` is therefore exactly the `total` feature of a
+/// [`DraftToken`](crate::DraftToken), and `last_end` is the end position of the most recent occurrence that can be
+/// copied from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct StateStats {
     /// Number of end positions `e` of the state's strings with `e + 1 < text length`.
@@ -252,6 +253,17 @@ impl SuffixAutomaton {
     }
 
     /// Longest suffix of `seq` that occurs in the text (matching statistics from the root over `seq`).
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// let sam = SuffixAutomaton::from_tokens(&[1, 2, 3, 4]);
+    /// let m = sam.match_suffix(&[9, 2, 3]);
+    /// assert_eq!(m.len, 2); // "2 3" occurs, "9 2 3" does not
+    /// assert_eq!(Some(m.state), sam.find(&[2, 3]));
+    /// // One more token continues the match in O(1) amortised.
+    /// assert_eq!(sam.advance(m, 4).len, 3);
+    /// assert_eq!(sam.advance(m, 7).len, 0);
+    /// ```
     pub fn match_suffix(&self, seq: &[u32]) -> Match {
         seq.iter().fold(Match::default(), |m, &t| self.advance(m, t))
     }

@@ -28,6 +28,17 @@ pub struct CorpusChange {
 /// the old one, and a fresh active generation receives the donation. Invariant: donated tokens held
 /// `<= cap_tokens + 2` plus separators; a donated document longer than `cap_tokens / 2` keeps only its tail.
 /// The static corpus ([`add_static`](Self::add_static)) is outside the cap and never evicted.
+///
+/// ```
+/// use rust_ngram::{Corpus, SEPARATOR, SLOT_ACTIVE, SLOT_OLD};
+/// let mut c = Corpus::new(8); // two generations of about 8 / 2 tokens each (separators included)
+/// c.donate(&[1, 2]);
+/// assert_eq!(c.slot(SLOT_ACTIVE).unwrap().tokens(), &[1, 2, SEPARATOR]);
+/// let change = c.donate(&[3, 4]); // 3 + 3 > 4: the active generation becomes the old one
+/// assert!(change.rotated);
+/// assert_eq!(c.slot(SLOT_OLD).unwrap().tokens(), &[1, 2, SEPARATOR]);
+/// assert_eq!(c.donated_tokens(), 6);
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct Corpus {
     cap_tokens: usize,

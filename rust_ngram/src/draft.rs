@@ -2,7 +2,7 @@
 
 use crate::automaton::{Match, SuffixAutomaton, SEPARATOR};
 
-/// Where a draft token was copied from (the `source` column of ARCHITECTURE.md).
+/// Where a draft token was copied from (the `source` column of [`DraftRows`](crate::DraftRows): `0` or `1`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(i8)]
 pub enum Source {
@@ -12,7 +12,7 @@ pub enum Source {
     Corpus = 1,
 }
 
-/// One drafted token with its features, exactly the per-token columns of ARCHITECTURE.md ("n-gram drafts").
+/// One drafted token with its features, exactly the per-token columns of [`DraftRows`](crate::DraftRows).
 ///
 /// Invariants: `1 <= count <= total`; `depth >= 1`; `parent < own index` (topological order, `-1` = child of the
 /// last committed token); `match_len >= 1` unless the drafter was configured with `min_match == 0`.

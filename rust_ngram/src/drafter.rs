@@ -46,6 +46,16 @@ impl Default for DrafterConfig {
 }
 
 /// Why a [`Drafter`] call was rejected. A rejected call changes nothing.
+///
+/// ```
+/// use rust_ngram::{Drafter, DrafterConfig, DrafterError};
+/// let mut d = Drafter::new(DrafterConfig { vocab_size: Some(100), ..Default::default() }).unwrap();
+/// d.start(1, &[1, 2]).unwrap();
+/// let e = d.extend(1, &[3, 100]).unwrap_err();
+/// assert_eq!(e, DrafterError::TokenOutOfRange { token: 100, vocab_size: Some(100) });
+/// assert_eq!(e.to_string(), "token id 100 out of range [0, 100)");
+/// assert_eq!(d.context_len(1), Ok(2)); // the valid token 3 was not appended either
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DrafterError {
     /// The request id is not registered.
@@ -97,9 +107,36 @@ struct Request {
 
 /// Output rows of a batched proposal, borrowed from caller-owned buffers (numpy arrays in the binding).
 ///
-/// Layout is ARCHITECTURE.md's: every per-token slice is `[B * width]` row-major; `lengths` is `[B]`. Rows are
+/// Layout: every per-token slice is `[B * width]` row-major (`B` = number of ids); `lengths` is `[B]`. Rows are
 /// fully overwritten: valid entries form a prefix of each row; padding holds `-1` in `tokens`/`parents` and 0 in
 /// the features.
+///
+/// ```
+/// use rust_ngram::{DraftRows, Drafter, DrafterConfig};
+/// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+/// d.start(1, &[4, 5, 6, 4, 5]).unwrap();
+/// d.start(2, &[7, 8]).unwrap(); // nothing repeats: an empty row
+/// let (b, k) = (2, 3);
+/// let (mut tokens, mut parents, mut depth) = (vec![0; b * k], vec![0; b * k], vec![0; b * k]);
+/// let (mut match_len, mut count, mut total) = (vec![0; b * k], vec![0; b * k], vec![0; b * k]);
+/// let (mut source, mut lengths) = (vec![0i8; b * k], vec![0; b]);
+/// let mut rows = DraftRows {
+///     width: k,
+///     tokens: &mut tokens,
+///     parents: &mut parents,
+///     depth: &mut depth,
+///     match_len: &mut match_len,
+///     count: &mut count,
+///     total: &mut total,
+///     source: &mut source,
+///     lengths: &mut lengths,
+/// };
+/// d.propose(&[1, 2], k, &mut rows).unwrap();
+/// assert_eq!(lengths, [3, 0]);
+/// assert_eq!(tokens, [6, 4, 5, -1, -1, -1]);
+/// assert_eq!(parents[..3], [-1, 0, 1]);
+/// assert_eq!(depth[..3], [1, 2, 3]);
+/// ```
 pub struct DraftRows<'a> {
     /// Columns per row (`k` or `n_nodes`).
     pub width: usize,
@@ -488,6 +525,19 @@ impl Drafter {
     }
 
     /// Tree drafts of up to `n_nodes` nodes (`1 <= n_nodes <= max_nodes`) for each of `ids` into `out`.
+    ///
+    /// ```
+    /// use rust_ngram::{DraftBatch, Drafter, DrafterConfig};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// d.start(1, &[1, 2, 3, 1, 2, 4, 1, 2]).unwrap(); // "1 2" was followed by 3 and by 4
+    /// let mut out = DraftBatch::new(1, 4);
+    /// d.propose_tree(&[1], 4, &mut out.rows()).unwrap();
+    /// let n = out.lengths[0] as usize;
+    /// // Both continuations are children of the root (-1), the most recent one first.
+    /// assert_eq!((out.tokens[0], out.parents[0]), (4, -1));
+    /// assert!((1..n).any(|i| out.tokens[i] == 3 && out.parents[i] == -1));
+    /// assert!((0..n).all(|i| out.parents[i] < i as i32 && out.depth[i] >= 1));
+    /// ```
     pub fn propose_tree(&mut self, ids: &[u64], n_nodes: usize, out: &mut DraftRows<'_>) -> Result<()> {
         if n_nodes == 0 || n_nodes > self.cfg.max_nodes {
             return Err(DrafterError::InvalidArgument(format!(

@@ -8,8 +8,8 @@
 //!
 //! Every draft token carries the features a calibrator needs (see [`DraftToken`]): the matched length, how
 //! often the drafted continuation followed the matched context (`count`), how often the context was followed
-//! by anything (`total`), its depth and its source. Layout of batched outputs follows the project's
-//! `docs/ARCHITECTURE.md` ("n-gram drafts").
+//! by anything (`total`), its depth and its source. Batched outputs are row-major columns, described at
+//! [`DraftRows`].
 //!
 //! Layers, each usable alone:
 //! * [`SuffixAutomaton`]: the automaton with exact per-state occurrence statistics
@@ -17,8 +17,8 @@
 //! * [`chain_draft`] / [`tree_draft`]: drafts from a [`Match`] in one automaton.
 //! * [`Corpus`]: shared corpus with generational eviction.
 //! * [`Drafter`]: request lifecycle and batched proposals (parallel with the `parallel` feature).
-//! * [`reference`](mod@reference): a brute-force oracle (quadratic; for tests and fuzzing) and [`check`], an API-sequence
-//!   checker that compares a [`Drafter`] with the oracle.
+//! * [`reference`](mod@reference): a brute-force oracle (quadratic; for tests and fuzzing) and [`check`], an
+//!   API-sequence checker that compares a [`Drafter`] with the oracle.
 //!
 //! ```
 //! use rust_ngram::{DraftBatch, Drafter, DrafterConfig};
@@ -31,7 +31,37 @@
 //! ```
 //!
 //! No Python here: the default features pull in no dependency at all; `parallel` adds rayon.
-#![warn(missing_docs)]
+//!
+//! # Guarantees
+//!
+//! Each public item states its own invariants; these are the ones a user relies on most.
+//!
+//! * **Exact, uncapped matching.** The match of a request is the longest suffix of its context that also ends
+//!   before the last position ([`SuffixAutomaton::longest_repeated_suffix`]), whatever its length. Occurrence
+//!   statistics ([`StateStats`], [`SuffixAutomaton::continuation_count`]) are exact counts, kept up to date after
+//!   every appended token (see the invariants of [`SuffixAutomaton`] and [`Match`]).
+//! * **Defined drafts.** A chain ([`chain_draft`]) copies, token by token, what followed the most recent followed
+//!   occurrence of the matched context, extending the match by each drafted token; it stops at the end of a corpus
+//!   document ([`SEPARATOR`]), so no draft spans two documents. A tree ([`tree_draft`]) has distinct siblings and
+//!   topological order (`parent < index`). Every [`DraftToken`] of a [`Drafter`] satisfies
+//!   `1 <= count <= total`, `depth >= 1` and `match_len >= min_match`.
+//! * **Source.** A request drafts from its own context unless a corpus automaton matches a strictly longer suffix
+//!   of it ([`Source`]); among corpus automata the longest match wins, ties to the newest ([`Corpus`]).
+//! * **Deterministic, batch-independent output.** The same calls give the same drafts; a batched proposal gives
+//!   the same rows as one call per request, with or without the `parallel` feature. Rows are fully overwritten:
+//!   valid entries form a prefix, padding is `-1` / `0` ([`DraftRows`]).
+//! * **Rejected calls change nothing.** Every [`Drafter`] call validates all of its arguments before changing any
+//!   state and reports a [`DrafterError`]; token ids are `<= i32::MAX` (and below `vocab_size` when set).
+//! * **Bounded memory.** [`Drafter::finish`] releases the request's automaton; the donated part of the [`Corpus`]
+//!   holds at most `corpus_cap_tokens + 2` tokens, separators included (two generations of about
+//!   `corpus_cap_tokens / 2` each; when the active one is full the old one is dropped).
+//! * **Cost.** Appending a token is amortised O(1) automaton work plus amortised O(log n) statistics work, also on
+//!   degenerate text (`a a a a ...`); a chain of `k` tokens costs `k + 1` statistics queries.
+//!
+//! These definitions are checked against a brute-force oracle ([`reference`](mod@reference)) by property tests
+//! after every single append, and whole random API call sequences against a brute-force model of the [`Drafter`]
+//! ([`check`]).
+#![deny(missing_docs)]
 
 mod automaton;
 pub mod check;
@@ -47,3 +77,9 @@ pub use automaton::{Match, StateStats, SuffixAutomaton, ROOT, SEPARATOR};
 pub use corpus::{rematch, Corpus, CorpusChange, CORPUS_SLOTS, SLOT_ACTIVE, SLOT_OLD, SLOT_STATIC};
 pub use draft::{chain_draft, tree_draft, DraftToken, Source, TreeParams};
 pub use drafter::{DraftBatch, DraftRows, Drafter, DrafterConfig, DrafterError, Result};
+
+// The README's examples are compiled and run by `cargo test --doc` (not rendered: the crate docs above are the
+// rustdoc front page, with intra-doc links the README cannot use).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
