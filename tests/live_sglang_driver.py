@@ -37,8 +37,10 @@ def _reference(model: str, prompts: list[str], max_new_tokens: int) -> list[list
 
 
 def abort_case(model: str, prompts: list[str]) -> dict:
-    """A streaming request aborted after its second chunk; then every prompt, as one batch of different lengths."""
-    n_new = 12
+    """A streaming request aborted after its second chunk; then a code edit and the chat, as one batch of different
+    lengths."""
+    n_new = 8
+    prompts = prompts[:2]
     reference = _reference(model, prompts, n_new)
     eng = _engine(model, hybrid=True)
     try:
@@ -67,7 +69,7 @@ def retract_case(model: str, prompts: list[str]) -> dict:
     and re-prefills it later. HYBRID's drafter state for a retracted request must be rebuilt, never reused."""
     from transformers import AutoTokenizer
 
-    n_new = 16
+    n_new = 12
     code = [p for p in prompts if "```python" in p][:2]
     reference = _reference(model, code, n_new)
     tok = AutoTokenizer.from_pretrained(model)

@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("sglang.srt.speculative.eagle_info",
                     reason="sglang is not installed (scripts/setup.sh installs it)")
 
+from sglang_hybrid.selector import Source
 from sglang_hybrid.sglang_plugin import alignment  # noqa: E402
 from sglang_hybrid.sglang_plugin.config import HybridSettings  # noqa: E402
 from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep  # noqa: E402
@@ -247,7 +248,7 @@ def test_hybrid_step_decode_on_cpu():
     assert step.n_nodes == 3 + K and step.max_depth == K
     w = step.n_nodes + 1
     d = FakeDrafter()
-    feeder = NgramFeeder(d, K, "cpu", max_bs=8)
+    feeder = NgramFeeder(d, step.proposal_width, "cpu", max_bs=8)
     slots = torch.tensor([5, 1, 3])
     reqs = [_req("r0", [10, 11], [12], 5), _req("r1", [20], [21], 1), _req("r2", [30, 31, 32], [33], 3)]
     seq_lens = torch.tensor([2, 1, 3])               # committed = seq_len + 1 (root = last output token)
@@ -301,7 +302,7 @@ def test_counters_log_without_blocking(caplog, tmp_path):
     from sglang_hybrid.sglang_plugin.metrics import HybridCounters, tree_class
 
     settings = HybridSettings(mode="choose", ngram_k=K)
-    counters = HybridCounters("cpu", log_interval=2)
+    counters = HybridCounters("cpu", log_interval=2, verify_width=5)
     step = HybridStep(settings, num_steps=3, pool_size=4, device="cpu", counters=counters)
     slots, seq = torch.tensor([0, 1]), torch.tensor([3, 3])
     model = torch.tensor([[1, 2, 3], [4, 5, 6]])
@@ -316,6 +317,8 @@ def test_counters_log_without_blocking(caplog, tmp_path):
         out = counters.maybe_log()                    # step 2: copy taken (on CPU it lands at once) -> logged
     assert out["chosen_model"] == 2 and out["mean_accepted_model"] == pytest.approx(1.0)
     assert out["steps"] == 1 and "HYBRID steps=1" in caplog.text
+    # 3 model nodes per request verified in a width of 5 (root + 4): one slot in five is padding
+    assert out["mean_nodes"] == 3 and out["padded_fraction"] == pytest.approx(0.2) and "padded=0.20" in caplog.text
     assert json.loads(snap.read_text()) == out        # cumulative snapshot for the self-check
     assert counters.maybe_log() is None               # step 3: between log lines
 
@@ -325,12 +328,12 @@ def test_real_drafter_through_feeder_and_step():
     published one step late, shifted by what was accepted since, and chosen in the verify tree."""
     from sglang_hybrid.ngram import NgramDrafter
 
-    feeder = NgramFeeder(NgramDrafter(max_draft=K), K, "cpu", max_bs=4)
     step = HybridStep(HybridSettings(mode="choose", ngram_k=K), num_steps=3, pool_size=4, device="cpu")
+    feeder = NgramFeeder(NgramDrafter(max_draft=step.proposal_width), step.proposal_width, "cpu", max_bs=4)
     phrase = [101, 102, 103, 104, 105, 106, 107, 108]
     req = _req("p", phrase * 3, phrase[:2], 2)           # committed: ... 101 102 -> the phrase continues 103 104 ...
     cur_gen = feeder.publish(feeder.stage_batch([req], [9]), torch.tensor([2]), step.buffers)
-    assert step.buffers.tokens[2].tolist() == [103, 104, 105, 106]
+    assert step.buffers.tokens[2, :4].tolist() == [103, 104, 105, 106]
     committed = len(phrase) * 3 + 2
     # the device has since accepted 103 (one step ahead of the host): the proposal shifts by one
     a = alignment.align(step.buffers, torch.tensor([2]), cur_gen, torch.tensor([committed]))
@@ -343,6 +346,34 @@ def test_real_drafter_through_feeder_and_step():
     assert tree.tokens[0, 1:4].tolist() == [104, 105, 106] and (tree.source[0, 1:4] == 1).all()
     feeder.finish("p", natural_stop=True)
     assert len(feeder.drafter) == 0
+
+
+def test_proposals_survive_a_step_that_accepted_everything():
+    """The host proposes one step late. After a step that accepted ``k`` drafts (plus the bonus), a proposal only
+    ``k`` long would be used up by the shift; HYBRID buffers ``k + max_depth + 1`` tokens, so while the text keeps
+    copying the next step still has a full ``k``-token n-gram chain."""
+    from sglang_hybrid.ngram import NgramDrafter
+
+    step = HybridStep(HybridSettings(mode="choose", ngram_k=K), num_steps=3, pool_size=4, device="cpu")
+    width = step.proposal_width
+    assert width == K + step.max_depth + 1
+    feeder = NgramFeeder(NgramDrafter(max_draft=width), width, "cpu", max_bs=4)
+    phrase = list(range(200, 200 + 3 * width))            # long and distinct: the copy continues for many steps
+    req = _req("p", phrase * 2, phrase[:2], 1)             # committed: ..., phrase[0], phrase[1] (the root)
+    slots = torch.tensor([1])
+    cur_gen = feeder.publish(feeder.stage_batch([req], [3]), slots, step.buffers)
+    at = 2 * len(phrase) + 2                               # committed tokens the proposal was computed at
+    # meanwhile the device ran a step from root phrase[1] (position at - 1) that accepted K drafts + the bonus
+    alignment.ring_write_root(step.buffers, slots, torch.tensor([at - 1]), torch.tensor([phrase[1]]))
+    emitted = torch.tensor([phrase[2:2 + K + 1]])
+    alignment.ring_write_emitted(step.buffers, slots, torch.tensor([at - 1]), emitted, torch.tensor([K + 1]))
+    new_seq = torch.tensor([at - 1 + K + 1])
+    a = alignment.align(step.buffers, slots, cur_gen, new_seq)
+    assert int(a.shift) == K + 1 and int(a.length) >= K
+    tree = step.select(torch.tensor([phrase[2 + K]]), torch.tensor([[7, 8, 9]]), torch.tensor([[0.1, 0.1, 0.1]]),
+                       slots, cur_gen, new_seq)
+    assert tree.tokens[0, 1:1 + K].tolist() == phrase[3 + K:3 + 2 * K]
+    assert (tree.source[0, 1:1 + K] == Source.NGRAM).all()
 
 
 def test_decode_step_compiles_fullgraph(tmp_path):

@@ -81,8 +81,8 @@ def test_self_check_choose_and_merge_equal_plain_greedy():
 
 
 def test_streaming_abort_then_batch_equal_plain_greedy():
-    """A streaming HYBRID request aborted mid-generation (its slot and drafter state released), then the prompts as
-    one batch: every output token-identical to plain greedy decoding."""
+    """A streaming HYBRID request aborted mid-generation (its slot and drafter state released), then a code edit and
+    a chat as one batch: every output token-identical to plain greedy decoding."""
     proc = _run([sys.executable, str(DRIVER), "abort", str(PROMPTS)], timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -107,7 +107,7 @@ def test_tensor_parallel_two_ranks_equal_plain_greedy(tmp_path):
     one = tmp_path / "one.jsonl"
     one.write_text(PROMPTS.read_text().splitlines()[0] + "\n")        # the first code edit
     proc = _run([sys.executable, "-m", "sglang_hybrid.check", "--cpu", "--tp-size", "2", "--prompts", str(one),
-                 "--modes", "none,merge", "--max-new-tokens", "12"], timeout=900)
+                 "--modes", "none,merge", "--max-new-tokens", "8"], timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines[-1]["verdict"] == "PASS"

@@ -92,8 +92,13 @@ def test_worker_and_reference_loop_decide_the_same_tree(mode, tmp_path):
     settings = HybridSettings(mode=mode, ngram_k=K, n_nodes=8, cost_table=str(cost_file))
     worker = HybridStep(settings, num_steps=S, pool_size=4, device="cpu")
     slots, seq_lens, gen = torch.tensor([0, 2, 3]), torch.tensor([10, 20, 30]), torch.tensor([1, 1, 1])
-    alignment.publish(worker.buffers, slots, ngram.tokens, ngram.length, seq_lens + 1, gen, ngram.match_len,
-                      ngram.count, ngram.total, ngram.source)
+    pad = worker.proposal_width - K        # the worker buffers longer proposals; the extra columns stay empty
+
+    def wide(x, fill=0):
+        return torch.cat([x, torch.full((B, pad), fill, dtype=x.dtype)], 1)
+
+    alignment.publish(worker.buffers, slots, wide(ngram.tokens, -1), ngram.length, seq_lens + 1, gen,
+                      wide(ngram.match_len), wide(ngram.count), wide(ngram.total), wide(ngram.source))
     got_tree = worker.select(root, model.tokens, model.confidence, slots, gen, seq_lens)
 
     loop = ReferenceLoop(tiny_target().model, mode=mode, head=object(), n_nodes=8, ngram_k=K, ngram_tree=False)

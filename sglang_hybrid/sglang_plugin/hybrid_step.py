@@ -38,6 +38,10 @@ class HybridStep:
         self.n_nodes = settings.resolved_n_nodes(num_steps)
         #: deepest draft path the configuration allows (model chain or n-gram chain; merge shares prefixes)
         self.max_depth = min(self.n_nodes, max(num_steps, self.k))
+        #: tokens proposed and buffered per request: the host proposes one step late, and a step commits up to
+        #: ``max_depth + 1`` tokens (accepted path + bonus), so ``k + max_depth + 1`` leaves a full ``k``-token chain
+        #: after the shift even when the previous step accepted everything (see alignment.align)
+        self.proposal_width = self.k + self.max_depth + 1
         self.device = torch.device(device)
         model_cal = (ModelCalibration.load(settings.model_calibration) if settings.model_calibration
                      else ModelCalibration.identity())
@@ -45,7 +49,8 @@ class HybridStep:
             mode=settings.mode, n_nodes=self.n_nodes, model_calibration=model_cal.to(self.device),
             ngram_calibration=NgramCalibration.load(settings.ngram_calibration).to(self.device))
         self.cost = CostModel.load(settings.cost_table).to(self.device) if settings.cost_table else None
-        self.buffers = alignment.alloc_buffers(pool_size, self.k, max(2 * self.k, 16), self.device)
+        self.buffers = alignment.alloc_buffers(pool_size, self.proposal_width, max(2 * self.proposal_width, 16),
+                                               self.device)
         self.counters = counters if counters is not None else HybridCounters(self.device)
 
     def select(self, root_tokens: torch.Tensor, model_tokens: torch.Tensor, model_conf: torch.Tensor,
@@ -61,10 +66,11 @@ class HybridStep:
         alignment.ring_write_root(self.buffers, slots, seq_lens, root_tokens)
         ng = alignment.align(self.buffers, slots, cur_gen, seq_lens)
         model = ModelDraft(model_tokens, model_conf, torch.full((b,), s, dtype=torch.int64, device=dev))
-        ngram = NgramDraft(ng.tokens, chain_parents(b, self.k, dev), ng.length, ng.match_len, ng.count, ng.total,
-                           ng.depth, ng.source)
+        k = self.k           # the aligned proposal is up to proposal_width long; the selector sees its first k
+        ngram = NgramDraft(ng.tokens[:, :k], chain_parents(b, k, dev), ng.length.clamp(max=k), ng.match_len[:, :k],
+                           ng.count[:, :k], ng.total[:, :k], ng.depth[:, :k], ng.source[:, :k])
         d = self.decide(root_tokens, model, ngram, cost=self.cost, check_values=False)
-        self.counters.on_select(d.tree, ng.length, d.lam, d.b_star)
+        self.counters.on_select(d.tree, ngram.length, d.lam, d.b_star)
         return d.tree
 
     def after_verify(self, tree: VerifyTree, slots: torch.Tensor, seq_lens_before: torch.Tensor,

@@ -42,9 +42,12 @@ def tree_class(source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 class HybridCounters:
-    def __init__(self, device, log_interval: int = 0, snapshot_path: Optional[str] = None):
+    def __init__(self, device, log_interval: int = 0, snapshot_path: Optional[str] = None,
+                 verify_width: Optional[int] = None):
         self.device = torch.device(device)
         self.snapshot_path = snapshot_path
+        #: tokens verified per request (W); with it the summary reports the share of verify slots that are padding
+        self.verify_width = verify_width
         self.totals = torch.zeros(SIZE, dtype=torch.float64, device=self.device)
         self.log_interval = log_interval
         self._host_steps = 0
@@ -74,7 +77,7 @@ class HybridCounters:
 
     def snapshot(self) -> dict:
         """Host dict of the totals (synchronous: for tests and shutdown, not the step)."""
-        return summarize(self.totals.detach().cpu())
+        return summarize(self.totals.detach().cpu(), self.verify_width)
 
     def maybe_log(self) -> Optional[dict]:
         """Called once per step on the host; logs (and returns) the interval's summary when a copy has landed.
@@ -96,12 +99,12 @@ class HybridCounters:
         out = None
         if self._pending and (self._event is None or self._event.query()):
             cur = self._staging.clone()
-            out = summarize(cur - self._last)
+            out = summarize(cur - self._last, self.verify_width)
             self._last = cur
             self._pending = False
             logger.info("HYBRID %s", format_summary(out))
             if self.snapshot_path:
-                write_snapshot(self.snapshot_path, summarize(cur))
+                write_snapshot(self.snapshot_path, summarize(cur, self.verify_width))
         return out
 
 
@@ -113,7 +116,7 @@ def write_snapshot(path: str, summary: dict) -> None:
     os.replace(tmp, path)
 
 
-def summarize(v: torch.Tensor) -> dict:
+def summarize(v: torch.Tensor, verify_width: Optional[int] = None) -> dict:
     v = v.tolist()
     reqs = max(v[REQS], 1.0)
     out = {"steps": int(v[STEPS]), "requests": int(v[REQS]),
@@ -123,12 +126,17 @@ def summarize(v: torch.Tensor) -> dict:
         n = v[REQ[c]]
         out[f"chosen_{c}"] = int(n)
         out[f"mean_accepted_{c}"] = v[ACC[c]] / n if n else 0.0
+    if verify_width:
+        # verify slots spent on padding: the width is fixed while the price may select fewer nodes
+        out["padded_fraction"] = 1.0 - (out["mean_nodes"] + 1.0) / verify_width if v[REQS] else 0.0
     return out
 
 
 def format_summary(s: dict) -> str:
     parts = [f"steps={s['steps']}", f"lambda={s['mean_lambda']:.4f}", f"b*={s['mean_b_star']:.1f}",
              f"ngram_avail={s['ngram_available']:.2f}", f"nodes/req={s['mean_nodes']:.2f}"]
+    if "padded_fraction" in s:
+        parts.append(f"padded={s['padded_fraction']:.2f}")
     for c in CLASSES:
         parts.append(f"{c}={s[f'chosen_{c}']}(acc {s[f'mean_accepted_{c}']:.2f})")
     return " ".join(parts)

@@ -219,8 +219,10 @@ class HybridWorkerV2(EAGLEWorkerV2):
                 f"{self.speculative_num_draft_tokens} vs n_nodes + 1 = {self.hybrid_step.n_nodes + 1}")
         from sglang_hybrid.ngram import NgramDrafter
 
-        drafter = NgramDrafter(max_draft=self.settings.ngram_k, **self.settings.ngram_options)
-        self.feeder = NgramFeeder(drafter, self.settings.ngram_k, self.device, pool_size, self.settings.ngram_donate)
+        self.counters.verify_width = self.hybrid_step.n_nodes + 1
+        width = self.hybrid_step.proposal_width
+        drafter = NgramDrafter(max_draft=width, **self.settings.ngram_options)
+        self.feeder = NgramFeeder(drafter, width, self.device, pool_size, self.settings.ngram_donate)
         from sglang.srt.layers.dp_attention import get_dp_tp_group
 
         group = get_dp_tp_group()
