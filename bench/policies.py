@@ -16,6 +16,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from sglang_hybrid.selector import Source
+
 
 @dataclasses.dataclass
 class Proposal:
@@ -24,7 +26,7 @@ class Proposal:
     tokens  int64 [B, N]: node token, -1 = no node (valid nodes form a prefix of each row)
     parents int64 [B, N]: parent node index in the same row, -1 = child of the last committed token; parents[i] < i
     model_steps: EAGLE draft forwards run this step for the whole batch (charged by the cost model)
-    source  int8 [B, N] or None: 0 model, 1 n-gram, 2 both (for the per-source shares in the report)
+    source  int8 [B, N] or None: `Source` values (model, n-gram, shared; for the per-source shares in the report)
     """
 
     tokens: np.ndarray
@@ -176,9 +178,9 @@ class NgramElseEagle(Policy):
         src = np.full((b, width), -1, np.int8)
         use_ng = nlens > 0
         toks[use_ng, : self.k_ngram] = mask_chain(ntoks, nlens)[use_ng]
-        src[use_ng, : self.k_ngram] = 1
+        src[use_ng, : self.k_ngram] = Source.NGRAM
         toks[~use_ng, : self.k_eagle] = etoks[~use_ng]
-        src[~use_ng, : self.k_eagle] = 0
+        src[~use_ng, : self.k_eagle] = Source.MODEL
         steps = self.k_eagle + 1 if (~use_ng).any() else 0
         return Proposal(toks, chain_parents_np(b, width), steps, src)
 

@@ -20,6 +20,8 @@ import math
 
 import numpy as np
 
+from sglang_hybrid.selector import Source
+
 from bench import policies as P
 from bench.replay_costs import BatchCost
 from bench.replay_drafts import DraftBank
@@ -121,7 +123,7 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
         tot["msteps"] += prop.model_steps
         tot["lam"] += float(getattr(policy, "last_lambda", 0.0))
         if prop.source is not None:
-            tot["ng"] += int(((prop.source == 1) | (prop.source == 2))[toks >= 0].sum())
+            tot["ng"] += int(((prop.source == Source.NGRAM) | (prop.source == Source.SHARED))[toks >= 0].sum())
         pos = pos + emitted
         done = np.nonzero(pos >= bank.lengths[req])[0]
         stop = False

@@ -69,19 +69,19 @@ def retract_case(model: str, prompts: list[str]) -> dict:
     and re-prefills it later. HYBRID's drafter state for a retracted request must be rebuilt, never reused."""
     from transformers import AutoTokenizer
 
-    n_new = 12
+    n_new = 16
     code = [p for p in prompts if "```python" in p][:2]
     reference = _reference(model, code, n_new)
     tok = AutoTokenizer.from_pretrained(model)
     prompt_tokens = sum(len(tok(p)["input_ids"]) for p in code)
-    eng = _engine(model, hybrid=True, max_total_tokens=prompt_tokens + 40, schedule_conservativeness=0.01,
+    eng = _engine(model, hybrid=True, max_total_tokens=prompt_tokens + 32, schedule_conservativeness=0.01,
                   max_running_requests=2)
     try:
         out = eng.generate(code, dict(GREEDY, max_new_tokens=n_new))
     finally:
         eng.shutdown()
     return {"reference": reference, "hybrid": [o["output_ids"] for o in out],
-            "retractions": [o["meta_info"].get("num_retractions", 0) for o in out], "pool": prompt_tokens + 40}
+            "retractions": [o["meta_info"].get("num_retractions", 0) for o in out], "pool": prompt_tokens + 32}
 
 
 def main() -> None:

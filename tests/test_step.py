@@ -71,9 +71,10 @@ def test_only_the_core_step_composes_price_and_selection():
 
 
 @pytest.mark.parametrize("mode", ["choose", "merge"])
-def test_worker_and_reference_loop_decide_the_same_tree(mode, tmp_path):
-    """The SGLang worker's ``HybridStep`` (n-gram proposal published and aligned on the device first) and the CPU
-    reference loop give the same tree, budget and price as the core step for the same drafts."""
+def test_worker_reference_loop_and_replay_decide_the_same_tree(mode, tmp_path):
+    """The SGLang worker's ``HybridStep`` (n-gram proposal published and aligned on the device first), the CPU
+    reference loop and the replay's HYBRID policy core give the same tree, budget and price as the core step for the
+    same drafts."""
     pytest.importorskip("sglang.srt.speculative.eagle_worker_v2", reason="sglang is not installed")
     from sglang_hybrid.reference.loop import ReferenceLoop
     from sglang_hybrid.reference.models import tiny_target
@@ -105,11 +106,20 @@ def test_worker_and_reference_loop_decide_the_same_tree(mode, tmp_path):
     assert isinstance(loop.decide, DecisionStep)
     loop_d = loop.decide(root, model, ngram, cost=cost.to("cpu"))
 
-    for got in (got_tree, loop_d.tree):
+    from bench.policies import _Core
+
+    core = _Core()
+    feats = {k: getattr(ngram, k).numpy() for k in ("tokens", "match_len", "count", "total", "depth", "source")}
+    replay_d = core.decide(root.numpy(), mode, 8, cost.to("cpu"),
+                           model=core.model_draft(model.tokens.numpy(), model.confidence.numpy()),
+                           ngram=core.ngram_draft(dict(feats, lengths=ngram.length.numpy()), tree=False))
+
+    for got in (got_tree, loop_d.tree, replay_d.tree):
         for name in want.tree._fields:
             a, b = getattr(want.tree, name), getattr(got, name)
             assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b), name
-    assert torch.equal(loop_d.b_star, want.b_star) and torch.equal(loop_d.lam, want.lam)
+    for d in (loop_d, replay_d):
+        assert torch.equal(d.b_star, want.b_star) and torch.equal(d.lam, want.lam)
     if mode == "merge":
         assert (want.tree.source == Source.SHARED).any()          # the shared prefix was folded
 
