@@ -29,7 +29,9 @@ import torch
 from sglang_hybrid.sglang_plugin import alignment
 from sglang_hybrid.sglang_plugin.ngram_host import NgramFeeder
 
-K = 8                 # n-gram width proposed per request (the shipped ngram_k)
+# tokens proposed per request per step in the shipped configuration (merge, ngram_k 8, 4 EAGLE steps): the worker
+# buffers ngram_k + max_depth + 1 = 8 + 8 + 1 so that a proposal survives a step that accepted everything
+K = 17
 TARGET_MS = 1.0
 
 
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     stream = long_context_stream(max(contexts) * 4 + args.steps * args.accepted, seed=0)
-    print(f"host feeding path per decode step (NgramFeeder.stage_batch + publish, CPU tensors), k={K}, "
+    print(f"host feeding path per decode step (NgramFeeder.stage_batch + publish, CPU tensors), {K} tokens proposed, "
           f"{args.accepted} tokens committed per request per step, medians of {args.steps} steps; real text")
     hdr = (f"{'batch':>5} {'context':>8} {'admission ms':>13} {'step ms':>9} {'old rebuild ms':>15} "
            f"{'proposals':>9}")

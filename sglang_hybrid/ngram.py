@@ -8,8 +8,8 @@ Input policy (documented choice):
 
 * token and id arrays: numpy integer arrays of any integer dtype and Python sequences of ints are accepted;
   int32/int64 C-contiguous arrays are the zero-conversion fast path, other integer dtypes are converted once;
-* float/bool/object arrays or sequences raise ``TypeError``; arrays that are not 1-D or not C-contiguous raise
-  ``ValueError`` (we never copy a strided view silently: ``np.ascontiguousarray`` is one call away);
+* float/bool/object arrays or sequences raise ``TypeError``; arrays that are not 1-D raise ``ValueError``; a strided
+  (not C-contiguous) 1-D view, such as a column of a 2-D batch, is copied once into a contiguous array;
 * token ids must be ``0 <= t < vocab_size`` (or ``< 2**31`` without ``vocab_size``): ``ValueError``;
 * unknown request ids raise ``KeyError``; starting an id twice, extending a finished request, ``k``/``n_nodes``
   out of range raise ``ValueError``. A rejected call changes nothing (every other request is intact).
@@ -64,10 +64,9 @@ def _int_array(x, name: str) -> np.ndarray:
     """1-D C-contiguous int32/int64 view or conversion of ``x`` (see the module docstring for the policy).
 
     Fast path (one step of a serving loop calls this a few times, so it must cost ~100 ns, not microseconds): a plain
-    1-D int32/int64 ndarray is returned as is; the Rust core itself rejects a non-contiguous one with the same
-    ``ValueError`` this function raises, and checks every token id.
+    1-D C-contiguous int32/int64 ndarray is returned as is; the Rust core checks every token id.
     """
-    if type(x) is np.ndarray and x.ndim == 1 and (x.dtype is _I32 or x.dtype is _I64):
+    if type(x) is np.ndarray and x.ndim == 1 and (x.dtype is _I32 or x.dtype is _I64) and x.flags.c_contiguous:
         return x
     if isinstance(x, np.ndarray):
         a = x
@@ -90,7 +89,7 @@ def _int_array(x, name: str) -> np.ndarray:
     if a.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
     if not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous (use numpy.ascontiguousarray)")
+        a = np.ascontiguousarray(a)     # the core reads arrays in place: a strided view is copied once
     if a.dtype in _FAST:
         return a
     if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
