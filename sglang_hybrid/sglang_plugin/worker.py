@@ -7,8 +7,10 @@ Decode step (everything on the device except the first bullet, which is host boo
 * ``HybridDraftWorker.draft``: the EAGLE chain (topk = 1, ``num_steps`` tokens; CUDA graph when available) plus the
   softmax probability of every drafted token (``step_conf``, recorded inside ``draft_forward`` so the draft graph
   captures it);
-* ``HybridStep.select``: align n-gram proposals, calibrate, survivals, price, choose or merge -> ``VerifyTree``;
-* ``build_verify_input`` -> ``HybridVerifyInput``; SGLang's verify body (``run_eagle_verify``) with the tree branch
+* ``HybridStep.select``: align n-gram proposals, then the core's ``step.DecisionStep`` (calibrate, survivals, price,
+  choose or merge) -> ``VerifyTree``; under tensor parallelism every rank then takes rank 0's tree (``TreeBroadcast``);
+* ``build_verify_input`` -> ``HybridVerifyInput`` (FULL_MASK for FlashInfer and Triton, see ``verify_mask_target``);
+  SGLang's verify body (``run_eagle_verify``) with the tree branch
   on, which compacts the accepted path to the front when it is not a front prefix (n-gram branch of a merged tree);
 * ``on_publish``, draft extend (EAGLE's), then the emitted tokens go into the per-slot ring used by alignment.
 
