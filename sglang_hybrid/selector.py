@@ -166,7 +166,7 @@ def _check_inputs(root_tokens, candidates, lam, mode, n_nodes, check_values):
             check_parents(c.parents, v, f"{n}.parents")
 
 
-def _fold_identical_paths(tok, par, depth, valid, src, max_depth: int):
+def _fold_identical_paths(tok, par, depth, valid, max_depth: int):
     """Merge: fold every node whose token path equals an earlier pool node's path into that node.
 
     Pool arrays ``[B, P]`` (``par`` = pool index of the parent, ``-1`` for children of the root). Returns
@@ -227,7 +227,7 @@ def select(root_tokens: torch.Tensor, candidates: Sequence[Candidates], lam: Uni
 
     if mode == "merge" and len(candidates) > 1 and offset > 0:
         max_depth = max(c.tokens.shape[1] for c in candidates)
-        rep, same = _fold_identical_paths(p_tok, p_par, p_depth, p_valid, p_src, max_depth)
+        rep, same = _fold_identical_paths(p_tok, p_par, p_depth, p_valid, max_depth)
         # a kept node takes the best estimate of its class, and SHARED when another drafter proposed it too
         p_surv = torch.where(same, p_surv[:, :, None], torch.zeros((), dtype=f32, device=dev)).amax(1)
         shared = (same & (p_src[:, :, None] != p_src[:, None, :])).any(1)

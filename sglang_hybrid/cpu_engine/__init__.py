@@ -31,6 +31,11 @@ CPU_ENV = {
 
 def prepare_environment(tp_size: int = 1) -> None:
     """Set the CPU engine's environment and path; call before the first ``import sglang`` of the process."""
+    for name in ("sglang", "triton"):
+        if name in sys.modules:
+            raise RuntimeError(
+                f"sglang_hybrid.cpu_engine.prepare_environment() must run before '{name}' is imported "
+                "(SGLang reads SGLANG_USE_CPU_ENGINE and Triton reads TRITON_INTERPRET at import)")
     for key, value in CPU_ENV.items():
         os.environ[key] = value
     # One NUMA node here: SGLang's default binding asserts tp ranks <= NUMA nodes. One thread set per rank.
@@ -45,15 +50,10 @@ def prepare_environment(tp_size: int = 1) -> None:
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if stand_in not in parts:
         os.environ["PYTHONPATH"] = os.pathsep.join([stand_in] + parts)
-    for name in ("sglang", "triton", "sgl_kernel"):
-        if name in sys.modules and name != "sgl_kernel":
-            raise RuntimeError(
-                f"sglang_hybrid.cpu_engine.prepare_environment() must run before '{name}' is imported "
-                "(SGLang reads SGLANG_USE_CPU_ENGINE and Triton reads TRITON_INTERPRET at import)")
 
 
 def engine_kwargs(model_path: str, *, speculative: Optional[dict] = None, tp_size: int = 1,
-                  max_new_tokens_hint: int = 64, max_running_requests: int = 4) -> dict:
+                  max_running_requests: int = 4) -> dict:
     """``sglang.Engine`` arguments for a CPU run (float32: a bf16 run produced garbage on this CPU engine).
 
     ``speculative``: extra speculative arguments (``speculative_algorithm``, draft path, steps), or None for plain
