@@ -27,7 +27,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
+
 MODES = ("none", "choose", "merge")
+# HYBRID settings the check sets for each engine it starts (inherited by SGLang's spawned processes)
+_ENV_MODE, _ENV_COUNTERS, _ENV_LOG_INTERVAL = (ENV_PREFIX + "MODE", ENV_PREFIX + "COUNTERS_FILE",
+                                               ENV_PREFIX + "LOG_INTERVAL")
 DEFAULT_DRAFT = Path(__file__).resolve().parent / "data" / "eagle_smollm2"
 
 
@@ -90,8 +95,7 @@ def run_mode(args, mode: str, prompts: list[str]) -> tuple[list[dict], dict | No
         fd, counters_path = tempfile.mkstemp(prefix="hybrid_counters_", suffix=".json")
         os.close(fd)
         os.unlink(counters_path)
-        os.environ.update(SGLANG_HYBRID_MODE=mode, SGLANG_HYBRID_COUNTERS_FILE=counters_path,
-                          SGLANG_HYBRID_LOG_INTERVAL="1")
+        os.environ.update({_ENV_MODE: mode, _ENV_COUNTERS: counters_path, _ENV_LOG_INTERVAL: "1"})
     engine = sglang.Engine(**engine_arguments(args, mode))
     try:
         start = time.perf_counter()
@@ -99,7 +103,7 @@ def run_mode(args, mode: str, prompts: list[str]) -> tuple[list[dict], dict | No
         seconds = time.perf_counter() - start
     finally:
         engine.shutdown()
-        for key in ("SGLANG_HYBRID_MODE", "SGLANG_HYBRID_COUNTERS_FILE", "SGLANG_HYBRID_LOG_INTERVAL"):
+        for key in (_ENV_MODE, _ENV_COUNTERS, _ENV_LOG_INTERVAL):
             os.environ.pop(key, None)
     counters = None
     if counters_path is not None:

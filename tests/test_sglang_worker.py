@@ -56,9 +56,11 @@ def test_mask_into_tritons_uint8_buffer():
     mask = maybe_create_verify_mask(is_draft_runner=False, skip_prefill=False, max_bs=bs, max_context_len=ctx,
                                     num_draft_tokens=w, device="cpu", is_read=True, dtype=torch.uint8)
     assert mask.buffer.dtype == torch.uint8
-    mode, buf = hw.verify_mask_target(_Backend(mask), bs)
-    assert mode == TreeMaskMode.FULL_MASK and buf is mask.buffer
+    assert mask.mode == TreeMaskMode.FULL_MASK         # outside a CPU engine, SGLang's default layout
+    buf = hw.verify_mask_buffer(_Backend(mask), bs)
+    assert buf is mask.buffer
     total = int(seq_lens.sum())
+    mode = TreeMaskMode.FULL_MASK
     fresh = build_verify_input(tree, seq_lens, num_steps=3, max_depth=4, mask_mode=mode, seq_lens_sum=total)
     into = build_verify_input(tree, seq_lens, num_steps=3, max_depth=4, mask_mode=mode, seq_lens_sum=total,
                               mask_buf=buf)
@@ -71,10 +73,11 @@ def test_mask_mode_follows_the_backend_not_the_platform():
     """On SGLang's CPU engine ``default_tree_mask_mode()`` answers QLEN_ONLY (intel_amx's layout), but Triton reads
     FULL_MASK: the worker builds FULL_MASK and never writes into a buffer of another layout."""
     qlen = VerifyMask(buffer=torch.zeros(4 * 13 * 13, dtype=torch.uint8), mode=TreeMaskMode.QLEN_ONLY, max_bs=4)
-    assert hw.verify_mask_target(_Backend(qlen), 2) == (TreeMaskMode.FULL_MASK, None)
-    assert hw.verify_mask_target(_Backend(None), 2) == (TreeMaskMode.FULL_MASK, None)
+    assert hw.verify_mask_buffer(_Backend(qlen), 2) is None
+    assert hw.verify_mask_buffer(_Backend(None), 2) is None
     full = VerifyMask(buffer=torch.zeros(2 * 13 * 80, dtype=torch.uint8), mode=TreeMaskMode.FULL_MASK, max_bs=2)
-    assert hw.verify_mask_target(_Backend(full), 3) == (TreeMaskMode.FULL_MASK, None)     # batch too large for it
+    assert hw.verify_mask_buffer(_Backend(full), 3) is None               # batch too large for it
+    assert hw.verify_mask_buffer(_Backend(full), 2) is full.buffer
 
 
 def test_tree_pack_roundtrip_is_exact():

@@ -9,7 +9,7 @@ Decode step (everything on the device except the first bullet, which is host boo
   captures it);
 * ``HybridStep.select``: align n-gram proposals, then the core's ``step.DecisionStep`` (calibrate, survivals, price,
   choose or merge) -> ``VerifyTree``; under tensor parallelism every rank then takes rank 0's tree (``TreeBroadcast``);
-* ``build_verify_input`` -> ``HybridVerifyInput`` (FULL_MASK for FlashInfer and Triton, see ``verify_mask_target``);
+* ``build_verify_input`` -> ``HybridVerifyInput`` (FULL_MASK for FlashInfer and Triton, see ``verify_mask_buffer``);
   SGLang's verify body (``run_eagle_verify``) with the tree branch
   on, which compacts the accepted path to the front when it is not a front prefix (n-gram branch of a merged tree);
 * ``on_publish``, draft extend (EAGLE's), then the emitted tokens go into the per-slot ring used by alignment.
@@ -54,19 +54,21 @@ _construct_lock = threading.Lock()
 TREE_MASK_BACKEND_CLASSES = ("FlashInferAttnBackend", "TritonAttnBackend")
 
 
-def verify_mask_target(attn, bs: int):
-    """``(mode, buffer)`` for the verify mask of target backend ``attn`` and a batch of ``bs`` requests.
+def verify_mask_buffer(attn, bs: int) -> Optional[torch.Tensor]:
+    """The target backend's preallocated verify-mask buffer to write a FULL_MASK batch of ``bs`` requests into, or
+    None (then the builder allocates a fresh mask).
 
-    FlashInfer and Triton read the FULL_MASK layout (per request ``W x (seq_len + W)``) in their verify paths. SGLang
-    0.5.23 asks ``default_tree_mask_mode()``, which answers QLEN_ONLY on a CPU engine (the layout of its intel_amx
-    kernel): with the Triton backend on CPU that mask is read as FULL_MASK and verification is silently wrong. So the
-    mode follows the backend, not the platform. The backend's preallocated buffer (which its verify CUDA graph reads)
-    is used when it exists, has that layout and fits the batch, as SGLang's ``build_eagle_verify_input`` does.
+    HYBRID always builds FULL_MASK (per request ``W x (seq_len + W)``): FlashInfer and Triton, the only backends it
+    accepts, read that layout. SGLang 0.5.23 asks ``default_tree_mask_mode()``, which answers QLEN_ONLY on a CPU engine
+    (the layout of its intel_amx kernel): with the Triton backend on CPU that mask is read as FULL_MASK and verification
+    is silently wrong. So the layout follows the backend, not the platform. The preallocated buffer (which the verify
+    CUDA graph reads) is used only when it has that layout and fits the batch, as SGLang's
+    ``build_eagle_verify_input`` does.
     """
     verify_mask = attn.verify_mask
     if verify_mask is not None and verify_mask.mode == TreeMaskMode.FULL_MASK and verify_mask.fits(bs):
-        return TreeMaskMode.FULL_MASK, verify_mask.buffer
-    return TreeMaskMode.FULL_MASK, None
+        return verify_mask.buffer
+    return None
 
 
 @contextlib.contextmanager
@@ -249,15 +251,10 @@ class HybridWorkerV2(EAGLEWorkerV2):
         # Same mask placement rule as SGLang's build_eagle_verify_input: the backend's preallocated buffer (which its
         # verify CUDA graph reads) when it has one and the batch fits, else a fresh tensor.
         bs = batch.seq_lens.shape[0]
-        mode, mask_buf = verify_mask_target(attn, bs)
-        seq_lens_sum = None
-        if mode == TreeMaskMode.FULL_MASK:
-            seq_lens_sum = batch.seq_lens_sum
-            if seq_lens_sum is None:
-                seq_lens_sum = bs * attn.max_context_len
+        seq_lens_sum = batch.seq_lens_sum if batch.seq_lens_sum is not None else bs * attn.max_context_len
         return build_verify_input(tree, batch.seq_lens, num_steps=self.speculative_num_steps,
-                                  max_depth=self.hybrid_step.max_depth, mask_mode=mode, seq_lens_sum=seq_lens_sum,
-                                  mask_buf=mask_buf)
+                                  max_depth=self.hybrid_step.max_depth, mask_mode=TreeMaskMode.FULL_MASK,
+                                  seq_lens_sum=seq_lens_sum, mask_buf=verify_mask_buffer(attn, bs))
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
