@@ -12,11 +12,28 @@ enters the selector as an empty source, so ties resolve exactly as with both pre
 the batch's cost table over every candidate's survival (``price.price_device``); without a cost table ``lambda = 0``
 (verify every draft with positive survival) and ``b*`` is the whole candidate pool.
 
+Verify width. An engine that verifies a ragged batch (each request exactly its selected nodes: the replay's ideal
+mode) lets the price mask nodes: ``lambda`` trims the tree and ``b*`` is the budget. An engine that pads every request
+to a captured width (SGLang's CUDA graphs) passes ``widths``, the widths it can run: the price then becomes the choice
+of width (``widths.choose_width``: the bucket of highest padded goodput), every request fills its ``W - 1`` slots
+with its best-ranked nodes (padding slots cost the same as used ones), and ``Decision.next_width`` is the bucket the
+*next* step should verify at; this step verifies at ``width``, the bucket decided before (one step late, because the
+engine must pick a captured graph on the host without waiting for the device).
+
+Draft depth (adaptive drafting). The model draft costs a forward per token on every step. With ``depths`` (the
+EAGLE depths the engine can run, e.g. 1, 2, 4) the step also decides how deep the *next* step drafts: for every
+candidate depth it selects the tree that depth would allow (survivals beyond this step's depth extrapolated flat in
+depth, as EAGLE-3 reports its acceptance: ``a = s_last ** (1 / depth)`` per request) and picks the (depth, width)
+pair of highest goodput ``(R + expected drafts) / (T(R W) + depth * t_draft(R))`` (``widths.choose_plan``): a model
+chain is drafted only as deep as its expected gain over the n-gram alternative pays for its forwards. Depth 1 is the
+floor: SGLang's draft extend, which keeps the draft model's KV cache current, runs every step and yields the first
+token anyway.
+
 Static shapes, no host sync: CUDA-graph and ``torch.compile(fullgraph=True)`` safe (value checks off).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 
@@ -25,6 +42,11 @@ from .cost import CostTables
 from .price import price_device
 from .selector import Candidates, Source, VerifyTree, select
 from .survival import chain_survival, tree_survival
+from .widths import check_buckets, choose_plan, truncate
+
+#: token id of model-chain positions beyond the drafted depth in the depth evaluation: never a real token (vocabularies
+#: are below 2**31), so it never folds with an n-gram node; those trees are only scored, never verified
+_UNDRAFTED = 1 << 40
 
 
 class ModelDraft(NamedTuple):
@@ -54,13 +76,18 @@ class NgramDraft(NamedTuple):
 
 class Decision(NamedTuple):
     """The step's outcome: the verify tree, the goodput budget ``b_star`` (0-dim int64) and the price ``lam``
-    (0-dim float32), plus the candidates' survivals (``[B, S]`` / ``[B, K]``) for logging and traces."""
+    (0-dim float32), the candidates' survivals (``[B, S]`` / ``[B, K]``) for logging and traces, and ``next_width``
+    (0-dim int64): the verify width the next step should use (with width buckets: the chosen bucket; ragged: the
+    full width ``n_nodes + 1``), and ``next_depth`` (0-dim int64): the model-draft depth the next step should use
+    (with depth candidates: the chosen one; else this step's depth)."""
 
     tree: VerifyTree
     b_star: torch.Tensor
     lam: torch.Tensor
     model_survival: torch.Tensor
     ngram_survival: torch.Tensor
+    next_width: torch.Tensor
+    next_depth: torch.Tensor
 
 
 class DecisionStep:
@@ -69,10 +96,14 @@ class DecisionStep:
     ``model_calibration`` / ``ngram_calibration`` are the *tables* on the engine's device
     (``ModelCalibration.to(device)``, ``NgramCalibration.to(device)``); the model default is identity scaling on the
     CPU. ``ngram_calibration`` may be None for engines that never pass an ``NgramDraft`` (model-only baselines).
+    ``widths``: the verify widths the engine can run (padded verify, see the module docstring); None: ragged verify,
+    the price masks nodes. ``depths``: the model-draft depths the engine can run (adaptive drafting, padded verify
+    only); None: the engine always drafts the same depth.
     """
 
     def __init__(self, *, mode: str, n_nodes: int, model_calibration: Optional[ModelCalibrationTables] = None,
-                 ngram_calibration: Optional[NgramCalibrationTables] = None):
+                 ngram_calibration: Optional[NgramCalibrationTables] = None, widths: Optional[Sequence[int]] = None,
+                 depths: Optional[Sequence[int]] = None):
         if mode not in ("choose", "merge"):
             raise ValueError(f"mode must be 'choose' or 'merge', got {mode!r}")
         for name, tables in (("model_calibration", model_calibration), ("ngram_calibration", ngram_calibration)):
@@ -82,6 +113,51 @@ class DecisionStep:
         self.mode, self.n_nodes = mode, int(n_nodes)
         self.model_cal = model_calibration if model_calibration is not None else ModelCalibration.identity().to()
         self.ngram_cal = ngram_calibration
+        self.widths = None if widths is None else check_buckets(list(widths), self.n_nodes + 1)
+        if depths is not None:
+            if self.widths is None:
+                raise ValueError("depths (adaptive drafting) need padded verify: pass widths too")
+            if not depths or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in depths):
+                raise ValueError(f"depths must be a non-empty list of ints >= 1 (model-draft depths), got {depths!r}")
+            depths = tuple(sorted(set(depths)))
+        self.depths = depths
+        self._bucket_tensors: dict = {}
+
+    @property
+    def max_width(self) -> int:
+        """The widest verify tree: ``n_nodes + 1``."""
+        return self.n_nodes + 1
+
+    def _constant(self, name: str, values, device) -> torch.Tensor:
+        # built once per device, outside any graph capture (a host-to-device copy cannot be captured)
+        key = (name, str(device))
+        if key not in self._bucket_tensors:
+            self._bucket_tensors[key] = torch.tensor(values, dtype=torch.int64, device=device)
+        return self._bucket_tensors[key]
+
+    def _depth_candidates(self, model_c: Candidates, ngram_c: Candidates):
+        """The model chain as each candidate depth would draft it, stacked depth-major over the batch: ``D`` copies of
+        the batch whose model chains are cut to (or extrapolated up to) ``depths[d]``; the n-gram side repeats."""
+        b, s = model_c.tokens.shape
+        dev = model_c.tokens.device
+        d_max = self.depths[-1]
+        nd = len(self.depths)
+        j = torch.arange(d_max, device=dev, dtype=torch.int64)
+        surv = model_c.survival.to(torch.float32)
+        last = surv[:, s - 1:s].clamp(min=0.0)                                               # [B, 1]
+        rate = last ** (1.0 / s)                                       # per-position acceptance, flat in depth
+        beyond = last * rate ** (j[None, :] - (s - 1)).clamp(min=0).to(torch.float32)
+        ext_s = torch.cat([surv, beyond[:, s:]], 1) if d_max > s else surv[:, :d_max]
+        ext_t = torch.cat([model_c.tokens, (_UNDRAFTED + j[s:])[None, :].expand(b, d_max - s)], 1) \
+            if d_max > s else model_c.tokens[:, :d_max]
+        full_len = torch.where(model_c.length >= s, torch.full_like(model_c.length, d_max), model_c.length)
+        dt = self._constant("depths", self.depths, dev)
+        lengths = torch.minimum(full_len[None, :], dt[:, None]).reshape(nd * b)
+        rep = lambda x: x.repeat(nd, *([1] * (x.dim() - 1)))  # noqa: E731
+        model_s = Candidates.chain(rep(ext_t), rep(ext_s), lengths, Source.MODEL)
+        ngram_s = Candidates(rep(ngram_c.tokens), rep(ngram_c.parents), rep(ngram_c.survival), rep(ngram_c.length),
+                             Source.NGRAM)
+        return model_s, ngram_s, dt
 
     def model_survival(self, draft: ModelDraft, check_values: Optional[bool] = None) -> torch.Tensor:
         b, s = draft.tokens.shape
@@ -101,12 +177,21 @@ class DecisionStep:
 
     def __call__(self, root_tokens: torch.Tensor, model: Optional[ModelDraft] = None,
                  ngram: Optional[NgramDraft] = None, *, cost: Optional[CostTables] = None,
-                 batch: Union[int, torch.Tensor, None] = None, check_values: Optional[bool] = None) -> Decision:
+                 batch: Union[int, torch.Tensor, None] = None, check_values: Optional[bool] = None,
+                 width: Optional[int] = None, draft_cost: Optional[CostTables] = None) -> Decision:
         """Decide the verify tree for one decode step.
 
         ``root_tokens [B]``: each request's last committed token. ``cost``: the batch's step-time tables (None: price
-        0). ``batch``: the number of requests the price spreads the budget over (default ``B``).
+        0). ``batch``: the number of requests the price spreads the budget over (default ``B``). ``width`` (padded
+        verify only): this step's verify width, one of ``widths`` (default: the widest); the tree has that width.
+        ``draft_cost``: time of one model-draft forward by batch size (adaptive drafting; None: drafting is free, so
+        the deepest depth wins). With ``depths`` the model chain must be drafted at one of them.
         """
+        if width is not None:
+            if self.widths is None:
+                raise ValueError("width is for padded verify; construct the DecisionStep with widths=...")
+            if width not in self.widths:
+                raise ValueError(f"width {width!r} is not one of the verify width buckets {self.widths}")
         b = root_tokens.shape[0]
         dev = root_tokens.device
         if model is not None:
@@ -122,6 +207,32 @@ class DecisionStep:
         else:
             ngram_c = Candidates.empty(b, Source.NGRAM, dev)
             s_n = ngram_c.survival
+        cur_depth = torch.full((), model_c.tokens.shape[1], dtype=torch.int64, device=dev)
+        if self.widths is not None:
+            # padded verify: every eligible node competes for the slots (lambda 0); the width is the price's choice
+            buckets = self._constant("widths", self.widths, dev)
+            r = b if batch is None else batch
+            root = root_tokens.to(torch.int64)
+            if self.depths is not None and model is not None:
+                s_now = model_c.tokens.shape[1]
+                if s_now not in self.depths:
+                    raise ValueError(f"the model chain has {s_now} tokens but the draft depths are {self.depths}")
+                model_s, ngram_s, dt = self._depth_candidates(model_c, ngram_c)
+                nd = len(self.depths)
+                stack = select(root.repeat(nd), [model_s, ngram_s], 0.0, mode=self.mode, n_nodes=self.n_nodes,
+                               check_values=check_values)
+                w = self.max_width
+                choice = choose_plan(stack.survival.reshape(nd, b, w), stack.valid.reshape(nd, b, w), buckets, cost, r,
+                                     dt, draft_cost)
+                # this step's tree is the block of the depth it drafted (only real tokens there)
+                k = self.depths.index(s_now)
+                full = type(stack)(*(x[k * b:(k + 1) * b] for x in stack))
+            else:
+                full = select(root, [model_c, ngram_c], 0.0, mode=self.mode, n_nodes=self.n_nodes,
+                              check_values=check_values)
+                choice = choose_plan(full.survival[None], full.valid[None], buckets, cost, r, cur_depth.reshape(1))
+            tree = truncate(full, self.max_width if width is None else width)
+            return Decision(tree, choice.b_star, choice.lam, s_m, s_n, choice.width, choice.depth)
         if cost is not None:
             b_star, lam = price_device(torch.cat([s_m, s_n], 1), b if batch is None else batch, cost,
                                        check_values=check_values)
@@ -131,7 +242,8 @@ class DecisionStep:
             lam = torch.zeros((), dtype=torch.float32, device=dev)
         tree = select(root_tokens.to(torch.int64), [model_c, ngram_c], lam, mode=self.mode, n_nodes=self.n_nodes,
                       check_values=check_values)
-        return Decision(tree, b_star, lam, s_m, s_n)
+        next_width = torch.full((), self.max_width, dtype=torch.int64, device=dev)
+        return Decision(tree, b_star, lam, s_m, s_n, next_width, cur_depth)
 
 
 __all__ = ["Decision", "DecisionStep", "ModelDraft", "NgramDraft"]

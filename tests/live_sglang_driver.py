@@ -1,7 +1,8 @@
 """Live-engine scenarios the self-check does not cover, run in a process of their own (SGLang's CPU engine needs its
 environment set before ``sglang`` is imported, so never inside the pytest process). Used by ``test_sglang_live.py``.
 
-    python tests/live_sglang_driver.py abort PROMPTS.jsonl      # HYBRID merge: streaming abort, then a batch
+    python tests/live_sglang_driver.py abort PROMPTS.jsonl      # HYBRID merge switching width buckets: streaming
+                                                                # abort, then a batch
     python tests/live_sglang_driver.py retract PROMPTS.jsonl    # HYBRID merge with a KV pool too small for the batch
 
 Prints one JSON object on the last line of stdout: the greedy reference (plain decoding, ``torch_native``) and what
@@ -10,7 +11,9 @@ HYBRID produced, so the test compares token ids itself.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 HEAD = Path(__file__).resolve().parents[1] / "sglang_hybrid" / "data" / "eagle_smollm2"
@@ -36,12 +39,29 @@ def _reference(model: str, prompts: list[str], max_new_tokens: int) -> list[list
         eng.shutdown()
 
 
+def _dear_slots(tmp: Path) -> dict:
+    """HYBRID settings with a cost table where verify slots are dear (T(n) = 10 ms + 1 ms per token), a draft forward
+    that costs 4 ms, and per-step counters: the price picks narrow widths and shallow drafts for weak drafts and wide,
+    deep ones for long copies, so the engine switches between its (depth, width) runtime states during a batch."""
+    from sglang_hybrid.cost import CostModel
+    from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
+
+    CostModel.linear(0.010, 0.001, max_tokens=4096).save(tmp / "cost.json")
+    CostModel.linear(0.004, 0.0, max_tokens=4096).save(tmp / "draft_cost.json")
+    return {ENV_PREFIX + "COST_TABLE": str(tmp / "cost.json"), ENV_PREFIX + "COUNTERS_FILE": str(tmp / "counters.json"),
+            ENV_PREFIX + "DRAFT_COST_TABLE": str(tmp / "draft_cost.json"), ENV_PREFIX + "LOG_INTERVAL": "1"}
+
+
 def abort_case(model: str, prompts: list[str]) -> dict:
     """A streaming request aborted after its second chunk; then a code edit and the chat, as one batch of different
-    lengths."""
+    lengths. The engine prices verify slots and draft forwards (``_dear_slots``), so it also switches EAGLE depths and
+    verify widths."""
     n_new = 8
     prompts = prompts[:2]
     reference = _reference(model, prompts, n_new)
+    tmp = Path(tempfile.mkdtemp(prefix="hybrid_abort_"))
+    env = _dear_slots(tmp)
+    os.environ.update(env)
     eng = _engine(model, hybrid=True)
     try:
         async def stream_then_abort():
@@ -57,10 +77,13 @@ def abort_case(model: str, prompts: list[str]) -> dict:
         after = eng.generate(prompts, dict(GREEDY, max_new_tokens=n_new))
     finally:
         eng.shutdown()
+        for key in env:
+            os.environ.pop(key, None)
     return {"reference": reference, "hybrid": [o["output_ids"] for o in after],
             "aborted_chunks": chunks, "aborted_finish": last["meta_info"]["finish_reason"],
             "aborted_tokens": last["meta_info"]["completion_tokens"],
-            "accept_lengths": [o["meta_info"].get("spec_accept_length") for o in after]}
+            "accept_lengths": [o["meta_info"].get("spec_accept_length") for o in after],
+            "counters": json.loads((tmp / "counters.json").read_text())}
 
 
 def retract_case(model: str, prompts: list[str]) -> dict:

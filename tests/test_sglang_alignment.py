@@ -257,7 +257,7 @@ def test_hybrid_step_decode_on_cpu():
     # EAGLE chain: row 0 agrees with the n-gram proposal's first token, others differ
     model_tokens = torch.tensor([[13, 40, 41], [50, 51, 52], [60, 61, 62]])
     conf = torch.tensor([[0.9, 0.5, 0.4], [0.2, 0.1, 0.1], [0.95, 0.9, 0.9]])
-    tree = step.select(roots, model_tokens, conf, slots, cur_gen, seq_lens)
+    tree = step.select(roots, model_tokens, conf, slots, cur_gen, seq_lens).tree
     assert tree.tokens.shape == (3, w)
     ngram_first = tree.tokens[tree.source >= 1]
     assert 22 in ngram_first.tolist() or 34 in ngram_first.tolist()   # n-gram proposals made it into trees
@@ -294,7 +294,7 @@ def test_hybrid_step_decode_on_cpu():
         else:
             assert int(a.length[r]) == 0
     # row 1 followed the proposal for two tokens then took the bonus: alignment accepts iff the bonus matches it
-    tree2 = step.select(new_roots, model_tokens, conf, slots, cur_gen, new_seq)
+    tree2 = step.select(new_roots, model_tokens, conf, slots, cur_gen, new_seq).tree
     assert tree2.valid[:, 0].all()
 
 
@@ -302,12 +302,12 @@ def test_counters_log_without_blocking(caplog, tmp_path):
     from sglang_hybrid.sglang_plugin.metrics import HybridCounters, tree_class
 
     settings = HybridSettings(mode="choose", ngram_k=K)
-    counters = HybridCounters("cpu", log_interval=2, verify_width=5)
+    counters = HybridCounters("cpu", log_interval=2)
     step = HybridStep(settings, num_steps=3, pool_size=4, device="cpu", counters=counters)
     slots, seq = torch.tensor([0, 1]), torch.tensor([3, 3])
     model = torch.tensor([[1, 2, 3], [4, 5, 6]])
     conf = torch.tensor([[0.9, 0.9, 0.9], [0.9, 0.9, 0.9]])
-    tree = step.select(torch.tensor([7, 8]), model, conf, slots, torch.tensor([0, 0]), seq)
+    tree = step.select(torch.tensor([7, 8]), model, conf, slots, torch.tensor([0, 0]), seq).tree
     assert tree_class(tree.source, tree.valid).tolist() == [1, 1]        # no n-gram proposal published: EAGLE
     step.after_verify(tree, slots, seq, torch.tensor([[1, 2, 9, 0], [7, 0, 0, 0]]), torch.tensor([3, 1]))
     snap = tmp_path / "counters.json"
@@ -342,7 +342,7 @@ def test_real_drafter_through_feeder_and_step():
                                  torch.tensor([[103, 0]]), torch.tensor([1]))
     alignment.ring_write_root(step.buffers, torch.tensor([2]), torch.tensor([committed - 1]), torch.tensor([102]))
     tree = step.select(torch.tensor([103]), torch.tensor([[7, 8, 9]]), torch.tensor([[0.1, 0.1, 0.1]]),
-                       torch.tensor([2]), cur_gen, torch.tensor([committed]))
+                       torch.tensor([2]), cur_gen, torch.tensor([committed])).tree
     assert tree.tokens[0, 1:4].tolist() == [104, 105, 106] and (tree.source[0, 1:4] == 1).all()
     feeder.finish("p", natural_stop=True)
     assert len(feeder.drafter) == 0
@@ -371,7 +371,7 @@ def test_proposals_survive_a_step_that_accepted_everything():
     a = alignment.align(step.buffers, slots, cur_gen, new_seq)
     assert int(a.shift) == K + 1 and int(a.length) >= K
     tree = step.select(torch.tensor([phrase[2 + K]]), torch.tensor([[7, 8, 9]]), torch.tensor([[0.1, 0.1, 0.1]]),
-                       slots, cur_gen, new_seq)
+                       slots, cur_gen, new_seq).tree
     assert tree.tokens[0, 1:1 + K].tolist() == phrase[3 + K:3 + 2 * K]
     assert (tree.source[0, 1:1 + K] == Source.NGRAM).all()
 
@@ -389,7 +389,7 @@ def test_decode_step_compiles_fullgraph(tmp_path):
     _publish(step.buffers, 3, [5, 6, 7], at=9, gen=0)
 
     def decode_step(root, chain, conf, slots, gen, seq, emitted, accept_lens):
-        tree = step.select(root, chain, conf, slots, gen, seq)
+        tree = step.select(root, chain, conf, slots, gen, seq).tree
         mask = full_mask(tree.ancestors, seq, 64)
         links = tree_links_torch(tree.ancestors, seq)
         step.after_verify(tree, slots, seq, emitted, accept_lens)
@@ -401,3 +401,25 @@ def test_decode_step_compiles_fullgraph(tmp_path):
     compiled = torch.compile(decode_step, fullgraph=True, backend="eager")
     got = compiled(*args)
     assert (got[0][1] >= 0).sum() > 3          # the n-gram proposal made it into request 1's tree
+
+
+def test_hybrid_step_drafts_adaptively_with_a_draft_cost_table(tmp_path):
+    """With a draft cost table the worker's step decides the next EAGLE depth too: a long aligned n-gram copy and a
+    weak EAGLE chain make depth 1 enough; the step accepts a chain drafted at any of its depths."""
+    from sglang_hybrid.cost import CostModel
+
+    CostModel.linear(0.01, 0.0001).save(tmp_path / "cost.json")
+    CostModel.linear(0.004, 0.0).save(tmp_path / "draft.json")
+    settings = HybridSettings(mode="merge", ngram_k=K, cost_table=str(tmp_path / "cost.json"),
+                              draft_cost_table=str(tmp_path / "draft.json"))
+    step = HybridStep(settings, num_steps=4, pool_size=4, device="cpu")
+    assert step.depths == (1, 2, 4) and step.widths[-1] == 4 + K + 1
+    slots, seq = torch.tensor([0, 1]), torch.tensor([20, 20])
+    for r in range(2):
+        _publish(step.buffers, int(slots[r]), [100 + i for i in range(K)], at=21, gen=0)
+    for depth in (4, 1):
+        d = step.select(torch.tensor([7, 8]), torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])[:, :depth],
+                        torch.full((2, depth), 0.2), slots, torch.tensor([0, 0]), seq, width=step.widths[-1])
+        assert int(d.next_depth) == 1, depth
+        assert (d.tree.source[:, 1:1 + K] == Source.NGRAM).any()
+    assert step.counters.depth_steps == {4: 1, 1: 1}

@@ -82,13 +82,20 @@ def test_self_check_choose_and_merge_equal_plain_greedy():
 
 def test_streaming_abort_then_batch_equal_plain_greedy():
     """A streaming HYBRID request aborted mid-generation (its slot and drafter state released), then a code edit and
-    a chat as one batch: every output token-identical to plain greedy decoding."""
+    a chat as one batch: every output token-identical to plain greedy decoding. The engine runs under cost tables
+    that make verify slots and draft forwards dear, so it switches between its (EAGLE depth, verify width) runtime
+    states (one SGLang runtime state each, chosen on the device and applied one step late): the counters show steps at
+    more than one width and more than one depth."""
     proc = _run([sys.executable, str(DRIVER), "abort", str(PROMPTS)], timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["aborted_finish"]["type"] == "abort"
     assert res["aborted_tokens"] < 64
     assert res["hybrid"] == res["reference"]
+    widths = {int(w): n for w, n in res["counters"]["width_steps"].items() if n > 0}
+    assert len(widths) >= 2 and max(widths) <= 12, widths              # 3 EAGLE steps + ngram_k 8: full width 12
+    depths = {int(d): n for d, n in res["counters"]["depth_steps"].items() if n > 0}
+    assert len(depths) >= 2 and set(depths) <= {1, 3}, depths           # adaptive drafting: depths 1 and 3
 
 
 def test_retracted_requests_equal_plain_greedy():

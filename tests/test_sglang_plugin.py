@@ -192,6 +192,22 @@ def test_settings_validation_names_the_setting(tmp_path):
         load_settings({"SGLANG_HYBRID_NGRAM_K": "0"})
     with pytest.raises(HybridConfigError, match="SGLANG_HYBRID_NGRAMK: unknown HYBRID setting"):
         load_settings({"SGLANG_HYBRID_NGRAMK": "4"})
+    assert HybridSettings().resolved_verify_widths(4) == (2, 4, 8, 13)          # n_nodes 12 in merge mode
+    assert load_settings({"SGLANG_HYBRID_VERIFY_WIDTHS": "[4, 2]"}).resolved_verify_widths(4) == (2, 4, 13)
+    assert load_settings({"SGLANG_HYBRID_VERIFY_WIDTHS": "[]"}).resolved_verify_widths(4) == (13,)
+    with pytest.raises(HybridConfigError, match=r"'verify_widths' = \[1, 20\]: \[1, 20\] outside \[2, 13\]"):
+        HybridSettings(verify_widths=[1, 20]).resolved_verify_widths(4)
+    assert HybridSettings().resolved_draft_depths(4) == (4,)                    # no draft cost table: fixed depth
+    with_cost = HybridSettings(draft_cost_table="d.json")
+    assert with_cost.resolved_draft_depths(4) == (1, 2, 4) and with_cost.resolved_draft_depths(3) == (1, 3)
+    assert HybridSettings(draft_cost_table="d.json", draft_depths=[2]).resolved_draft_depths(4) == (2, 4)
+    assert HybridSettings(draft_cost_table="d.json", draft_depths=[]).resolved_draft_depths(4) == (4,)
+    with pytest.raises(HybridConfigError, match=r"'draft_depths' = \[0, 5\]: \[0, 5\] outside \[1, 4\]"):
+        HybridSettings(draft_cost_table="d.json", draft_depths=[0, 5]).resolved_draft_depths(4)
+    with pytest.raises(HybridConfigError, match="'draft_depths' = \\[1\\] needs 'draft_cost_table'"):
+        HybridSettings(draft_depths=[1]).resolved_draft_depths(4)
+    with pytest.raises(HybridConfigError, match="VERIFY_WIDTHS: must be a JSON list of ints"):
+        load_settings({"SGLANG_HYBRID_VERIFY_WIDTHS": "2,4"})
     with pytest.raises(HybridConfigError, match="NGRAM_OPTIONS: must be a JSON object"):
         load_settings({"SGLANG_HYBRID_NGRAM_OPTIONS": "min_match=2"})
     f = tmp_path / "h.json"

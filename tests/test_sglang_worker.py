@@ -107,11 +107,14 @@ class _RecordingGroup:
 def test_tree_broadcast_replaces_a_diverged_tree_with_rank0s():
     tree = mixed_batch()
     other = tree._replace(tokens=torch.where(tree.valid, tree.tokens + 1, tree.tokens))   # this rank diverged
-    group = _RecordingGroup(2, pack_tree(tree))
-    got = TreeBroadcast(group)(other)
-    assert group.calls == 1 and torch.equal(got.tokens, tree.tokens)
+    b = tree.tokens.shape[0]
+    rank0_plan = torch.tensor([2, 4])                                  # EAGLE depth 2, verify width 4
+    group = _RecordingGroup(2, torch.cat([pack_tree(tree), rank0_plan[None].expand(b, 2)], 1))
+    got, plan = TreeBroadcast(group)(other, torch.tensor([4, 13]))   # this rank chose another plan too
+    assert group.calls == 1 and torch.equal(got.tokens, tree.tokens) and plan.tolist() == [2, 4]
     single = TreeBroadcast(_RecordingGroup(1, None))
-    assert not single.enabled and single(other) is other
+    mine = torch.tensor([4, 13])
+    assert not single.enabled and single(other, mine) == (other, mine)
     assert not TreeBroadcast(None).enabled
 
 

@@ -74,7 +74,7 @@ def test_only_the_core_step_composes_price_and_selection():
 def test_worker_reference_loop_and_replay_decide_the_same_tree(mode, tmp_path):
     """The SGLang worker's ``HybridStep`` (n-gram proposal published and aligned on the device first), the CPU
     reference loop and the replay's HYBRID policy core give the same tree, budget and price as the core step for the
-    same drafts."""
+    same drafts (the worker with its verify width buckets, the others ragged)."""
     pytest.importorskip("sglang.srt.speculative.eagle_worker_v2", reason="sglang is not installed")
     from sglang_hybrid.reference.loop import ReferenceLoop
     from sglang_hybrid.reference.models import tiny_target
@@ -100,7 +100,16 @@ def test_worker_reference_loop_and_replay_decide_the_same_tree(mode, tmp_path):
 
     alignment.publish(worker.buffers, slots, wide(ngram.tokens, -1), ngram.length, seq_lens + 1, gen,
                       wide(ngram.match_len), wide(ngram.count), wide(ngram.total), wide(ngram.source))
-    got_tree = worker.select(root, model.tokens, model.confidence, slots, gen, seq_lens)
+    got = worker.select(root, model.tokens, model.confidence, slots, gen, seq_lens)
+    # the worker verifies padded to a width bucket: the core step with the worker's widths decides the same
+    padded = DecisionStep(mode=mode, n_nodes=8, model_calibration=ModelCalibration.identity().to(),
+                          ngram_calibration=NgramCalibration.load().to(), widths=worker.widths)
+    want_padded = padded(root, model, ngram, cost=cost.to("cpu"))
+    for name in want_padded.tree._fields:
+        a, b = getattr(want_padded.tree, name), getattr(got.tree, name)
+        assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b), name
+    for name in ("b_star", "lam", "next_width"):
+        assert torch.equal(getattr(got, name), getattr(want_padded, name)), name
 
     loop = ReferenceLoop(tiny_target().model, mode=mode, head=object(), n_nodes=8, ngram_k=K, ngram_tree=False)
     assert isinstance(loop.decide, DecisionStep)
@@ -114,7 +123,7 @@ def test_worker_reference_loop_and_replay_decide_the_same_tree(mode, tmp_path):
                            model=core.model_draft(model.tokens.numpy(), model.confidence.numpy()),
                            ngram=core.ngram_draft(dict(feats, lengths=ngram.length.numpy()), tree=False))
 
-    for got in (got_tree, loop_d.tree, replay_d.tree):
+    for got in (loop_d.tree, replay_d.tree):               # ragged verify: the price masks nodes
         for name in want.tree._fields:
             a, b = getattr(want.tree, name), getattr(got, name)
             assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b), name

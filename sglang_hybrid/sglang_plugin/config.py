@@ -54,6 +54,10 @@ class HybridSettings(BaseModel):
     n_nodes: Optional[int] = Field(
         None, ge=1, le=63, description="draft nodes verified per request (verify width W = n_nodes + 1); default: "
                                        "steps + ngram_k in merge mode, max(steps, ngram_k) in choose mode")
+    verify_widths: Optional[list[int]] = Field(
+        None, description="verify widths the engine captures and picks from each step (the price's choice, one step "
+                          "late; see docs/sglang.md); default: 2, 4, 8, ... up to n_nodes + 1; [] = always the full "
+                          "width n_nodes + 1. Each in [2, n_nodes + 1]; the full width is always included")
     ngram_calibration: Optional[str] = Field(
         None, description="n-gram calibration JSON (python -m sglang_hybrid.tools.calibrate); default: the shipped "
                           "table")
@@ -62,10 +66,18 @@ class HybridSettings(BaseModel):
     cost_table: Optional[str] = Field(
         None, description="profiled step-time table JSON (sglang_hybrid.cost); default: none, price lambda = 0 "
                           "(verify every useful draft; right while the batch is memory-bound)")
+    draft_cost_table: Optional[str] = Field(
+        None, description="step-time table of ONE draft-model forward by batch size (sglang_hybrid.cost JSON); with "
+                          "it HYBRID drafts adaptively: each step picks the EAGLE depth whose expected gain pays for "
+                          "its forwards (see docs/sglang.md); default: none, always --speculative-num-steps")
+    draft_depths: Optional[list[int]] = Field(
+        None, description="EAGLE draft depths adaptive drafting picks from (each in [1, steps]; steps is always "
+                          "included); default with a draft_cost_table: 1, steps // 2, steps; [] = off")
     ngram_donate: bool = Field(True, description="donate finished responses to the shared n-gram corpus")
     ngram_options: dict = Field(
         default_factory=dict, description="extra keyword options for NgramDrafter (e.g. min_match, "
-                                          "corpus_cap_tokens, use_corpus), checked by constructing one at start")
+                                          "corpus_cap_tokens, use_corpus, donate_prompts), checked by constructing "
+                                          "one at start")
     log_interval: int = Field(
         50, ge=0, description="decode steps between HYBRID counter log lines (0 = off)")
     counters_file: Optional[str] = Field(
@@ -76,6 +88,41 @@ class HybridSettings(BaseModel):
         if self.n_nodes is not None:
             return self.n_nodes
         return num_steps + self.ngram_k if self.mode == "merge" else max(num_steps, self.ngram_k)
+
+    def resolved_draft_depths(self, num_steps: int) -> tuple[int, ...]:
+        """EAGLE draft depths to pick from (sorted; the last is ``num_steps``); ``(num_steps,)`` when adaptive drafting
+        is off (no ``draft_cost_table``, or ``draft_depths = []``)."""
+        if self.draft_cost_table is None or self.draft_depths == []:
+            if self.draft_depths:
+                raise HybridConfigError(
+                    f"HYBRID setting 'draft_depths' = {self.draft_depths} needs 'draft_cost_table' (the draft "
+                    f"forward's step time prices the depth); set {ENV_PREFIX}DRAFT_COST_TABLE or unset the depths")
+            return (num_steps,)
+        depths = self.draft_depths if self.draft_depths is not None else [1, max(num_steps // 2, 1)]
+        bad = [d for d in depths if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= num_steps]
+        if bad:
+            raise HybridConfigError(
+                f"HYBRID setting 'draft_depths' = {self.draft_depths}: {bad} outside [1, {num_steps}] "
+                f"(--speculative-num-steps); fix {ENV_PREFIX}DRAFT_DEPTHS or the config file")
+        return tuple(sorted(set(depths) | {num_steps}))
+
+    def resolved_verify_widths(self, num_steps: int) -> tuple[int, ...]:
+        """The verify width buckets for ``num_steps`` EAGLE steps (sorted; the last is ``n_nodes + 1``).
+
+        Raises ``HybridConfigError`` naming the setting for a width outside ``[2, n_nodes + 1]``: width 1 (verify
+        only the root) needs SGLang's zero-step draft, which HYBRID does not switch to (the EAGLE draft has run by
+        the time the width applies)."""
+        from sglang_hybrid.widths import check_buckets, default_buckets
+
+        full = self.resolved_n_nodes(num_steps) + 1
+        if self.verify_widths is None:
+            return default_buckets(full)
+        bad = [w for w in self.verify_widths if not 2 <= w <= full]
+        if bad:
+            raise HybridConfigError(
+                f"HYBRID setting 'verify_widths' = {self.verify_widths}: {bad} outside [2, {full}] (n_nodes + 1 "
+                f"with {num_steps} EAGLE steps); fix {ENV_PREFIX}VERIFY_WIDTHS or the config file")
+        return check_buckets(self.verify_widths, full)
 
 
 _FIELDS = tuple(HybridSettings.model_fields)
@@ -115,11 +162,12 @@ def _read_file(path_str: str) -> dict:
 
 def _env_value(name: str, raw: str):
     """Environment strings -> JSON values where they parse (numbers, booleans, dicts), else the string itself."""
-    if name == "ngram_options":
+    if name in ("ngram_options", "verify_widths", "draft_depths"):
         try:
             return json.loads(raw)
         except json.JSONDecodeError as e:
-            raise HybridConfigError(f"{ENV_PREFIX}NGRAM_OPTIONS: must be a JSON object ({e})") from None
+            what = "a JSON object" if name == "ngram_options" else "a JSON list of ints, e.g. [1, 2]"
+            raise HybridConfigError(f"{ENV_PREFIX}{name.upper()}: must be {what} ({e})") from None
     low = raw.strip().lower()
     if low in ("true", "false"):
         return low == "true"
@@ -166,7 +214,7 @@ def check_files(settings: HybridSettings) -> None:
     from sglang_hybrid.cost import CostModel
 
     checks = (("ngram_calibration", NgramCalibration.load), ("model_calibration", ModelCalibration.load),
-              ("cost_table", CostModel.load))
+              ("cost_table", CostModel.load), ("draft_cost_table", CostModel.load))
     for name, loader in checks:
         path = getattr(settings, name)
         if path is None:

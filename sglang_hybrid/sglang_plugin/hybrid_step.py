@@ -1,7 +1,8 @@
 """One HYBRID decode step on the device, between the EAGLE draft and the verify forward.
 
 Inputs: the EAGLE chain (tokens + per-step draft confidence) and the slot-indexed n-gram proposal buffers. Output:
-the ``VerifyTree`` that ``verify_input.build_verify_input`` turns into SGLang's verify input.
+the core's ``Decision``: the ``VerifyTree`` that ``verify_input.build_verify_input`` turns into SGLang's verify input,
+at the verify width the host picked for this step, and the width bucket the next step should use.
 
     align n-gram proposals (this module) -> sglang_hybrid.step.DecisionStep (calibrate, survivals, price, select)
 
@@ -19,7 +20,7 @@ import torch
 from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
 from sglang_hybrid.cost import CostModel
 from sglang_hybrid.selector import VerifyTree
-from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
+from sglang_hybrid.step import Decision, DecisionStep, ModelDraft, NgramDraft
 from sglang_hybrid.survival import chain_parents
 
 from . import alignment
@@ -31,11 +32,15 @@ class HybridStep:
     """Per-worker device state (proposal buffers, calibration and cost tables) and the per-step selection."""
 
     def __init__(self, settings: HybridSettings, *, num_steps: int, pool_size: int, device,
-                 counters: Optional[HybridCounters] = None):
+                 counters: Optional[HybridCounters] = None, fixed_width: bool = False):
         self.settings = settings
         self.num_steps = num_steps
         self.k = settings.ngram_k
         self.n_nodes = settings.resolved_n_nodes(num_steps)
+        #: verify widths the engine switches between (the last is the full width n_nodes + 1) and EAGLE draft depths
+        #: (the last is num_steps); ``fixed_width``: one of each (DP attention: every DP rank must run the same shapes)
+        self.widths = (self.n_nodes + 1,) if fixed_width else settings.resolved_verify_widths(num_steps)
+        self.depths = (num_steps,) if fixed_width else settings.resolved_draft_depths(num_steps)
         #: deepest draft path the configuration allows (model chain or n-gram chain; merge shares prefixes)
         self.max_depth = min(self.n_nodes, max(num_steps, self.k))
         #: tokens proposed and buffered per request: the host proposes one step late, and a step commits up to
@@ -47,19 +52,30 @@ class HybridStep:
                      else ModelCalibration.identity())
         self.decide = DecisionStep(
             mode=settings.mode, n_nodes=self.n_nodes, model_calibration=model_cal.to(self.device),
-            ngram_calibration=NgramCalibration.load(settings.ngram_calibration).to(self.device))
+            ngram_calibration=NgramCalibration.load(settings.ngram_calibration).to(self.device), widths=self.widths,
+            depths=self.depths if len(self.depths) > 1 else None)
         self.cost = CostModel.load(settings.cost_table).to(self.device) if settings.cost_table else None
+        self.draft_cost = (CostModel.load(settings.draft_cost_table).to(self.device) if settings.draft_cost_table
+                           else None)
         self.buffers = alignment.alloc_buffers(pool_size, self.proposal_width, max(2 * self.proposal_width, 16),
                                                self.device)
         self.counters = counters if counters is not None else HybridCounters(self.device)
 
-    def select(self, root_tokens: torch.Tensor, model_tokens: torch.Tensor, model_conf: torch.Tensor,
-               slots: torch.Tensor, cur_gen: torch.Tensor, seq_lens: torch.Tensor) -> VerifyTree:
-        """Verify tree for a decode batch.
+    def max_depth_at(self, width: int) -> int:
+        """Deepest draft path a tree of ``width`` nodes (root included) can hold."""
+        return min(self.max_depth, width - 1)
 
-        ``root_tokens [B]``: last committed token (EAGLE's bonus); ``model_tokens [B, S]``: EAGLE chain;
+    def select(self, root_tokens: torch.Tensor, model_tokens: torch.Tensor, model_conf: torch.Tensor,
+               slots: torch.Tensor, cur_gen: torch.Tensor, seq_lens: torch.Tensor,
+               width: Optional[int] = None) -> Decision:
+        """Decide the verify tree for a decode batch; ``Decision.tree`` is ``width`` wide (default: the full width),
+        ``Decision.next_width`` / ``next_depth`` the width bucket and EAGLE depth a later step should use.
+
+        ``root_tokens [B]``: last committed token (EAGLE's bonus); ``model_tokens [B, S]``: EAGLE chain (``S`` one of
+        ``depths``);
         ``model_conf [B, S]``: draft softmax probability of each drafted token; ``slots [B]``: request-pool slots;
         ``cur_gen [B]``: their current generations; ``seq_lens [B]``: committed tokens in the KV cache (root excluded).
+        ``width``: this step's verify width, one of ``widths``.
         """
         b, s = model_tokens.shape
         dev = model_tokens.device
@@ -69,9 +85,10 @@ class HybridStep:
         k = self.k           # the aligned proposal is up to proposal_width long; the selector sees its first k
         ngram = NgramDraft(ng.tokens[:, :k], chain_parents(b, k, dev), ng.length.clamp(max=k), ng.match_len[:, :k],
                            ng.count[:, :k], ng.total[:, :k], ng.depth[:, :k], ng.source[:, :k])
-        d = self.decide(root_tokens, model, ngram, cost=self.cost, check_values=False)
-        self.counters.on_select(d.tree, ngram.length, d.lam, d.b_star)
-        return d.tree
+        d = self.decide(root_tokens, model, ngram, cost=self.cost, check_values=False, width=width,
+                        draft_cost=self.draft_cost)
+        self.counters.on_select(d.tree, ngram.length, d.lam, d.b_star, depth=s)
+        return d
 
     def after_verify(self, tree: VerifyTree, slots: torch.Tensor, seq_lens_before: torch.Tensor,
                      emitted: torch.Tensor, accept_lens: torch.Tensor) -> None:

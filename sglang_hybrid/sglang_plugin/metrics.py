@@ -7,7 +7,8 @@ logs the difference once the copy has landed (``Event.query()``, never ``synchro
 Per request and step the verify tree is classed by where its draft nodes came from: *none* (no draft worth
 verifying), *model* (EAGLE only), *ngram* (n-gram only), *mixed* (a merged tree, or tokens both drafters proposed).
 Logged: requests per class, mean accepted draft tokens per class, mean price lambda, mean budget b*, how often an
-aligned n-gram proposal existed, and mean drafted nodes.
+aligned n-gram proposal existed, mean drafted nodes, the share of verify slots that were padding, and how many steps
+ran at each verify width bucket and EAGLE draft depth (host counts: both are chosen on the host).
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ CLASSES = ("none", "model", "ngram", "mixed")
 STEPS, LAM, BSTAR, NGRAM_AVAIL, NODES, REQS = 0, 1, 2, 3, 4, 5
 REQ = {c: 6 + i for i, c in enumerate(CLASSES)}
 ACC = {c: 10 + i for i, c in enumerate(CLASSES)}
-SIZE = 14
+SLOTS = 14          # verify slots paid for: requests x verify width
+SIZE = 15
 
 
 def tree_class(source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -42,12 +44,13 @@ def tree_class(source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 class HybridCounters:
-    def __init__(self, device, log_interval: int = 0, snapshot_path: Optional[str] = None,
-                 verify_width: Optional[int] = None):
+    def __init__(self, device, log_interval: int = 0, snapshot_path: Optional[str] = None):
         self.device = torch.device(device)
         self.snapshot_path = snapshot_path
-        #: tokens verified per request (W); with it the summary reports the share of verify slots that are padding
-        self.verify_width = verify_width
+        #: decode steps per verify width and per EAGLE draft depth (host ints: both are known on the host when the
+        #: step is launched)
+        self.width_steps: dict[int, int] = {}
+        self.depth_steps: dict[int, int] = {}
         self.totals = torch.zeros(SIZE, dtype=torch.float64, device=self.device)
         self.log_interval = log_interval
         self._host_steps = 0
@@ -57,8 +60,12 @@ class HybridCounters:
         self._pending = False
         self._last = torch.zeros(SIZE, dtype=torch.float64)
 
-    def on_select(self, tree, ngram_len: torch.Tensor, lam: torch.Tensor, b_star: torch.Tensor) -> None:
-        b = tree.tokens.shape[0]
+    def on_select(self, tree, ngram_len: torch.Tensor, lam: torch.Tensor, b_star: torch.Tensor,
+                  depth: Optional[int] = None) -> None:
+        b, w = tree.tokens.shape
+        self.width_steps[w] = self.width_steps.get(w, 0) + 1
+        if depth is not None:
+            self.depth_steps[depth] = self.depth_steps.get(depth, 0) + 1
         cls = tree_class(tree.source, tree.valid)
         upd = torch.zeros(SIZE, dtype=torch.float64, device=tree.tokens.device)
         upd[STEPS] = 1
@@ -67,6 +74,7 @@ class HybridCounters:
         upd[NGRAM_AVAIL] = (ngram_len > 0).sum().to(torch.float64)
         upd[NODES] = (tree.valid.sum() - b).to(torch.float64)
         upd[REQS] = b
+        upd[SLOTS] = b * w
         upd[6:10] = torch.nn.functional.one_hot(cls, 4).sum(0).to(torch.float64)
         self.totals += upd
 
@@ -77,7 +85,7 @@ class HybridCounters:
 
     def snapshot(self) -> dict:
         """Host dict of the totals (synchronous: for tests and shutdown, not the step)."""
-        return summarize(self.totals.detach().cpu(), self.verify_width)
+        return summarize(self.totals.detach().cpu(), self.width_steps, self.depth_steps)
 
     def maybe_log(self) -> Optional[dict]:
         """Called once per step on the host; logs (and returns) the interval's summary when a copy has landed.
@@ -99,12 +107,12 @@ class HybridCounters:
         out = None
         if self._pending and (self._event is None or self._event.query()):
             cur = self._staging.clone()
-            out = summarize(cur - self._last, self.verify_width)
+            out = summarize(cur - self._last, self.width_steps, self.depth_steps)
             self._last = cur
             self._pending = False
             logger.info("HYBRID %s", format_summary(out))
             if self.snapshot_path:
-                write_snapshot(self.snapshot_path, summarize(cur, self.verify_width))
+                write_snapshot(self.snapshot_path, summarize(cur, self.width_steps, self.depth_steps))
         return out
 
 
@@ -116,7 +124,9 @@ def write_snapshot(path: str, summary: dict) -> None:
     os.replace(tmp, path)
 
 
-def summarize(v: torch.Tensor, verify_width: Optional[int] = None) -> dict:
+def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: Optional[dict] = None) -> dict:
+    """Host summary of a counter vector; ``width_steps`` / ``depth_steps`` (cumulative steps per verify width and per
+    EAGLE draft depth) are copied in."""
     v = v.tolist()
     reqs = max(v[REQS], 1.0)
     out = {"steps": int(v[STEPS]), "requests": int(v[REQS]),
@@ -126,17 +136,21 @@ def summarize(v: torch.Tensor, verify_width: Optional[int] = None) -> dict:
         n = v[REQ[c]]
         out[f"chosen_{c}"] = int(n)
         out[f"mean_accepted_{c}"] = v[ACC[c]] / n if n else 0.0
-    if verify_width:
-        # verify slots spent on padding: the width is fixed while the price may select fewer nodes
-        out["padded_fraction"] = 1.0 - (out["mean_nodes"] + 1.0) / verify_width if v[REQS] else 0.0
+    # verify slots spent on padding: requests verify at the step's width whatever their trees hold
+    out["padded_fraction"] = 1.0 - (v[NODES] + v[REQS]) / v[SLOTS] if v[SLOTS] else 0.0
+    out["width_steps"] = {str(w): n for w, n in sorted((width_steps or {}).items())}
+    out["depth_steps"] = {str(d): n for d, n in sorted((depth_steps or {}).items())}
     return out
 
 
 def format_summary(s: dict) -> str:
     parts = [f"steps={s['steps']}", f"lambda={s['mean_lambda']:.4f}", f"b*={s['mean_b_star']:.1f}",
              f"ngram_avail={s['ngram_available']:.2f}", f"nodes/req={s['mean_nodes']:.2f}"]
-    if "padded_fraction" in s:
-        parts.append(f"padded={s['padded_fraction']:.2f}")
+    parts.append(f"padded={s['padded_fraction']:.2f}")
+    if s.get("width_steps"):
+        parts.append("widths=" + ",".join(f"{w}:{n}" for w, n in s["width_steps"].items()))
+    if s.get("depth_steps"):
+        parts.append("depths=" + ",".join(f"{d}:{n}" for d, n in s["depth_steps"].items()))
     for c in CLASSES:
         parts.append(f"{c}={s[f'chosen_{c}']}(acc {s[f'mean_accepted_{c}']:.2f})")
     return " ".join(parts)

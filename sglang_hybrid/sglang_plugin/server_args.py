@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-from .config import ENV_EAGLE3, HybridConfigError, HybridSettings, check_files, load_settings
+from .config import ENV_EAGLE3, ENV_PREFIX, HybridConfigError, HybridSettings, check_files, load_settings
 from .draft_arch import draft_is_eagle3
 
 logger = logging.getLogger(__name__)
@@ -129,6 +129,15 @@ def validate_server_args(server_args, *, check_ngram: bool = True) -> HybridSett
     steps = _get(server_args, "speculative_num_steps")
     if steps is not None and int(steps) < 1:
         raise HybridArgsError(f"--speculative-num-steps {steps}: HYBRID needs at least one EAGLE step")
+    widths = settings.resolved_verify_widths(int(steps or DEFAULT_NUM_STEPS))
+    depths = settings.resolved_draft_depths(int(steps or DEFAULT_NUM_STEPS))
+    if _get(server_args, "enable_dp_attention") and (
+            (settings.verify_widths and len(widths) > 1) or (settings.draft_depths and len(depths) > 1)):
+        raise HybridArgsError(
+            f"HYBRID settings 'verify_widths' = {settings.verify_widths}, 'draft_depths' = {settings.draft_depths} "
+            "with --enable-dp-attention: DP ranks must verify at one width and draft one depth (their forwards meet "
+            f"in collectives), so both are fixed under DP attention; unset {ENV_PREFIX}VERIFY_WIDTHS and "
+            f"{ENV_PREFIX}DRAFT_DEPTHS or drop --enable-dp-attention")
     check_files(settings)
     if check_ngram:
         _check_ngram_available(settings)
@@ -176,6 +185,9 @@ def handle_server_args(server_args) -> None:
     eagle3 = draft_is_eagle3(_get(server_args, "speculative_draft_model_path"),
                              bool(_get(server_args, "trust_remote_code", False)))
     os.environ[ENV_EAGLE3] = "1" if eagle3 else "0"
-    logger.info("HYBRID: mode=%s eagle_steps=%d n_nodes=%d (verify width %d) ngram_k=%d cost_table=%s",
-                settings.mode, steps, n_nodes, n_nodes + 1, settings.ngram_k,
+    dp = _get(server_args, "enable_dp_attention")
+    widths = (n_nodes + 1,) if dp else settings.resolved_verify_widths(steps)
+    depths = (steps,) if dp else settings.resolved_draft_depths(steps)
+    logger.info("HYBRID: mode=%s eagle_steps=%s n_nodes=%d (verify widths %s) ngram_k=%d cost_table=%s",
+                settings.mode, ",".join(map(str, depths)), n_nodes, ",".join(map(str, widths)), settings.ngram_k,
                 settings.cost_table or "none (price 0)")

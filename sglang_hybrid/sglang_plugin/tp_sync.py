@@ -5,7 +5,7 @@ identical trees, but nothing guarantees identical inputs (host state after a res
 price or the survivals computed on different devices). Ranks that verify different trees write different KV entries
 and emit different tokens: corrupted output, or a hang when the collectives inside the forward see different shapes.
 SGLang broadcasts its own data-dependent speculative decisions from rank 0 for the same reason (``spec_tp_sync.py``);
-HYBRID's decision is the whole tree, so the tree is what travels.
+HYBRID's decision is the whole tree and the draft depth and verify width it picked for a later step, so all travel.
 
 The group is SGLang's ``get_dp_tp_group()``: the ranks that run one DP rank's batch (the attention-TP group under DP
 attention), the same group DSpark's ``SpecTpSync`` uses. The tree is packed into one int64 tensor (the float survivals
@@ -49,9 +49,12 @@ class TreeBroadcast:
     def enabled(self) -> bool:
         return self.group is not None
 
-    def __call__(self, tree: VerifyTree) -> VerifyTree:
+    def __call__(self, tree: VerifyTree, plan: torch.Tensor) -> tuple[VerifyTree, torch.Tensor]:
+        """Rank 0's tree and its plan for a later step (``[P]`` int64: the EAGLE depth and verify width chosen):
+        every rank must switch alike, since the draft and verify forwards' shapes meet in the TP collectives."""
         if self.group is None:
-            return tree
-        packed = pack_tree(tree)
+            return tree, plan
+        b, p = tree.tokens.shape[0], plan.shape[0]
+        packed = torch.cat([pack_tree(tree), plan.to(torch.int64)[None, :].expand(b, p)], 1)
         self.group.broadcast(packed, src=0)
-        return unpack_tree(packed, tree.tokens.shape[1])
+        return unpack_tree(packed[:, :-p], tree.tokens.shape[1]), packed[0, -p:]

@@ -29,6 +29,7 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
 from sglang_hybrid.selector import VerifyTree
+from sglang_hybrid.sglang_plugin.tree_mask import full_mask, tree_links_torch, verify_nodes
 
 try:  # TreeMaskMode lives next to SGLang's tree kernels; importing it needs no GPU.
     from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
@@ -56,31 +57,6 @@ class HybridVerifyInput(EagleVerifyInput):
         return -1
 
 
-def tree_links_torch(ancestors: torch.Tensor, seq_lens: torch.Tensor):
-    """Torch twin of ``reconstruct_indices_from_tree_mask`` for ``ancestors [bs, W, W]`` (reflexive or not).
-
-    Returns ``positions [bs*W]``, ``retrieve_index``, ``retrieve_next_token``, ``retrieve_next_sibling`` ``[bs, W]``
-    (int64): position = seq_len + number of strict ancestors; parent = deepest strict ancestor; next_token = first
-    child; next_sibling = next node with the same parent (``-1`` when none or when the node has no parent).
-    """
-    bs, w, _ = ancestors.shape
-    dev = ancestors.device
-    idx = torch.arange(w, device=dev)
-    strict = ancestors.to(torch.bool) & (idx[None, :] < idx[:, None])[None]          # [bs, i, j]: j < i ancestor
-    depth = strict.sum(-1)
-    positions = (depth + seq_lens.to(torch.int64)[:, None]).reshape(-1)
-    retrieve_index = (torch.arange(bs, device=dev)[:, None] * w + idx[None, :]).to(torch.int64)
-    parent = torch.where(strict, idx[None, None, :], -1).amax(-1)                       # [bs, W]
-    big = torch.full((), w, device=dev, dtype=torch.int64)
-    child_of = parent[:, :, None] == idx[None, None, :]                                 # [bs, k, tid]: k child of tid
-    first_child = torch.where(child_of, idx[None, :, None], big).amin(1)
-    next_token = torch.where(first_child < w, first_child, -1)
-    same_parent = (parent[:, :, None] == parent[:, None, :]) & (idx[:, None] > idx[None, :])[None]   # [bs, k, tid]
-    first_sib = torch.where(same_parent, idx[None, :, None], big).amin(1)
-    next_sibling = torch.where((parent >= 0) & (first_sib < w), first_sib, -1)
-    return positions, retrieve_index, next_token.to(torch.int64), next_sibling.to(torch.int64)
-
-
 def _reconstruct_sglang(tree_mask_flat: torch.Tensor, seq_lens: torch.Tensor, bs: int, w: int):
     """SGLang's CUDA kernel (JIT-compiled on first use)."""
     from sglang.kernels.ops.speculative.tree import reconstruct_indices_from_tree_mask
@@ -90,32 +66,6 @@ def _reconstruct_sglang(tree_mask_flat: torch.Tensor, seq_lens: torch.Tensor, bs
     reconstruct_indices_from_tree_mask(tree_mask_flat, seq_lens, positions, retrieve[0], retrieve[1], retrieve[2],
                                        bs, w)
     return positions, retrieve[0], retrieve[1], retrieve[2]
-
-
-def full_mask(ancestors: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int,
-              out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """FULL_MASK layout: request ``b`` owns rows ``W x (seq_len_b + W)`` starting at ``W*sum(seq_lens[:b]) + W*W*b``.
-
-    ``seq_lens_sum`` is a host int ``>= sum(seq_lens)`` (over-size is harmless: the tail stays True, unread).
-    """
-    bs, w, _ = ancestors.shape
-    dev = ancestors.device
-    numel = seq_lens_sum * w + w * w * bs
-    if out is None:
-        out = torch.ones(numel, dtype=torch.bool, device=dev)
-    else:
-        if out.numel() < numel:
-            raise ValueError(f"custom mask buffer holds {out.numel()} entries, FULL_MASK needs {numel}")
-        if out.dtype not in (torch.bool, torch.uint8):
-            raise ValueError(f"custom mask buffer must be bool or uint8 (Triton's), got {out.dtype}")
-        out.fill_(1)
-    sl = seq_lens.to(torch.int64)
-    start = w * (torch.cumsum(sl, 0) - sl) + w * w * torch.arange(bs, device=dev)      # [bs]
-    i = torch.arange(w, device=dev)
-    index = (start[:, None, None] + i[None, :, None] * (sl[:, None, None] + w) + sl[:, None, None]
-             + i[None, None, :])
-    out.scatter_(0, index.reshape(-1), ancestors.reshape(-1).to(out.dtype))   # Triton's buffer is uint8
-    return out
 
 
 def build_verify_input(tree: VerifyTree, seq_lens: torch.Tensor, *, num_steps: int, max_depth: int,
@@ -138,9 +88,7 @@ def build_verify_input(tree: VerifyTree, seq_lens: torch.Tensor, *, num_steps: i
     if max_depth < 1 or max_depth > w - 1:
         raise ValueError(f"max_depth must be in [1, {w - 1}] for verify width {w}, got {max_depth}")
     # Padding nodes see only themselves: unreachable from the root in the retrieve lists.
-    eye = torch.eye(w, dtype=torch.bool, device=anc.device)[None]
-    anc = ((anc.to(torch.bool) & valid[:, :, None] & valid[:, None, :]) | eye).contiguous()
-    draft_token = torch.where(valid, tokens, tokens[:, :1]).reshape(-1)
+    draft_token, anc = verify_nodes(tokens, valid, anc)
 
     if reconstruct is None and seq_lens.is_cuda:
         reconstruct = _reconstruct_sglang

@@ -8,11 +8,20 @@ Decode step (everything on the device except the first bullet, which is host boo
   softmax probability of every drafted token (``step_conf``, recorded inside ``draft_forward`` so the draft graph
   captures it);
 * ``HybridStep.select``: align n-gram proposals, then the core's ``step.DecisionStep`` (calibrate, survivals, price,
-  choose or merge) -> ``VerifyTree``; under tensor parallelism every rank then takes rank 0's tree (``TreeBroadcast``);
+  choose or merge) -> ``VerifyTree`` at this step's verify width, plus the EAGLE depth and width bucket for a later
+  step; under tensor parallelism every rank then takes rank 0's tree and plan (``TreeBroadcast``);
 * ``build_verify_input`` -> ``HybridVerifyInput`` (FULL_MASK for FlashInfer and Triton, see ``verify_mask_buffer``);
   SGLang's verify body (``run_eagle_verify``) with the tree branch
   on, which compacts the accepted path to the front when it is not a front prefix (n-gram branch of a merged tree);
 * ``on_publish``, draft extend (EAGLE's), then the emitted tokens go into the per-slot ring used by alignment.
+* host, once the step's results are on the CPU (``on_verify_complete_cpu``, SGLang's hook for adaptive speculation):
+  switch to the EAGLE depth and width bucket the device chose, if they changed (``_switch_plan``).
+
+Width buckets and draft depths: SGLang captures draft, verify and draft-extend graphs for one (steps, width) pair.
+HYBRID builds one SGLang ``SpecRuntimeState`` per (depth, width) pair at start (``build_adaptive_runtime_state``: the
+attention backends and graphs SGLang's adaptive speculation builds per step count) and swaps between them with
+SGLang's ``apply_runtime_state``. The pair is decided on the device each step and read on the host one step late, so
+choosing graphs never waits for the device. Under DP attention both are fixed (ranks must agree).
 
 Lossless: the verify rules are SGLang's (greedy tree walk; tree speculative sampling with zero draft probabilities,
 exact for deterministic proposals, which both EAGLE's argmax chain and n-gram copies are). Padding nodes are
@@ -25,6 +34,7 @@ the tree mask, so only FlashInfer and Triton are accepted (checked again at the 
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -35,6 +45,7 @@ import torch
 import sglang.srt.speculative.eagle_worker_v2 as _eagle_v2
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft, run_eagle_verify
+from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from .config import load_settings
@@ -50,8 +61,23 @@ logger = logging.getLogger(__name__)
 #: value above one selects that branch (our trees are irregular, the value is not used as a branching factor there).
 _TREE_VERIFY_TOPK = 2
 _construct_lock = threading.Lock()
+#: decode results in flight between launch and host processing (overlap scheduling keeps one) plus margin; the
+#: pinned buffers cycle, so a buffer is reused only after its entry left the queue
+_PLAN_IN_FLIGHT = 3
+_PLAN_BUFFERS = _PLAN_IN_FLIGHT + 1
 #: Target attention backends whose topk=1 verify applies the custom (tree) mask; see server_args.TREE_MASK_BACKENDS.
 TREE_MASK_BACKEND_CLASSES = ("FlashInferAttnBackend", "TritonAttnBackend")
+
+
+class _QuietWidthSwitch(logging.Filter):
+    """SGLang logs every runtime-state switch at INFO (rare for its step adaptation); HYBRID may switch widths and
+    depths every few steps, and the counters already report their distribution, so those lines are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Switch adaptive runtime state")
+
+
+_eagle_v2.logger.addFilter(_QuietWidthSwitch())
 
 
 def verify_mask_buffer(attn, bs: int) -> Optional[torch.Tensor]:
@@ -187,8 +213,8 @@ class HybridDraftWorker(EagleDraftWorker):
                 self.draft_attn_backend.init_forward_metadata(forward_batch)
                 forward_batch.mark_forward_metadata_ready()
             _, _, draft_tokens, _ = self.draft_forward(forward_batch)
-        bs = draft_tokens.shape[0]
-        verify_input = self.hybrid_owner.build_verify(batch, draft_input, draft_tokens, self.step_conf[:bs])
+        bs, depth = draft_tokens.shape
+        verify_input = self.hybrid_owner.build_verify(batch, draft_input, draft_tokens, self.step_conf[:bs, :depth])
         if kv_loc_plan is not None:
             verify_input.kv_loc_plan = kv_loc_plan
             verify_input.prepared_out_cache_loc = kv_loc_plan.write_virtual
@@ -207,6 +233,16 @@ class HybridWorkerV2(EAGLEWorkerV2):
         self.feeder: Optional[NgramFeeder] = None
         self._cur_gen: Optional[torch.Tensor] = None
         self._last_tree = None
+        #: DP ranks' forwards meet in collectives, so under DP attention every step drafts the configured depth and
+        #: verifies at the full width
+        self._fixed_shapes = bool(getattr(server_args, "enable_dp_attention", False))
+        #: one SGLang runtime state (attention backends + graphs) per (EAGLE depth, verify width) pair
+        self.runtime_states: dict = {}
+        #: chosen (depth, width) pairs on their way to the host, oldest first: (host buffer, copy event or None)
+        self._plan_fifo: collections.deque = collections.deque()
+        cuda = torch.device(self.device).type == "cuda"
+        self._plan_host = [torch.zeros(2, dtype=torch.int64, pin_memory=cuda) for _ in range(_PLAN_BUFFERS)]
+        self._plan_next_buf = 0
         if self._draft_worker is not None:
             self._draft_worker.hybrid_owner = self
 
@@ -216,14 +252,13 @@ class HybridWorkerV2(EAGLEWorkerV2):
                                   token_to_kv_pool_allocator=token_to_kv_pool_allocator)
         pool_size = int(self.req_to_token_pool.req_to_token.shape[0])
         self.hybrid_step = HybridStep(self.settings, num_steps=self.speculative_num_steps, pool_size=pool_size,
-                                      device=self.device, counters=self.counters)
+                                      device=self.device, counters=self.counters, fixed_width=self._fixed_shapes)
         if self.hybrid_step.n_nodes + 1 != self.speculative_num_draft_tokens:
             raise RuntimeError(
                 f"HYBRID settings changed between argument resolution and worker start: verify width "
                 f"{self.speculative_num_draft_tokens} vs n_nodes + 1 = {self.hybrid_step.n_nodes + 1}")
         from sglang_hybrid.ngram import NgramDrafter
 
-        self.counters.verify_width = self.hybrid_step.n_nodes + 1
         width = self.hybrid_step.proposal_width
         drafter = NgramDrafter(max_draft=width, **self.settings.ngram_options)
         self.feeder = NgramFeeder(drafter, width, self.device, pool_size, self.settings.ngram_donate)
@@ -233,6 +268,68 @@ class HybridWorkerV2(EAGLEWorkerV2):
         self.tree_broadcast = TreeBroadcast(group)
         if getattr(group, "rank_in_group", 0) == 0:
             self.counters.snapshot_path = self.settings.counters_file
+
+    def init_cuda_graphs(self):
+        super().init_cuda_graphs()
+        self._build_runtime_states()
+
+    def _build_runtime_states(self) -> None:
+        """One ``SpecRuntimeState`` per (EAGLE depth, verify width) pair, built by SGLang's own
+        ``build_adaptive_runtime_state`` (fresh target and draft attention backends sized for the pair, its draft,
+        verify and draft-extend CUDA graphs when graphs are on), in the contexts SGLang's adaptive speculation builds
+        them in."""
+        step = self.hybrid_step
+        if self._draft_worker is None or step is None or len(step.widths) * len(step.depths) <= 1:
+            return
+        dw = self._draft_worker
+        with (_eagle_v2.draft_tp_context(dw.parallel_layout), _eagle_v2.speculative_moe_backend_context(),
+              _eagle_v2.speculative_moe_a2a_backend_context()):
+            self.runtime_states[(self.speculative_num_steps, self.speculative_num_draft_tokens)] = SpecRuntimeState(
+                speculative_num_steps=self.speculative_num_steps,
+                speculative_num_draft_tokens=self.speculative_num_draft_tokens,
+                draft_attn_backend=dw.draft_attn_backend, cuda_graph_runner=dw.cuda_graph_runner,
+                target_attn_backend=self._target_worker.model_runner.attn_backend,
+                target_graph_runner=self._target_worker.model_runner.decode_cuda_graph_runner,
+                draft_extend_attn_backend=dw.draft_extend_attn_backend,
+                cuda_graph_runner_for_draft_extend=dw.cuda_graph_runner_for_draft_extend)
+            for d in step.depths:
+                for w in step.widths:
+                    if (d, w) not in self.runtime_states:
+                        self.runtime_states[(d, w)] = self.build_adaptive_runtime_state(d, w)
+        logger.info("HYBRID: runtime states (EAGLE depth, verify width) %s",
+                    ", ".join(f"({d}, {w})" for d, w in sorted(self.runtime_states)))
+
+    def _switch_plan(self) -> None:
+        """Draft and verify later steps at the (depth, width) the device chose for the step whose results just reached
+        the host.
+
+        Called once per processed decode result, in launch order, so the oldest queued plan belongs to that step.
+        Its copy was enqueued before that step's verify, whose outputs are already on the host: the event has
+        completed and ``synchronize`` returns at once. Every TP rank sees the same sequence of steps and the same
+        broadcast plan, so all switch alike."""
+        if not self.runtime_states or not self._plan_fifo:
+            return
+        host, event = self._plan_fifo.popleft()
+        if event is not None:
+            event.synchronize()
+        depth, width = (int(v) for v in host)
+        state = self.runtime_states.get((depth, width))
+        if state is None or (depth, width) == (self.speculative_num_steps, self.speculative_num_draft_tokens):
+            return
+        # SGLang's apply_runtime_state swaps every depth- and width-dependent resource, but returns early when the step
+        # count is unchanged (it was written for step switching); HYBRID also switches width at a fixed step count, so
+        # the guard is lifted for the call (the method sets the step count from the state).
+        steps = self.speculative_num_steps
+        self.speculative_num_steps = -1
+        try:
+            self.apply_runtime_state(state)
+        except BaseException:
+            self.speculative_num_steps = steps
+            raise
+
+    def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
+        super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
+        self._switch_plan()
 
     # -- per step ---------------------------------------------------------------------------------------------------
     def build_verify(self, batch, draft_input, draft_tokens: torch.Tensor, conf: torch.Tensor):
@@ -245,16 +342,37 @@ class HybridWorkerV2(EAGLEWorkerV2):
                 "flashinfer")
         slots = batch.req_pool_indices
         cur_gen = self._cur_gen if self._cur_gen is not None else self.hybrid_step.buffers.gen[slots]
-        tree = self.tree_broadcast(
-            self.hybrid_step.select(draft_input.bonus_tokens, draft_tokens, conf, slots, cur_gen, batch.seq_lens))
+        width = self.speculative_num_draft_tokens
+        decision = self.hybrid_step.select(draft_input.bonus_tokens, draft_tokens, conf, slots, cur_gen,
+                                           batch.seq_lens, width=width)
+        tree, plan = self.tree_broadcast(decision.tree, torch.stack([decision.next_depth, decision.next_width]))
+        self._stage_plan(plan)
         self._last_tree = tree
         # Same mask placement rule as SGLang's build_eagle_verify_input: the backend's preallocated buffer (which its
         # verify CUDA graph reads) when it has one and the batch fits, else a fresh tensor.
         bs = batch.seq_lens.shape[0]
         seq_lens_sum = batch.seq_lens_sum if batch.seq_lens_sum is not None else bs * attn.max_context_len
         return build_verify_input(tree, batch.seq_lens, num_steps=self.speculative_num_steps,
-                                  max_depth=self.hybrid_step.max_depth, mask_mode=TreeMaskMode.FULL_MASK,
+                                  max_depth=self.hybrid_step.max_depth_at(width), mask_mode=TreeMaskMode.FULL_MASK,
                                   seq_lens_sum=seq_lens_sum, mask_buf=verify_mask_buffer(attn, bs))
+
+    def _stage_plan(self, plan: torch.Tensor) -> None:
+        """Start the copy of the chosen (depth, width) to the host (non-blocking on CUDA); ``_switch_plan`` reads it
+        when the step's results are processed. The queue is bounded: entries whose results never came (a batch
+        dropped between launch and processing) are discarded oldest first."""
+        if not self.runtime_states:
+            return
+        while len(self._plan_fifo) >= _PLAN_IN_FLIGHT:
+            self._plan_fifo.popleft()
+        host = self._plan_host[self._plan_next_buf]
+        self._plan_next_buf = (self._plan_next_buf + 1) % _PLAN_BUFFERS
+        cuda = plan.is_cuda
+        host.copy_(plan, non_blocking=cuda)
+        event = None
+        if cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self._plan_fifo.append((host, event))
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())

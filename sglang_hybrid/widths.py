@@ -1,0 +1,163 @@
+"""Verify-width buckets: the price realised as compute the engine can actually save.
+
+Why: an engine that verifies every request at one fixed width ``W`` pays ``T(R * W)`` per step whatever the price
+selected; a price that only *masks* nodes inside that width saves nothing and throws expected tokens away. CUDA-graph
+engines cannot verify a ragged batch either: each graph is captured for one width. So the engine captures a small set
+of widths (``buckets``) and the decision picks one per step. With padding, every request gets ``W - 1`` draft slots
+for the same cost, so for a bucket ``W`` the best tree of each request is its ``W - 1`` most likely nodes (the
+selector's rank order: survival descending, every parent before its children, so a prefix of the selection is always
+a tree), and the step's goodput is
+
+    G(W) = (R + sum_r sum_{i < W} s_{r,i}) / T(R * W)
+
+over the ``R`` requests (``s_{r,i}`` the survival of request ``r``'s ``i``-th ranked node, ``s_{r,0} = 1`` the root
+whose token is emitted for sure). The chosen width is the first ``argmax`` of ``G`` over the buckets (the smallest of
+equal ones): the price's budget ``b*`` restricted to widths the engine can run. Without a cost table (``T`` unknown,
+price 0) the width is the smallest bucket that holds every request's useful nodes (positive survival).
+
+The engine learns the width one step late: the step decides from this step's survivals which bucket the *next* step
+verifies at (the host reads it after the step's results arrive, as SGLang's adaptive speculation does with its own
+step counts), and verifies *this* step at the width decided before (``truncate``). Losslessness never depends on the
+width: any prefix-closed tree verifies exactly.
+
+Device code is static-shape gathers and an argmax (no host sync, CUDA-graph safe); ``truncate`` slices by a host int.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Sequence, Union
+
+import torch
+
+from .cost import CostTables
+from .selector import VerifyTree
+
+
+def check_buckets(buckets: Sequence[int], max_width: int) -> tuple[int, ...]:
+    """Validated, sorted, de-duplicated widths; ``max_width`` (the widest tree the configuration builds) is always
+    included, so every decision has a bucket that holds it. Each width is an int in ``[1, max_width]``; width 1
+    verifies the root only (no speculation)."""
+    if isinstance(max_width, bool) or not isinstance(max_width, int) or max_width < 1:
+        raise ValueError(f"max_width must be a positive int, got {max_width!r}")
+    out = set()
+    for w in buckets:
+        if isinstance(w, bool) or not isinstance(w, int):
+            raise ValueError(f"verify width buckets must be ints, got {w!r}")
+        if not 1 <= w <= max_width:
+            raise ValueError(f"verify width bucket {w} is outside [1, {max_width}] (the widest tree is n_nodes + 1 = "
+                             f"{max_width}); drop it or raise n_nodes")
+        out.add(w)
+    out.add(max_width)
+    return tuple(sorted(out))
+
+
+def default_buckets(max_width: int) -> tuple[int, ...]:
+    """Powers of two from 2 up to ``max_width``, plus ``max_width`` itself: ``13 -> (2, 4, 8, 13)``. Width 1 (no
+    draft verified) is left out by default: the draft forwards have already run by then, so verifying nothing
+    rarely wins; add it explicitly when skipping is what you want."""
+    ws = [w for w in (2, 4, 8, 16, 32) if w < max_width]
+    return check_buckets(ws, max_width)
+
+
+class WidthChoice(NamedTuple):
+    """``width``: the chosen bucket (0-dim int64); ``goodput [J]``: ``G(W)`` per bucket (tokens per second with a
+    cost table, expected tokens per step without one); ``b_star``: draft slots paid for at that width,
+    ``R * (width - 1)`` (0-dim int64); ``lam``: the price of the next slot, the goodput lost per extra draft slot if
+    the next wider bucket were verified (0-dim float32, 0 without a cost table or at the widest bucket); ``depth``:
+    the chosen model-draft depth (0-dim int64; with one depth candidate, that depth); ``plan_goodput [D, J]``: ``G``
+    per (depth, width) pair."""
+
+    width: torch.Tensor
+    goodput: torch.Tensor
+    b_star: torch.Tensor
+    lam: torch.Tensor
+    depth: torch.Tensor
+    plan_goodput: torch.Tensor
+
+
+def choose_width(tree: VerifyTree, buckets: torch.Tensor, cost: Optional[CostTables] = None,
+                 num_requests: Union[int, torch.Tensor, None] = None) -> WidthChoice:
+    """The width bucket that maximises padded goodput for ``tree`` (selected at the widest bucket, nodes in rank
+    order). ``buckets``: sorted int64 widths on the tree's device, each ``<= tree width``. ``num_requests``: the
+    ``R`` of the formula (default: the batch); the step verifies ``R * W`` tokens."""
+    return choose_plan(tree.survival[None], tree.valid[None], buckets, cost, num_requests)
+
+
+def choose_plan(survival: torch.Tensor, valid: torch.Tensor, buckets: torch.Tensor,
+                cost: Optional[CostTables] = None, num_requests: Union[int, torch.Tensor, None] = None,
+                depths: Optional[torch.Tensor] = None, draft_cost: Optional[CostTables] = None) -> WidthChoice:
+    """Joint choice of model-draft depth and verify width.
+
+    ``survival``/``valid`` ``[D, B, W]``: for each candidate depth ``depths[d]`` (int64 ``[D]``, default one depth 0)
+    the trees selected at the widest bucket with the model chain cut to that depth. The step with depth ``d`` and
+    width ``W`` costs ``T(R W) + d * t_draft(R)`` (``t_draft`` from ``draft_cost``: one draft forward of ``R``
+    requests; none: drafting is free) and is expected to emit ``R + sum_r sum_{i<W} s_{d,r,i}`` tokens; the pair of
+    highest goodput wins (first maximum in depth-major order: the shallowest, then the narrowest).
+    """
+    nd, b, w_max = survival.shape
+    dev = survival.device
+    if buckets.dim() != 1 or buckets.numel() == 0 or buckets.dtype != torch.int64:
+        raise ValueError("buckets must be a non-empty 1-d int64 tensor of widths")
+    if buckets.device != dev:
+        raise ValueError(f"buckets are on {buckets.device} but the survivals are on {dev}")
+    if depths is None:
+        depths = torch.zeros(1, dtype=torch.int64, device=dev)
+    if depths.shape != (nd,):
+        raise ValueError(f"depths must be [{nd}] (one per survival block), got {tuple(depths.shape)}")
+    f32 = torch.float32
+    s = torch.where(valid, survival.to(f32), torch.zeros((), dtype=f32, device=dev))
+    s = torch.cat([torch.zeros((nd, b, 1), dtype=f32, device=dev), s[:, :, 1:]], 2)          # drafts only
+    csum = torch.cumsum(s, 2)                                                                  # [D, B, W]
+    idx = (buckets - 1).clamp(min=0, max=w_max - 1)
+    drafts = csum.index_select(2, idx).sum(1)                                                  # [D, J]
+    r = (num_requests.to(f32) if isinstance(num_requests, torch.Tensor)
+         else torch.full((), float(b if num_requests is None else num_requests), dtype=f32, device=dev))
+    expected = r + drafts
+    bw = buckets.to(f32)
+    nj = buckets.numel()
+    if cost is None:
+        # T unknown: the deepest draft, and the smallest width that holds every request's useful nodes
+        d_i = torch.full((), nd - 1, dtype=torch.int64, device=dev)
+        useful = ((s[nd - 1] > 0).sum(1).amax() + 1).to(torch.int64)             # widest useful tree, root included
+        j = torch.argmax((buckets >= useful).to(torch.int64))                    # first bucket that holds it
+        goodput = expected
+        lam = torch.zeros((), dtype=f32, device=dev)
+    else:
+        t_draft = (draft_cost.step_time(r) if draft_cost is not None
+                   else torch.zeros((), dtype=f32, device=dev))
+        t_verify = cost.step_time(r * bw)                                                      # [J]
+        t = t_verify[None, :] + depths.to(f32)[:, None] * t_draft                              # [D, J]
+        goodput = expected / t
+        flat = torch.argmax(goodput.reshape(-1))                                 # first maximum, depth-major
+        d_i, j = flat // nj, flat % nj
+        nxt = (j + 1).clamp(max=nj - 1)
+        # index_select, not t[d_i]: a tensor used as a Python index is data-dependent for torch.compile
+        row_t, row_g = t.index_select(0, d_i.reshape(1))[0], goodput.index_select(0, d_i.reshape(1))[0]
+        pick = torch.stack([j, nxt])
+        t_j, t_n = row_t.gather(0, pick).unbind(0)
+        w_j, w_n = bw.gather(0, pick).unbind(0)
+        extra = r * (w_n - w_j)
+        lam = torch.where(extra > 0, row_g.gather(0, j[None])[0] * (t_n - t_j) / extra.clamp(min=1.0),
+                          torch.zeros((), dtype=f32, device=dev))
+    width = buckets.gather(0, j[None])[0]
+    b_star = r.to(torch.int64) * (width - 1)
+    depth = depths.gather(0, d_i.reshape(1))[0]
+    return WidthChoice(width, goodput.index_select(0, d_i.reshape(1))[0], b_star, lam, depth, goodput)
+
+
+def truncate(tree: VerifyTree, width: int) -> VerifyTree:
+    """The first ``width`` nodes of every request's tree (root included): its ``width - 1`` best-ranked drafts, a
+    prefix-closed tree because the selector orders every parent before its children. ``width`` is a host int."""
+    w_max = tree.tokens.shape[1]
+    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= w_max:
+        raise ValueError(f"width must be an int in [1, {w_max}], got {width!r}")
+    if width == w_max:
+        return tree
+    valid = tree.valid[:, :width]
+    survival = tree.survival[:, :width]
+    return VerifyTree(tokens=tree.tokens[:, :width], parents=tree.parents[:, :width],
+                      ancestors=tree.ancestors[:, :width, :width], depth=tree.depth[:, :width], valid=valid,
+                      source=tree.source[:, :width], survival=survival,
+                      expected_accepted=torch.where(valid[:, 1:], survival[:, 1:], 0.0).sum(1))
+
+
+__all__ = ["WidthChoice", "check_buckets", "choose_plan", "choose_width", "default_buckets", "truncate"]

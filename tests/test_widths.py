@@ -1,0 +1,218 @@
+"""Verify-width buckets (``sglang_hybrid.widths``) against brute force, and the padded decision step built on them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
+from sglang_hybrid.cost import CostModel
+from sglang_hybrid.selector import Candidates, Source, select
+from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
+from sglang_hybrid.survival import chain_parents
+from sglang_hybrid.widths import check_buckets, choose_width, default_buckets, truncate
+
+torch.set_num_threads(1)
+
+
+def _random_tree(seed: int, b: int = 4, n_nodes: int = 12):
+    """A selector output over a random model chain and n-gram tree (merge), nodes in rank order."""
+    g = torch.Generator().manual_seed(seed)
+    km, kn = 5, 8
+    s_m = torch.sort(torch.rand((b, km), generator=g), 1, descending=True).values
+    s_n = torch.rand((b, kn), generator=g) * 0.9
+    par = (torch.arange(kn) // 2 - 1).expand(b, kn).contiguous()
+    model = Candidates.chain(torch.randint(0, 20, (b, km), generator=g), s_m, torch.randint(0, km + 1, (b,),
+                             generator=g), Source.MODEL)
+    ngram = Candidates(torch.randint(0, 20, (b, kn), generator=g), par, s_n,
+                       torch.randint(0, kn + 1, (b,), generator=g), Source.NGRAM)
+    return select(torch.randint(0, 20, (b,), generator=g), [model, ngram], 0.0, mode="merge", n_nodes=n_nodes)
+
+
+def _brute_force(tree, buckets, cost):
+    """G(W) = (R + sum_r sum of the survivals of nodes 1..W-1) / T(R * W), by loops over plain floats."""
+    surv = tree.survival.tolist()
+    valid = tree.valid.tolist()
+    r = len(surv)
+    out = []
+    for w in buckets:
+        e = r + sum(surv[i][j] for i in range(r) for j in range(1, w) if valid[i][j])
+        out.append(e / float(cost.step_time_np(r * w)) if cost is not None else e)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_choose_width_maximises_padded_goodput(seed):
+    tree = _random_tree(seed)
+    buckets = (2, 4, 8, 13)
+    for cost in (CostModel.linear(0.01, 0.0002), CostModel.linear(0.002, 0.001), CostModel([1, 32, 64], [1, 1, 3])):
+        choice = choose_width(tree, torch.tensor(buckets), cost.to())
+        g = _brute_force(tree, buckets, cost)
+        assert np.allclose(choice.goodput.numpy(), g, rtol=1e-5)
+        best = buckets[int(np.argmax(g))]                            # first maximum: the smallest width
+        assert int(choice.width) == best
+        assert int(choice.b_star) == tree.tokens.shape[0] * (best - 1)
+        j = buckets.index(best)
+        if j + 1 < len(buckets):                                     # the price of the next bucket's extra slots
+            r, nxt = tree.tokens.shape[0], buckets[j + 1]
+            t = cost.step_time_np
+            want = g[j] * (t(r * nxt) - t(r * best)) / (r * (nxt - best))
+            assert float(choice.lam) == pytest.approx(float(want), rel=1e-4)
+        else:
+            assert float(choice.lam) == 0.0
+
+
+def test_choose_width_without_cost_holds_every_useful_node():
+    tree = _random_tree(3)
+    useful = int(((tree.survival > 0) & tree.valid).sum(1).max())     # root included
+    choice = choose_width(tree, torch.tensor([2, 4, 8, 13]), None)
+    assert int(choice.width) == min(w for w in (2, 4, 8, 13) if w >= useful)
+    assert float(choice.lam) == 0.0
+
+
+def test_truncate_keeps_a_prefix_closed_tree_of_the_best_nodes():
+    tree = _random_tree(1)
+    for w in (1, 2, 5, 13):
+        t = truncate(tree, w)
+        assert t.tokens.shape == (4, w) and t.ancestors.shape == (4, w, w)
+        assert (t.parents[t.valid] < w).all() and (t.parents[:, 1:][t.valid[:, 1:]] >= 0).all()
+        assert torch.equal(t.ancestors, tree.ancestors[:, :w, :w])
+        kept = torch.where(t.valid[:, 1:], t.survival[:, 1:], 0.0)
+        assert torch.allclose(t.expected_accepted, kept.sum(1))
+        # the kept drafts are the best-ranked ones: none dropped beats any kept
+        if w < 13:
+            dropped = torch.where(tree.valid[:, w:], tree.survival[:, w:], 0.0).amax(1)
+            worst_kept = torch.where(t.valid[:, 1:], t.survival[:, 1:], 2.0).amin(1) if w > 1 else None
+            if worst_kept is not None:
+                assert (dropped <= worst_kept + 1e-6).all()
+    with pytest.raises(ValueError, match=r"width must be an int in \[1, 13\]"):
+        truncate(tree, 14)
+
+
+def test_bucket_settings_are_checked():
+    assert default_buckets(13) == (2, 4, 8, 13) and default_buckets(2) == (2,) and default_buckets(9) == (2, 4, 8, 9)
+    assert check_buckets([8, 2, 8], 13) == (2, 8, 13)
+    with pytest.raises(ValueError, match="bucket 14 is outside"):
+        check_buckets([14], 13)
+    with pytest.raises(ValueError, match="must be ints"):
+        check_buckets([2.5], 13)
+
+
+def _drafts(b=3, s=4, k=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    model = ModelDraft(torch.randint(0, 50, (b, s), generator=g), torch.rand((b, s), generator=g),
+                       torch.full((b,), s))
+    length = torch.tensor([k, 3, 0])[:b]
+    j = torch.arange(k)[None]
+    valid = j < length[:, None]
+    ngram = NgramDraft(torch.where(valid, torch.randint(0, 50, (b, k), generator=g), -1), chain_parents(b, k),
+                       length, match_len=torch.where(valid, 12, 0), count=torch.where(valid, 3, 0),
+                       total=torch.where(valid, 4, 0), depth=torch.where(valid, j + 1, 0),
+                       source=torch.zeros((b, k), dtype=torch.int64))
+    return torch.tensor([1, 2, 3])[:b], model, ngram
+
+
+@pytest.mark.parametrize("mode", ["choose", "merge"])
+def test_padded_step_verifies_the_best_nodes_at_the_given_width(mode):
+    root, model, ngram = _drafts()
+    cal = dict(model_calibration=ModelCalibration.identity().to(), ngram_calibration=NgramCalibration.load().to())
+    step = DecisionStep(mode=mode, n_nodes=12, widths=[2, 4, 8], **cal)
+    cost = CostModel.linear(0.01, 0.0005).to()
+    full = step(root, model, ngram, cost=cost)
+    assert full.tree.tokens.shape == (3, 13)
+    # price 0 inside the width: every positive-survival candidate competes (up to the chosen source in choose mode)
+    ragged = DecisionStep(mode=mode, n_nodes=12, **cal)(root, model, ngram, cost=None)
+    for name in full.tree._fields:
+        a, b = getattr(full.tree, name), getattr(ragged.tree, name)
+        assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b), name
+    assert torch.equal(full.next_width, choose_width(full.tree, torch.tensor([2, 4, 8, 13]), cost).width)
+    for w in (2, 4, 8):
+        d = step(root, model, ngram, cost=cost, width=w)
+        want = truncate(full.tree, w)
+        for name in want._fields:
+            assert torch.equal(getattr(d.tree, name), getattr(want, name)), name
+        assert torch.equal(d.next_width, full.next_width)          # the next width never depends on this one
+    with pytest.raises(ValueError, match="width 5 is not one of the verify width buckets"):
+        step(root, model, ngram, cost=cost, width=5)
+    with pytest.raises(ValueError, match="construct the DecisionStep with widths"):
+        DecisionStep(mode=mode, n_nodes=12, **cal)(root, model, ngram, width=4)
+
+
+def test_padded_step_compiles_fullgraph():
+    root, model, ngram = _drafts()
+    step = DecisionStep(mode="merge", n_nodes=12, widths=[2, 4, 8], model_calibration=ModelCalibration.identity().to(),
+                        ngram_calibration=NgramCalibration.load().to())
+    cost = CostModel.linear(0.01, 0.0005).to()
+
+    def run(root, model, ngram):
+        d = step(root, model, ngram, cost=cost, width=4, check_values=False)
+        return d.tree.tokens, d.tree.valid, d.next_width, d.b_star, d.lam
+
+    want = run(root, model, ngram)
+    torch._dynamo.reset()
+    got = torch.compile(run, fullgraph=True, backend="aot_eager")(root, model, ngram)
+    for a, b in zip(want, got):
+        assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b)
+
+
+def _extended(model: ModelDraft, d: int) -> ModelDraft:
+    """``model`` cut to (or extended up to) depth ``d`` as the depth rule scores it: with identity calibration the
+    conditional acceptance is the draft probability, so an undrafted position gets the flat-in-depth rate
+    ``(prod of the drafted probabilities) ** (1 / s)`` and a token no real vocabulary holds."""
+    b, s = model.tokens.shape
+    if d <= s:
+        return ModelDraft(model.tokens[:, :d], model.confidence[:, :d], model.length.clamp(max=d))
+    rate = model.confidence.prod(1, keepdim=True) ** (1.0 / s)
+    extra = torch.arange(s, d)[None].expand(b, d - s)
+    return ModelDraft(torch.cat([model.tokens, (1 << 40) + extra], 1),
+                      torch.cat([model.confidence, rate.expand(b, d - s)], 1), torch.full((b,), d))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_draft_depth_and_width_maximise_goodput_by_brute_force(seed):
+    """Adaptive drafting: the (depth, width) pair the step picks is the argmax of
+    (R + expected accepted) / (T(R W) + depth * t_draft(R)) over every pair, each tree scored by a plain padded step
+    run with the model chain at that depth."""
+    g = torch.Generator().manual_seed(seed)
+    root, model, ngram = _drafts(seed=seed)
+    model = ModelDraft(model.tokens[:, :2], 0.3 + 0.7 * torch.rand((3, 2), generator=g), torch.full((3,), 2))
+    cal = dict(model_calibration=ModelCalibration.identity().to(), ngram_calibration=NgramCalibration.load().to())
+    widths, depths = (2, 4, 8, 13), (1, 2, 4)
+    cost, draft = CostModel.linear(0.01, 0.0004), CostModel.linear(0.002, 0.0001)
+    step = DecisionStep(mode="merge", n_nodes=12, widths=widths[:-1], depths=depths, **cal)
+    d = step(root, model, ngram, cost=cost.to(), draft_cost=draft.to(), width=4)
+    plain = DecisionStep(mode="merge", n_nodes=12, widths=widths[:-1], **cal)
+    best, best_g = None, -1.0
+    for depth in depths:
+        tree = plain(root, _extended(model, depth), ngram, cost=cost.to()).tree
+        for w, gw in zip(widths, _brute_force(tree, widths, cost)):
+            e = gw * float(cost.step_time_np(3 * w))                    # expected tokens
+            gp = e / (float(cost.step_time_np(3 * w)) + depth * float(draft.step_time_np(3)))
+            if gp > best_g + 1e-9:
+                best, best_g = (depth, w), gp
+    assert (int(d.next_depth), int(d.next_width)) == best
+    # this step's tree is the drafted depth's: the same as the plain padded step's
+    want = plain(root, model, ngram, cost=cost.to(), width=4).tree
+    for name in want._fields:
+        a, b = getattr(d.tree, name), getattr(want, name)
+        assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b), name
+
+
+def test_draft_depth_follows_what_pays():
+    """A long confident n-gram copy makes deeper model drafting not worth its forwards (depth 1); without an n-gram
+    proposal a confident model chain is drafted to the deepest depth; free drafting always drafts deepest."""
+    root, model, ngram = _drafts(b=2)
+    cal = dict(model_calibration=ModelCalibration.identity().to(), ngram_calibration=NgramCalibration.load().to())
+    step = DecisionStep(mode="merge", n_nodes=12, widths=[2, 4, 8], depths=[1, 2, 4], **cal)
+    cost, draft = CostModel.linear(0.01, 0.0001).to(), CostModel.linear(0.003, 0.0).to()
+    weak = ModelDraft(model.tokens, torch.full((2, 4), 0.3), torch.full((2,), 4))
+    strong = ModelDraft(model.tokens, torch.full((2, 4), 0.95), torch.full((2,), 4))
+    long_copy = ngram._replace(tokens=torch.randint(0, 50, (2, 8)), length=torch.tensor([8, 8]),
+                               match_len=torch.full((2, 8), 40), count=torch.full((2, 8), 4),
+                               total=torch.full((2, 8), 4), depth=torch.arange(1, 9).expand(2, 8))
+    assert int(step(root, weak, long_copy, cost=cost, draft_cost=draft).next_depth) == 1
+    none = ngram._replace(length=torch.zeros(2, dtype=torch.int64))
+    assert int(step(root, strong, none, cost=cost, draft_cost=draft).next_depth) == 4
+    assert int(step(root, weak, long_copy, cost=cost).next_depth) == 4          # no draft cost: deepest
+    with pytest.raises(ValueError, match="the model chain has 3 tokens but the draft depths are"):
+        step(root, ModelDraft(model.tokens[:, :3], model.confidence[:, :3], torch.full((2,), 3)), none, cost=cost)
