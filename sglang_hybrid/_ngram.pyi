@@ -38,6 +38,7 @@ class _DrafterConfig(TypedDict):
     scan_limit: int
     use_corpus: bool
     corpus_cap_tokens: int
+    donate_prompts: bool
     vocab_size: int | None
 
 def drafter_defaults() -> _DrafterConfig:
@@ -54,6 +55,7 @@ class NgramCore:
         scan_limit: int = ...,
         use_corpus: bool = ...,
         corpus_cap_tokens: int = ...,
+        donate_prompts: bool = ...,
         vocab_size: int | None = ...,
     ) -> None: ...
     @property

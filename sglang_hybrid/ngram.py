@@ -115,7 +115,7 @@ def _positive_int(v, name: str) -> int:
 
 
 class NgramDrafter:
-    """Suffix-automaton n-gram drafter over many requests (own context + shared corpus of finished responses).
+    """Suffix-automaton n-gram drafter over many requests (own context + shared corpus of finished requests).
 
     Args:
         max_draft: largest chain length ``k`` for :meth:`propose`.
@@ -125,6 +125,9 @@ class NgramDrafter:
         scan_limit: continuations examined per context in trees.
         use_corpus: consult the shared corpus (donations and :meth:`add_corpus`).
         corpus_cap_tokens: cap on donated corpus tokens (two generations of ``cap/2``); 0 disables donations.
+        donate_prompts: :meth:`finish` with ``donate`` donates the whole context (prompt + response, one document)
+            instead of the response alone. Prompts enter the corpus only when their request finishes, so a request
+            never drafts from its own donated prompt.
         vocab_size: when given, token ids must be below it.
 
     Every default comes from the Rust core (:func:`drafter_defaults`); none is written in Python.
@@ -140,6 +143,7 @@ class NgramDrafter:
         scan_limit: int = _DEFAULTS["scan_limit"],
         use_corpus: bool = _DEFAULTS["use_corpus"],
         corpus_cap_tokens: int = _DEFAULTS["corpus_cap_tokens"],
+        donate_prompts: bool = _DEFAULTS["donate_prompts"],
         vocab_size: int | None = _DEFAULTS["vocab_size"],
     ):
         args = dict(max_draft=max_draft, max_nodes=max_nodes, min_match=min_match, max_backoff=max_backoff,
@@ -158,7 +162,7 @@ class NgramDrafter:
         self._core = _ngram.NgramCore(
             max_draft=int(max_draft), max_nodes=int(max_nodes), min_match=int(min_match),
             max_backoff=int(max_backoff), scan_limit=int(scan_limit), use_corpus=bool(use_corpus),
-            corpus_cap_tokens=int(corpus_cap_tokens), vocab_size=self.vocab_size,
+            corpus_cap_tokens=int(corpus_cap_tokens), donate_prompts=bool(donate_prompts), vocab_size=self.vocab_size,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
@@ -198,7 +202,8 @@ class NgramDrafter:
         self._core.extend_batch(ids, flat, offsets)
 
     def finish(self, req_id, donate: bool = True) -> None:
-        """Finishes ``req_id``: donates its response (tokens after the prompt) if ``donate``, frees its automaton."""
+        """Finishes ``req_id``: if ``donate``, donates its response (tokens after the prompt), or its prompt and
+        response with ``donate_prompts``, to the shared corpus; frees its automaton."""
         self._core.finish(_req_id(req_id), bool(donate))
 
     def remove(self, req_id) -> None:

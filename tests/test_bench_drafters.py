@@ -157,8 +157,10 @@ def test_ours_batch_step_equals_single_steps():
     for i in range(3):
         b.extend(i, new[i])
         single.append(b.propose(i, 8))
+    assert len(batched) == 3
     for x, y in zip(batched, single):
-        assert x.tolist() == y.tolist()
+        # batched rows are the [B, k] array: the valid prefix, then -1 padding
+        assert x[: len(y)].tolist() == y.tolist() and (x[len(y):] == -1).all()
     assert a.memory_bytes() > 0
 
 
@@ -203,16 +205,28 @@ def test_targets_evaluation_uses_the_numbers():
                        "arctic": {32768: {"step_us": 31.0}}},
            "batch": {"ours": {"median_ms": 0.2}, "vllm-ngram": {"median_ms": 5.0}, "arctic": {"median_ms": 3.0}},
            "build": {"ours": {"build_ms": 3.0}, "arctic": {"build_ms": 10.0}},
-           "memory": {"ours": {"bytes_per_token": 150.0, "method": "m"}}}
+           "memory": {"ours": {"bytes_per_token": 150.0, "method": "m"},
+                      "ours-corpus": {"bytes_per_token": 210.0, "method": "m"}},
+           "meta": {"batch": 128, "batch_ctx": 32768}}
+    res["acceptance"]["chat"]["ours[resp-only]"] = {"k8": 0.25, "tree8": 0.5}
+    res["acceptance"]["code"]["ours[resp-only]"] = {"k8": 7.1}
     got = {t: met for t, met, _ in drafters.targets(res)}
     assert got["k=8 chain acceptance on code editing above every anchor"] is True
     assert got["k=8 chain acceptance on prose above every anchor"] is False
-    assert got["tree8 on prose above SGLang's BFS tree"] is True
+    assert got["8-node tree acceptance on prose above every anchor"] is True  # ours[...] is not an anchor
+    assert got["prose acceptance with prompt donation above responses only"] is False  # tree8 ties
+    assert got["code acceptance with prompt donation not lower than responses only"] is False
     assert got["propose+update at 32k <= 1/5 of Arctic's"] is True
-    assert got["batch step >= 20x faster than vllm-ngram"] is True
-    assert got["batch step >= 20x faster than arctic"] is False
+    assert got["batch step 128 x 32k <= 0.4 ms"] is True
+    assert got["batch step >= 12x faster than the faster of vLLM and Arctic"] is True  # 3.0 / 0.2 = 15x
     assert got["32k prompt build <= 1/4 of Arctic's"] is False
     assert got["memory <= 200 B per context token"] is True
+    assert got["memory <= 200 B per token of the shared corpus (donated prompts + responses, default cap)"] is False
+    res["batch"] = {"ours": {"median_ms": 0.5}}
+    got = {t: (met, nums) for t, met, nums in drafters.targets(res)}
+    assert got["batch step 128 x 32k <= 0.4 ms"][0] is False
+    assert got["batch step >= 12x faster than the faster of vLLM and Arctic"] == (
+        None, "NOT RUN: neither vllm-ngram nor arctic ran")
 
 
 def test_sharegpt_parsing_and_tokenizer():

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from sglang_hybrid.ngram import NgramDrafter, NgramDrafts
+from sglang_hybrid.ngram import NgramDrafter, NgramDrafts, drafter_defaults
 
 # ---------------------------------------------------------------------------------------------------------------
 # Brute-force reference (definitions, not algorithms). An occurrence of a pattern ends at the position of its
@@ -184,7 +184,7 @@ def test_long_match_has_no_cap():
 
 
 def test_corpus_donation_is_used_when_longer():
-    d = NgramDrafter(max_draft=6, corpus_cap_tokens=10_000)
+    d = NgramDrafter(max_draft=6, corpus_cap_tokens=10_000, donate_prompts=False)  # responses only
     response = [20, 21, 22, 23, 24, 25, 26, 27]
     d.start(1, [1, 2, 3])
     d.extend(1, response)
@@ -203,6 +203,32 @@ def test_corpus_donation_is_used_when_longer():
     d.extend(2, [23, 24])
     dr = d.propose([2], 3)
     assert dr.tokens[0].tolist() == [25, 26, 27] and dr.match_len[0, 0] == 5
+
+
+def test_prompt_donation_switch_and_own_prompt_guard():
+    assert drafter_defaults()["donate_prompts"] is True
+    prompt, response = [1, 2, 3, 4, 5], [20, 21, 22]
+    for donate_prompts in (False, True):
+        d = NgramDrafter(max_draft=6, corpus_cap_tokens=10_000, donate_prompts=donate_prompts)
+        d.start(1, prompt)
+        # Request 1 never sees its own prompt in the corpus: nothing is donated before it finishes.
+        assert d.corpus_stats()["donated_tokens"] == 0
+        d.extend(1, response)
+        assert d.propose([1], 6).lengths[0] == 0  # no repeat in its own context, no corpus match
+        d.finish(1, donate=True)
+        doc = prompt + response if donate_prompts else response
+        assert d.corpus_stats()["donated_tokens"] == len(doc) + 1
+        assert d.propose([1], 6).lengths[0] == 0  # finished: drafts nothing, even with its text in the corpus
+        # A later request quoting the prompt copies it (and on into the response) only with prompt donation.
+        ctx = [9, 1, 2]
+        d.start(2, ctx)
+        dr = d.propose([2], 6)
+        src, want = expected_chain(ctx, 6, corpus_docs=[doc])
+        assert row_features(dr, 0) == want
+        if donate_prompts:
+            assert src == 1 and dr.tokens[0, :6].tolist() == [3, 4, 5, 20, 21, 22]
+        else:
+            assert dr.lengths[0] == 0
 
 
 def test_own_context_wins_ties_and_longer_matches():

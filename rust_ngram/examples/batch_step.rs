@@ -3,9 +3,11 @@
 //! Each request is first extended by the tokens it accepted (its previous draft checked against the true
 //! continuation, + 1 bonus token), then one `propose` drafts for all of them: the step a serving engine runs (and
 //! the one the project's `bench/drafters.py` measures).
-//! Run: `cargo run --release -p rust_ngram --features parallel --example batch_step [-- stream.u32 [B] [ctx]]`
+//! Run: `cargo run --release -p rust_ngram --features parallel --example batch_step [-- stream.u32 [B] [ctx] [steps]]`
 //! where `stream.u32` is raw little-endian u32 token ids (e.g. `bench.data.long_context_stream(...).tofile(...)`);
-//! without it a synthetic edit stream is used. Prints wall-clock medians of the extend and propose halves.
+//! without it a synthetic edit stream is used. Prints wall-clock medians of the extend and propose halves, and the
+//! process CPU time per step (all threads; on a busy shared machine the steadier number for comparing builds,
+//! best read from a build without `--features parallel`).
 
 use std::time::Instant;
 
@@ -15,7 +17,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let b: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(128);
     let ctx: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(32_768);
-    let steps = 20usize;
+    let steps: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(20);
     let stream: Vec<u32> = match args.get(1) {
         Some(p) => std::fs::read(p)
             .expect("stream file")
@@ -38,7 +40,11 @@ fn main() {
     pos.iter_mut().for_each(|p| *p += 1);
     let mut out = DraftBatch::new(b, 8);
     let (mut te, mut tp, mut nt) = (Vec::new(), Vec::new(), 0usize);
+    let mut cpu0 = 0.0;
     for s in 0..steps + 3 {
+        if s == 3 {
+            cpu0 = cpu_seconds();
+        }
         let flat: Vec<u32> = new.concat();
         let mut offsets = vec![0usize];
         for t in &new {
@@ -67,14 +73,23 @@ fn main() {
             pos[i] += acc + 1;
         }
     }
+    let cpu_ms = (cpu_seconds() - cpu0) * 1e3 / steps as f64;
     let med = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
     println!(
-        "{b} x {ctx}: extend median {:.2} ms ({:.1} tokens/step), propose median {:.2} ms",
+        "{b} x {ctx}: extend median {:.3} ms ({:.1} tokens/step), propose median {:.3} ms, CPU {cpu_ms:.3} ms/step",
         med(&mut te),
         nt as f64 / steps as f64,
         med(&mut tp)
     );
+}
+
+/// CPU time of the whole process (every thread), in seconds.
+fn cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }

@@ -295,9 +295,24 @@ impl SuffixAutomaton {
     /// Appends several tokens.
     pub fn extend_from_slice(&mut self, tokens: &[u32]) {
         self.tokens.reserve(tokens.len());
-        for &t in tokens {
+        for (j, &t) in tokens.iter().enumerate() {
+            if let Some(&next) = tokens.get(j + 1) {
+                // The next push starts by inserting the transition (this push's new state, next): its id is the
+                // next free state id, so the slot's address is known now.
+                self.trans.prefetch(self.st.len() as u32, next);
+            }
             self.push(t);
         }
+    }
+
+    /// Hints the CPU to load what a following [`push`](Self::push)`(token)` reads first (the last state's record,
+    /// statistics node and transition slot), so that several automata can be extended with overlapping cache
+    /// misses. Changes nothing.
+    #[inline]
+    pub(crate) fn prefetch_push(&self, token: u32) {
+        crate::prefetch(&self.st[self.last as usize]);
+        self.trans.prefetch(self.last, token);
+        self.lct.prefetch(self.last);
     }
 
     fn new_state(&mut self, len: u32, stat: Stat) -> u32 {

@@ -44,6 +44,7 @@ pub fn check_config() -> DrafterConfig {
         scan_limit: 8,
         use_corpus: true,
         corpus_cap_tokens: 48,
+        donate_prompts: true,
         vocab_size: Some(5),
     }
 }
@@ -229,7 +230,12 @@ fn check_tree(model: &Model, ids: &[u64], n: usize, out: &DraftBatch) -> Result<
 /// Runs `ops` against a fresh [`Drafter`] (config [`check_config`]) and the brute-force model; returns the first
 /// disagreement.
 pub fn run_ops(ops: &[Op]) -> Result<(), String> {
-    let cfg = check_config();
+    run_ops_with(&check_config(), ops)
+}
+
+/// [`run_ops`] with another configuration (e.g. [`check_config`] with `donate_prompts: false`).
+pub fn run_ops_with(cfg: &DrafterConfig, ops: &[Op]) -> Result<(), String> {
+    let cfg = cfg.clone();
     let mut d = Drafter::new(cfg.clone()).map_err(|e| e.to_string())?;
     let mut m = Model { cfg: cfg.clone(), reqs: HashMap::new(), slots: Default::default() };
     for (step, op) in ops.iter().enumerate() {
@@ -382,7 +388,9 @@ pub fn run_ops(ops: &[Op]) -> Result<(), String> {
                 if want.is_ok() {
                     let r = m.reqs.get_mut(id).unwrap();
                     r.finished = true;
-                    let resp = r.ctx[r.prompt_len..].to_vec();
+                    // Donated only now, once the request is finished (it can never match its own text).
+                    let from = if m.cfg.donate_prompts { 0 } else { r.prompt_len };
+                    let resp = r.ctx[from..].to_vec();
                     r.ctx.clear();
                     if *donate && m.cfg.use_corpus {
                         m.donate(&resp);

@@ -1,4 +1,4 @@
-//! Shared corpus of finished responses (bounded, evicted in generations) plus an optional static corpus.
+//! Shared corpus of finished requests (bounded, evicted in generations) plus an optional static corpus.
 
 use crate::automaton::{Match, SuffixAutomaton, SEPARATOR};
 
@@ -6,7 +6,7 @@ use crate::automaton::{Match, SuffixAutomaton, SEPARATOR};
 pub const CORPUS_SLOTS: usize = 3;
 /// Slot of the static (never evicted) external corpus.
 pub const SLOT_STATIC: usize = 0;
-/// Slot of the older generation of donated responses.
+/// Slot of the older generation of donated documents.
 pub const SLOT_OLD: usize = 1;
 /// Slot of the active generation (receives donations).
 pub const SLOT_ACTIVE: usize = 2;
@@ -92,7 +92,9 @@ impl Corpus {
         c
     }
 
-    /// Donates one finished response. Returns what changed (nothing when the cap is 0 or `doc` is empty).
+    /// Donates one document (a finished request's prompt + response, or its response: see
+    /// [`DrafterConfig::donate_prompts`](crate::DrafterConfig::donate_prompts)). Returns what changed (nothing when
+    /// the cap is 0 or `doc` is empty).
     pub fn donate(&mut self, doc: &[u32]) -> CorpusChange {
         let mut change = CorpusChange::default();
         let half = self.cap_tokens / 2;

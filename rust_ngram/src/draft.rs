@@ -53,28 +53,151 @@ pub struct DraftToken {
 /// assert_eq!((out[0].match_len, out[0].count, out[0].total), (2, 1, 2));
 /// ```
 pub fn chain_draft(sam: &mut SuffixAutomaton, m: Match, k: usize, source: Source, out: &mut Vec<DraftToken>) {
-    let mut state = m.state;
-    // One statistics query per drafted token: the next state's statistics give this token's count.
-    let mut st = sam.stats(state);
-    for (j, len) in (0..k).zip(m.len..) {
-        let Some(e) = st.last_end else { break };
-        let tok = sam.tokens()[e + 1];
-        if tok == SEPARATOR {
-            break;
+    let mut c = ChainCursor::new(sam, m);
+    while c.read_run(sam, k) {
+        for i in 0..c.got {
+            c.step(sam, i);
         }
-        let next = sam.transition(state, tok).expect("a followed occurrence implies the transition");
-        let next_st = sam.stats(next);
-        out.push(DraftToken {
-            token: tok,
-            parent: j as i32 - 1,
-            depth: j as u32 + 1,
-            match_len: len,
-            count: next_st.occurrences + sam.end_correction(&st, tok),
-            total: st.occurrences,
-            source,
-        });
-        state = next;
-        st = next_st;
+        c.emit(sam, source, out);
+    }
+}
+
+/// [`chain_draft`] for several automata at once, in lockstep: the same drafts as one call per automaton, but the
+/// transition lookups (random reads of large hash tables, one dependent cache miss per drafted token) of different
+/// automata are independent of each other and overlap in the CPU instead of waiting one after another.
+/// `jobs[g]` = (automaton, match, output buffer).
+pub(crate) fn chain_draft_group(
+    jobs: &mut [(&mut SuffixAutomaton, Match, &mut Vec<DraftToken>)],
+    k: usize,
+    source: Source,
+) {
+    const G: usize = 16;
+    for chunk in jobs.chunks_mut(G) {
+        let mut cur: Vec<ChainCursor> = chunk.iter_mut().map(|(sam, m, _)| ChainCursor::new(sam, *m)).collect();
+        loop {
+            let mut longest = 0;
+            for (c, (sam, _, _)) in cur.iter_mut().zip(chunk.iter()) {
+                if c.read_run(sam, k) {
+                    longest = longest.max(c.got);
+                }
+            }
+            if longest == 0 {
+                break;
+            }
+            for i in 0..longest {
+                for (c, (sam, _, _)) in cur.iter_mut().zip(chunk.iter()) {
+                    if i < c.got {
+                        c.step(sam, i);
+                    }
+                }
+            }
+            for (c, (sam, _, out)) in cur.iter_mut().zip(chunk.iter_mut()) {
+                if c.got > 0 {
+                    c.emit(sam, source, out);
+                }
+            }
+        }
+    }
+}
+
+/// Longest run of [`chain_draft`] drafted between two dependent statistics queries.
+const RUN: usize = 16;
+
+/// State of one chain being drafted, run by run.
+///
+/// Why in runs: if the most recent followed occurrence of the matched string ends at `e`, that of the string
+/// extended by `T[e + 1]` ends at `e + 1` as long as `e + 1 < n - 1` (nothing later can end there). So a run of
+/// tokens is a plain copy of `T[e + 1..]`, its states follow by transitions alone, and the statistics queries of
+/// the run (for `count` and `total`) no longer sit on the dependency chain: they are independent reads that an
+/// out-of-order CPU overlaps, instead of one cache miss after another. The result is exactly that of the
+/// step-by-step definition; only a run that reaches the end of the text falls back to a fresh statistics query
+/// (the next run starts from the next state's own most recent occurrence).
+struct ChainCursor {
+    state: u32,
+    len: u32,
+    st: crate::automaton::StateStats,
+    drafted: usize,
+    done: bool,
+    /// Tokens of the current run (read by `read_run`), their states (filled by `step`).
+    got: usize,
+    sep: bool,
+    walk: u32,
+    toks: [u32; RUN],
+    states: [u32; RUN],
+}
+
+impl ChainCursor {
+    fn new(sam: &mut SuffixAutomaton, m: Match) -> Self {
+        ChainCursor {
+            state: m.state,
+            len: m.len,
+            st: sam.stats(m.state),
+            drafted: 0,
+            done: false,
+            got: 0,
+            sep: false,
+            walk: m.state,
+            toks: [0; RUN],
+            states: [0; RUN],
+        }
+    }
+
+    /// Reads the tokens of the next run; false (and `got == 0`) when the chain is complete.
+    fn read_run(&mut self, sam: &SuffixAutomaton, k: usize) -> bool {
+        self.got = 0;
+        if self.done || self.drafted >= k {
+            return false;
+        }
+        let Some(e) = self.st.last_end else {
+            self.done = true;
+            return false;
+        };
+        // Tokens e + 1 ..= e + r are copied; each but the first needs its state to end at e + i < n - 1.
+        let r = (k - self.drafted).min(sam.len() - 1 - e).min(RUN);
+        for (i, &tok) in sam.tokens()[e + 1..e + 1 + r].iter().enumerate() {
+            if tok == SEPARATOR {
+                self.sep = true;
+                break;
+            }
+            self.toks[i] = tok;
+            self.got = i + 1;
+        }
+        self.walk = self.state;
+        if self.got == 0 {
+            self.done = true;
+        }
+        self.got > 0
+    }
+
+    /// The state after token `i` of the run (call for `i = 0, 1, ..` in order).
+    #[inline]
+    fn step(&mut self, sam: &SuffixAutomaton, i: usize) {
+        self.walk = sam.transition(self.walk, self.toks[i]).expect("a followed occurrence implies the transition");
+        self.states[i] = self.walk;
+    }
+
+    /// Statistics of the run's states, and its draft tokens appended to `out`.
+    fn emit(&mut self, sam: &mut SuffixAutomaton, source: Source, out: &mut Vec<DraftToken>) {
+        let mut prev = self.st;
+        for i in 0..self.got {
+            let next_st = sam.stats(self.states[i]);
+            let j = (self.drafted + i) as u32;
+            out.push(DraftToken {
+                token: self.toks[i],
+                parent: j as i32 - 1,
+                depth: j + 1,
+                match_len: self.len + i as u32,
+                count: next_st.occurrences + sam.end_correction(&prev, self.toks[i]),
+                total: prev.occurrences,
+                source,
+            });
+            prev = next_st;
+        }
+        self.drafted += self.got;
+        self.state = self.states[self.got - 1];
+        self.len += self.got as u32;
+        self.st = prev;
+        self.done |= self.sep;
     }
 }
 

@@ -5,7 +5,7 @@ use std::fmt;
 
 use crate::automaton::{Match, SuffixAutomaton};
 use crate::corpus::{rematch, Corpus, CorpusChange, CORPUS_SLOTS, SLOT_ACTIVE, SLOT_OLD};
-use crate::draft::{chain_draft, tree_draft, DraftToken, Source, TreeParams};
+use crate::draft::{chain_draft, chain_draft_group, tree_draft, DraftToken, Source, TreeParams};
 
 /// Configuration of a [`Drafter`]. Every field has a sensible default ([`DrafterConfig::default`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -16,14 +16,18 @@ pub struct DrafterConfig {
     pub max_nodes: usize,
     /// Shortest match worth drafting from (default 1, must be >= 1: the empty context predicts nothing).
     pub min_match: u32,
-    /// Shorter contexts consulted per tree node (default 2).
+    /// Shorter contexts consulted per tree node (default 1).
     pub max_backoff: usize,
-    /// Out-transitions examined per context in trees (default 8).
+    /// Out-transitions examined per context in trees (default 32).
     pub scan_limit: usize,
     /// Consult the shared corpus (default true).
     pub use_corpus: bool,
     /// Cap on donated corpus tokens (default 1 << 20), see [`Corpus`].
     pub corpus_cap_tokens: usize,
+    /// [`Drafter::finish`] with `donate` donates the whole context, prompt and response as one document, instead
+    /// of the response alone (default true: on real chat it lifts acceptance, see `docs/ngram.md`). The prompt
+    /// enters the corpus only when its request finishes, so a request never matches its own donated prompt.
+    pub donate_prompts: bool,
     /// When set, token ids must be below it. Ids must always be `<= i32::MAX`.
     pub vocab_size: Option<u32>,
 }
@@ -36,10 +40,11 @@ impl Default for DrafterConfig {
             max_draft: 8,
             max_nodes: 64,
             min_match: 1,
-            max_backoff: 2,
-            scan_limit: 8,
+            max_backoff: 1,
+            scan_limit: 32,
             use_corpus: true,
             corpus_cap_tokens: 1 << 20,
+            donate_prompts: true,
             vocab_size: None,
         }
     }
@@ -306,12 +311,54 @@ enum Kind {
 #[derive(Clone, Debug)]
 pub struct Drafter {
     cfg: DrafterConfig,
-    requests: HashMap<u64, Request>,
+    requests: Map<Request>,
     corpus: Corpus,
 }
 
 #[cfg(feature = "parallel")]
 const PAR_MIN: usize = 8;
+
+/// Hash of request ids: one multiply-xorshift (ids come from the serving engine, not from an adversary), much
+/// cheaper per lookup than the default SipHash on the batched path (a few lookups per request and step).
+#[derive(Clone, Copy, Default)]
+struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        let x = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        x ^ (x >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x100_0000_01B3);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 ^= x;
+    }
+}
+
+type Map<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+/// Mutable references to the requests `ids` (distinct, all registered), in the order of `ids`.
+///
+/// Why not remove and re-insert them (the simple way to hold several `&mut` of one map): that moves every
+/// request's record (about 200 bytes) twice per batched call and hashes each id twice; one pass over the map
+/// hands out the references in place.
+fn batch_mut<'a>(requests: &'a mut Map<Request>, ids: &[u64]) -> Vec<&'a mut Request> {
+    let pos: Map<usize> = ids.iter().enumerate().map(|(b, &id)| (id, b)).collect();
+    let mut out: Vec<Option<&'a mut Request>> = ids.iter().map(|_| None).collect();
+    for (id, r) in requests.iter_mut() {
+        if let Some(&b) = pos.get(id) {
+            out[b] = Some(r);
+        }
+    }
+    out.into_iter().map(|r| r.expect("ids are registered")).collect()
+}
+
+/// Requests per parallel task of a batched call (chains of a chunk are drafted in lockstep, see
+/// `chain_draft_group`; extensions of a chunk prefetch for each other).
+const CHUNK: usize = 16;
 
 impl Drafter {
     /// A drafter with the given configuration; rejects `max_draft == 0` or `max_nodes == 0`.
@@ -323,7 +370,7 @@ impl Drafter {
             return Err(DrafterError::InvalidArgument("vocab_size must be in [1, 2^31]".into()));
         }
         let corpus = Corpus::new(cfg.corpus_cap_tokens);
-        Ok(Drafter { cfg, requests: HashMap::new(), corpus })
+        Ok(Drafter { cfg, requests: Map::default(), corpus })
     }
 
     /// The configuration.
@@ -399,36 +446,46 @@ impl Drafter {
             ));
         }
         self.check_tokens(tokens)?;
-        let mut seen = std::collections::HashSet::with_capacity(ids.len());
+        let mut seen: Map<()> = Map::with_capacity_and_hasher(ids.len(), Default::default());
         for &id in ids {
             let r = self.requests.get(&id).ok_or(DrafterError::UnknownRequest(id))?;
             if r.finished {
                 return Err(DrafterError::Finished(id));
             }
-            if !seen.insert(id) {
+            if seen.insert(id, ()).is_some() {
                 return Err(DrafterError::InvalidArgument(format!("request id {id} appears twice in one batch")));
             }
         }
-        let mut work: Vec<(u64, Request, &[u32])> = ids
-            .iter()
+        let mut work: Vec<(u64, &mut Request, &[u32])> = batch_mut(&mut self.requests, ids)
+            .into_iter()
             .enumerate()
-            .map(|(b, &id)| (id, self.requests.remove(&id).expect("validated"), &tokens[offsets[b]..offsets[b + 1]]))
+            .map(|(b, r)| (ids[b], r, &tokens[offsets[b]..offsets[b + 1]]))
             .collect();
         let corpus = &self.corpus;
         let use_corpus = self.cfg.use_corpus;
-        let job = |(_, r, t): &mut (u64, Request, &[u32])| Self::extend_one(corpus, use_corpus, r, t);
+        // In chunks, each request prefetching what the request two places later touches first, so that the
+        // cache misses of different requests overlap.
+        const AHEAD: usize = 2;
+        let job = |chunk: &mut [(u64, &mut Request, &[u32])]| {
+            for g in 0..chunk.len() {
+                if let Some((_, r, t)) = chunk.get(g + AHEAD) {
+                    if let Some(&t0) = t.first() {
+                        r.sam.prefetch_push(t0);
+                    }
+                }
+                let (_, r, t) = &mut chunk[g];
+                Self::extend_one(corpus, use_corpus, r, t);
+            }
+        };
         #[cfg(feature = "parallel")]
         if work.len() >= PAR_MIN {
             use rayon::prelude::*;
-            work.par_iter_mut().for_each(job);
+            work.par_chunks_mut(CHUNK).for_each(job);
         } else {
-            work.iter_mut().for_each(job);
+            work.chunks_mut(CHUNK).for_each(job);
         }
         #[cfg(not(feature = "parallel"))]
-        work.iter_mut().for_each(job);
-        for (id, r, _) in work {
-            self.requests.insert(id, r);
-        }
+        work.chunks_mut(CHUNK).for_each(job);
         Ok(())
     }
 
@@ -462,8 +519,27 @@ impl Drafter {
         Ok(())
     }
 
-    /// Finishes request `id`: optionally donates its response (tokens after the prompt) to the shared corpus,
-    /// then releases its automaton. The id stays registered (proposals give empty rows) until `remove`.
+    /// Finishes request `id`: optionally donates to the shared corpus its response (tokens after the prompt), or
+    /// with [`DrafterConfig::donate_prompts`] its whole context (prompt + response, one document), then releases
+    /// its automaton. The id stays registered (proposals give empty rows) until `remove`.
+    ///
+    /// Own-prompt guard: the donation happens only here, after the request stopped matching the corpus (a finished
+    /// request holds no corpus match and drafts nothing), so no request ever drafts from its own donated text, and
+    /// the `Source` and counts of its drafts describe its own context and *other* requests' text only.
+    ///
+    /// ```
+    /// use rust_ngram::{DraftBatch, Drafter, DrafterConfig, Source};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap(); // donate_prompts: true
+    /// d.start(1, &[10, 11, 12, 13]).unwrap(); // the prompt
+    /// d.extend(1, &[14]).unwrap(); // the response
+    /// d.finish(1, true).unwrap();
+    /// assert_eq!(d.corpus().donated_tokens(), 6); // prompt + response + separator
+    /// d.start(2, &[7, 10, 11]).unwrap(); // another request quoting the first prompt
+    /// let mut out = DraftBatch::new(1, 3);
+    /// d.propose(&[2], 3, &mut out.rows()).unwrap();
+    /// assert_eq!(out.row_tokens(0), &[12, 13, 14]); // copied across the prompt/response boundary
+    /// assert_eq!(out.source[0], Source::Corpus as i8);
+    /// ```
     pub fn finish(&mut self, id: u64, donate: bool) -> Result<()> {
         let r = self.requests.get_mut(&id).ok_or(DrafterError::UnknownRequest(id))?;
         if r.finished {
@@ -473,7 +549,8 @@ impl Drafter {
         r.finished = true;
         r.corpus = [Match::default(); CORPUS_SLOTS];
         if donate && self.cfg.use_corpus {
-            let change = self.corpus.donate(&sam.tokens()[r.prompt_len..]);
+            let from = if self.cfg.donate_prompts { 0 } else { r.prompt_len };
+            let change = self.corpus.donate(&sam.tokens()[from..]);
             drop(sam);
             self.apply_corpus_change(change);
         }
@@ -553,13 +630,13 @@ impl Drafter {
     }
 
     /// Best corpus slot for a request: (slot, match) with the longest match, ties to the newer slot.
-    fn best_corpus(&self, r: &Request) -> Option<(usize, Match)> {
-        if !self.cfg.use_corpus {
+    fn best_corpus(cfg: &DrafterConfig, corpus: &Corpus, r: &Request) -> Option<(usize, Match)> {
+        if !cfg.use_corpus {
             return None;
         }
         let mut best: Option<(usize, Match)> = None;
         for i in 0..CORPUS_SLOTS {
-            if self.corpus.slot(i).is_some() && best.map_or(true, |(_, b)| r.corpus[i].len >= b.len) {
+            if corpus.slot(i).is_some() && best.map_or(true, |(_, b)| r.corpus[i].len >= b.len) {
                 best = Some((i, r.corpus[i]));
             }
         }
@@ -583,60 +660,74 @@ impl Drafter {
             return Err(DrafterError::UnknownRequest(id));
         }
         // First row of each distinct id does the work; repeats copy it.
-        let mut first: HashMap<u64, usize> = HashMap::with_capacity(b);
+        let mut first: Map<usize> = Map::with_capacity_and_hasher(b, Default::default());
         let mut dups = Vec::new();
-        let mut work: Vec<(usize, u64, Request, CorpusPick)> = Vec::with_capacity(b);
+        let mut distinct = Vec::with_capacity(b);
+        let mut distinct_rows = Vec::with_capacity(b);
         for (row, &id) in ids.iter().enumerate() {
             match first.entry(id) {
                 std::collections::hash_map::Entry::Occupied(e) => dups.push((row, *e.get())),
                 std::collections::hash_map::Entry::Vacant(e) => {
                     e.insert(row);
-                    let r = self.requests.remove(&id).expect("validated");
-                    let own = r.sam.longest_repeated_suffix();
-                    let corpus = self
-                        .best_corpus(&r)
-                        .filter(|(_, m)| !r.finished && m.len > own.len && m.len >= self.cfg.min_match);
-                    work.push((row, id, r, corpus));
+                    distinct.push(id);
+                    distinct_rows.push(row);
                 }
             }
         }
         let params = self.tree_params();
         let min_match = self.cfg.min_match;
+        let (cfg, corpus_ref) = (&self.cfg, &mut self.corpus);
         {
             let mut rows: Vec<Option<Row<'_>>> = split_rows(out, b).into_iter().map(Some).collect();
-            let mut jobs: Vec<(&mut Request, CorpusPick, Row<'_>)> =
-                work.iter_mut().map(|(row, _, r, c)| (r, *c, rows[*row].take().expect("distinct rows"))).collect();
-            let job = |(r, corpus, row): &mut (&mut Request, CorpusPick, Row<'_>)| {
-                if corpus.is_some() {
-                    return; // drafted below from the shared corpus
-                }
-                let mut buf = Vec::with_capacity(width);
-                if !r.finished {
+            let mut jobs: Vec<(&mut Request, CorpusPick, Row<'_>)> = batch_mut(&mut self.requests, &distinct)
+                .into_iter()
+                .zip(&distinct_rows)
+                .map(|(r, &row)| {
+                    let own = r.sam.longest_repeated_suffix();
+                    let corpus = Self::best_corpus(cfg, corpus_ref, r)
+                        .filter(|(_, m)| !r.finished && m.len > own.len && m.len >= cfg.min_match);
+                    (r, corpus, rows[row].take().expect("distinct rows"))
+                })
+                .collect();
+            // Own-context rows, in chunks: chains of one chunk are drafted in lockstep (`chain_draft_group`).
+            let job = |chunk: &mut [(&mut Request, CorpusPick, Row<'_>)]| {
+                let mut bufs: Vec<Vec<DraftToken>> = chunk.iter().map(|_| Vec::with_capacity(width)).collect();
+                let mut chains = Vec::with_capacity(chunk.len());
+                for ((r, corpus, _), buf) in chunk.iter_mut().zip(bufs.iter_mut()) {
+                    if corpus.is_some() || r.finished {
+                        continue; // corpus rows are drafted below; finished rows stay empty
+                    }
                     let m = r.sam.longest_repeated_suffix();
                     if m.len >= min_match && m.len > 0 {
                         match kind {
-                            Kind::Chain => chain_draft(&mut r.sam, m, width, Source::Context, &mut buf),
-                            Kind::Tree => tree_draft(&mut r.sam, m, width, &params, Source::Context, &mut buf),
+                            Kind::Chain => chains.push((&mut r.sam, m, buf)),
+                            Kind::Tree => tree_draft(&mut r.sam, m, width, &params, Source::Context, buf),
                         }
                     }
                 }
-                row.write(&buf);
+                chain_draft_group(&mut chains, width, Source::Context);
+                drop(chains);
+                for ((_, corpus, row), buf) in chunk.iter_mut().zip(&bufs) {
+                    if corpus.is_none() {
+                        row.write(buf);
+                    }
+                }
             };
             #[cfg(feature = "parallel")]
             if jobs.len() >= PAR_MIN {
                 use rayon::prelude::*;
-                jobs.par_iter_mut().for_each(job);
+                jobs.par_chunks_mut(CHUNK).for_each(job);
             } else {
-                jobs.iter_mut().for_each(job);
+                jobs.chunks_mut(CHUNK).for_each(job);
             }
             #[cfg(not(feature = "parallel"))]
-            jobs.iter_mut().for_each(job);
+            jobs.chunks_mut(CHUNK).for_each(job);
             // Corpus rows run sequentially: the corpus automata are shared and their queries splay.
             let mut buf = Vec::with_capacity(width);
             for (_, corpus, row) in jobs.iter_mut() {
                 if let Some((slot, m)) = *corpus {
                     buf.clear();
-                    let sam = self.corpus.slot_mut(slot).expect("best_corpus checked the slot");
+                    let sam = corpus_ref.slot_mut(slot).expect("best_corpus checked the slot");
                     match kind {
                         Kind::Chain => chain_draft(sam, m, width, Source::Corpus, &mut buf),
                         Kind::Tree => tree_draft(sam, m, width, &params, Source::Corpus, &mut buf),
@@ -644,9 +735,6 @@ impl Drafter {
                     row.write(&buf);
                 }
             }
-        }
-        for (_, id, r, _) in work {
-            self.requests.insert(id, r);
         }
         for (row, src) in dups {
             let w = width;

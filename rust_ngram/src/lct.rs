@@ -21,7 +21,7 @@ pub(crate) struct Stat {
     pub last: u32,
 }
 
-/// 28 bytes of fields padded to 32 and aligned, so a node never straddles two cache lines: every LCT operation
+/// 29 bytes of fields padded to 32 and aligned, so a node never straddles two cache lines: every LCT operation
 /// on a large (out-of-cache) automaton is a chain of dependent node reads, one miss each instead of up to two.
 #[derive(Clone, Copy, Debug)]
 #[repr(align(32))]
@@ -29,13 +29,20 @@ struct Node {
     ch: [u32; 2],
     /// Splay parent, or path-parent when this node is the root of its splay tree.
     fa: u32,
+    /// True when `fa` is a splay parent (this node is `ch[0]` or `ch[1]` of `fa`), false when this node is the
+    /// root of its splay tree. Kept in the node (it fits the padding) so that [`Lct::is_aux_root`] reads one node,
+    /// not also the parent's children: a statistics query on an out-of-cache automaton costs one miss less.
+    child: bool,
     stat: Stat,
     /// Pending update for the splay subtree below this node (already applied to the node itself).
     tag: Stat,
 }
 
+const _: () = assert!(std::mem::size_of::<Node>() == 32);
+
 impl Node {
-    const FRESH: Node = Node { ch: [NIL, NIL], fa: NIL, stat: Stat { cnt: 0, last: 0 }, tag: Stat { cnt: 0, last: 0 } };
+    const FRESH: Node =
+        Node { ch: [NIL, NIL], fa: NIL, child: false, stat: Stat { cnt: 0, last: 0 }, tag: Stat { cnt: 0, last: 0 } };
 }
 
 #[derive(Clone, Debug, Default)]
@@ -57,6 +64,12 @@ impl Lct {
         (self.nodes.len() - 1) as u32
     }
 
+    /// Hints the CPU to load node `x` (see [`crate::prefetch`]).
+    #[inline]
+    pub fn prefetch(&self, x: u32) {
+        crate::prefetch(&self.nodes[x as usize]);
+    }
+
     pub fn capacity_bytes(&self) -> usize {
         self.nodes.capacity() * std::mem::size_of::<Node>() + self.stack.capacity() * 4
     }
@@ -68,11 +81,7 @@ impl Lct {
 
     #[inline]
     fn is_aux_root(&self, x: u32) -> bool {
-        let f = self.nodes[x as usize].fa;
-        f == NIL || {
-            let c = self.nodes[f as usize].ch;
-            c[0] != x && c[1] != x
-        }
+        !self.nodes[x as usize].child
     }
 
     #[inline]
@@ -102,11 +111,15 @@ impl Lct {
         let y = self.nodes[x as usize].fa;
         let z = self.nodes[y as usize].fa;
         let dx = (self.nodes[y as usize].ch[1] == x) as usize;
-        if !self.is_aux_root(y) {
+        let y_child = self.nodes[y as usize].child;
+        if y_child {
             let dy = (self.nodes[z as usize].ch[1] == y) as usize;
             self.nodes[z as usize].ch[dy] = x;
         }
+        // x takes y's place (a child of z, or the splay root with z as path-parent); y becomes x's child.
         self.nodes[x as usize].fa = z;
+        self.nodes[x as usize].child = y_child;
+        self.nodes[y as usize].child = true;
         let b = self.nodes[x as usize].ch[dx ^ 1];
         self.nodes[y as usize].ch[dx] = b;
         if b != NIL {
@@ -152,6 +165,14 @@ impl Lct {
         let mut y = x;
         while y != NIL {
             self.splay(y);
+            // The old right child leaves y's splay tree (y stays its path-parent); `last` joins it.
+            let old = self.nodes[y as usize].ch[1];
+            if old != NIL {
+                self.nodes[old as usize].child = false;
+            }
+            if last != NIL {
+                self.nodes[last as usize].child = true;
+            }
             self.nodes[y as usize].ch[1] = last;
             last = y;
             y = self.nodes[y as usize].fa;
@@ -202,6 +223,7 @@ impl Lct {
         let l = self.nodes[x as usize].ch[0];
         if l != NIL {
             self.nodes[l as usize].fa = NIL;
+            self.nodes[l as usize].child = false;
             self.nodes[x as usize].ch[0] = NIL;
         }
         self.nodes[x as usize].stat

@@ -78,6 +78,14 @@ impl TransitionTable {
         }
     }
 
+    /// Hints the CPU to load the slot where a lookup of `(state, token)` starts (see [`crate::prefetch`]).
+    #[inline]
+    pub fn prefetch(&self, state: u32, token: u32) {
+        if !self.slots.is_empty() {
+            crate::prefetch(&self.slots[self.slot(key(state, token))]);
+        }
+    }
+
     /// Inserts or overwrites; returns true when the key was new.
     pub fn set(&mut self, state: u32, token: u32, target: u32) -> bool {
         if (self.len + 1) * 4 > self.slots.len() * 3 {

@@ -34,6 +34,36 @@ fn rejected_calls_change_nothing() {
     assert!(Drafter::new(DrafterConfig { vocab_size: Some(0), ..Default::default() }).is_err());
 }
 
+/// With `donate_prompts: false` only the response is donated; with it, prompt + response as one document, and a
+/// request never matches text donated by itself (it is finished before its donation exists).
+#[test]
+fn prompt_donation_switch() {
+    let t = edit_text(3000, 600, 5);
+    for donate_prompts in [false, true] {
+        let mut d = Drafter::new(DrafterConfig { donate_prompts, ..Default::default() }).unwrap();
+        d.start(1, &t[..2000]).unwrap();
+        d.extend(1, &t[2000..2500]).unwrap();
+        d.finish(1, true).unwrap();
+        let held = d.corpus().donated_tokens();
+        assert_eq!(held, if donate_prompts { 2501 } else { 501 });
+        // A second request with the same prompt: with prompt donation its corpus match covers its whole prompt,
+        // yet its first draft comes from the corpus only because the corpus match is strictly longer than its own.
+        d.start(2, &t[..2000]).unwrap();
+        let out = snapshot(&mut d, &[2]);
+        if donate_prompts {
+            assert_eq!(out.source[0], 1, "the donated prompt continues into the donated response");
+            assert_eq!(
+                out.row_tokens(0),
+                t[2000..2000 + out.lengths[0] as usize].iter().map(|&x| x as i32).collect::<Vec<_>>()
+            );
+        }
+        // Finishing request 2 donates again; neither request can draft any more (both finished).
+        d.finish(2, true).unwrap();
+        assert_eq!(snapshot(&mut d, &[1, 2]).lengths, vec![0, 0]);
+        assert!(d.corpus().donated_tokens() <= d.config().corpus_cap_tokens + 2);
+    }
+}
+
 #[test]
 fn duplicates_finished_and_memory() {
     let mut d = Drafter::new(DrafterConfig::default()).unwrap();
@@ -51,8 +81,8 @@ fn duplicates_finished_and_memory() {
     assert_eq!(d.finish(1, true), Err(DrafterError::Finished(1)));
     assert_eq!(d.extend(1, &[1]), Err(DrafterError::Finished(1)));
     assert_eq!(snapshot(&mut d, &[1]).lengths, vec![0]);
-    // The donated response (everything after the 5000-token prompt) is empty: nothing was donated.
-    assert_eq!(d.corpus().donated_tokens(), 0);
+    // With prompt donation (the default) the whole context is donated, separator included.
+    assert_eq!(d.corpus().donated_tokens(), 5001);
     d.remove(1).unwrap();
     assert!(!d.contains(1));
     assert_eq!(d.remove(1), Err(DrafterError::UnknownRequest(1)));

@@ -1,8 +1,9 @@
 //! Property tests: the automaton, the drafts and whole API call sequences against the brute-force oracle.
 
 use proptest::prelude::*;
-use rust_ngram::check::{ops_from_bytes, run_ops};
+use rust_ngram::check::{check_config, ops_from_bytes, run_ops, run_ops_with};
 use rust_ngram::reference as rf;
+use rust_ngram::DrafterConfig;
 use rust_ngram::{chain_draft, Source, SuffixAutomaton};
 
 /// Small alphabets make long repeats likely; the occasional wide token tests the hash table.
@@ -80,6 +81,14 @@ proptest! {
     fn api_sequences_match_model(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
         let ops = ops_from_bytes(&bytes);
         if let Err(e) = run_ops(&ops) {
+            prop_assert!(false, "{}", e);
+        }
+    }
+
+    #[test]
+    fn api_sequences_match_model_response_donation_only(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
+        let cfg = DrafterConfig { donate_prompts: false, ..check_config() };
+        if let Err(e) = run_ops_with(&cfg, &ops_from_bytes(&bytes)) {
             prop_assert!(false, "{}", e);
         }
     }

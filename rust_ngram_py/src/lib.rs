@@ -42,6 +42,7 @@ fn config_dict<'py>(py: Python<'py>, cfg: &DrafterConfig) -> PyResult<Bound<'py,
         scan_limit,
         use_corpus,
         corpus_cap_tokens,
+        donate_prompts,
         vocab_size,
     } = cfg;
     let d = PyDict::new(py);
@@ -52,6 +53,7 @@ fn config_dict<'py>(py: Python<'py>, cfg: &DrafterConfig) -> PyResult<Bound<'py,
     d.set_item("scan_limit", scan_limit)?;
     d.set_item("use_corpus", use_corpus)?;
     d.set_item("corpus_cap_tokens", corpus_cap_tokens)?;
+    d.set_item("donate_prompts", donate_prompts)?;
     d.set_item("vocab_size", vocab_size)?;
     Ok(d)
 }
@@ -201,6 +203,7 @@ impl NgramCore {
         scan_limit = dflt().scan_limit,
         use_corpus = dflt().use_corpus,
         corpus_cap_tokens = dflt().corpus_cap_tokens,
+        donate_prompts = dflt().donate_prompts,
         vocab_size = dflt().vocab_size,
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -212,6 +215,7 @@ impl NgramCore {
         scan_limit: usize,
         use_corpus: bool,
         corpus_cap_tokens: usize,
+        donate_prompts: bool,
         vocab_size: Option<u32>,
     ) -> PyResult<Self> {
         let cfg = DrafterConfig {
@@ -222,6 +226,7 @@ impl NgramCore {
             scan_limit,
             use_corpus,
             corpus_cap_tokens,
+            donate_prompts,
             vocab_size,
         };
         let d = Drafter::new(cfg.clone()).map_err(to_py)?;

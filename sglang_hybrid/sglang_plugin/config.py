@@ -56,8 +56,9 @@ class HybridSettings(BaseModel):
                                        "steps + ngram_k in merge mode, max(steps, ngram_k) in choose mode")
     verify_widths: Optional[list[int]] = Field(
         None, description="verify widths the engine captures and picks from each step (the price's choice, one step "
-                          "late; see docs/sglang.md); default: 2, 4, 8, ... up to n_nodes + 1; [] = always the full "
-                          "width n_nodes + 1. Each in [2, n_nodes + 1]; the full width is always included")
+                          "late; see docs/sglang.md); default with a cost_table: 2, 4, 8, ... up to n_nodes + 1, "
+                          "without one: the full width only; [] = always the full width n_nodes + 1. Each in "
+                          "[2, n_nodes + 1]; the full width is always included")
     ngram_calibration: Optional[str] = Field(
         None, description="n-gram calibration JSON (python -m sglang_hybrid.tools.calibrate); default: the shipped "
                           "table")
@@ -116,7 +117,9 @@ class HybridSettings(BaseModel):
 
         full = self.resolved_n_nodes(num_steps) + 1
         if self.verify_widths is None:
-            return default_buckets(full)
+            # without a cost table the width rule verifies every useful node, which is nearly always the full width:
+            # extra runtime states would cost start-up time and memory for nothing
+            return default_buckets(full) if self.cost_table else (full,)
         bad = [w for w in self.verify_widths if not 2 <= w <= full]
         if bad:
             raise HybridConfigError(
