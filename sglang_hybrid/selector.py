@@ -142,17 +142,18 @@ def _check_inputs(root_tokens, candidates, lam, mode, n_nodes, check_values):
         names += [f"{n}.tokens", f"{n}.parents", f"{n}.survival", f"{n}.length"]
         ts += [c.tokens, c.parents, c.survival, c.length]
     if isinstance(lam, torch.Tensor):
-        if lam.dim() != 0:
-            raise ValueError(f"lam must be a 0-dim tensor or a float, got shape {tuple(lam.shape)}")
+        if lam.dim() != 0 and tuple(lam.shape) != (b,):
+            raise ValueError(f"lam must be a 0-dim tensor, a [{b}] tensor (one price per request) or a float, got "
+                             f"shape {tuple(lam.shape)}")
         names.append("lam")
         ts.append(lam)
     elif not isinstance(lam, (int, float)):
-        raise TypeError(f"lam must be a 0-dim tensor or a float, got {type(lam).__name__}")
+        raise TypeError(f"lam must be a 0-dim tensor, a [B] tensor or a float, got {type(lam).__name__}")
     _checks.same_device(names, ts)
     if _checks.want_values(check_values, *ts):
-        lam_v = float(lam)
-        if lam_v != lam_v or lam_v < 0:
-            raise ValueError(f"lam must be a non-negative number, got {lam_v}")
+        lam_all = lam.reshape(-1).tolist() if isinstance(lam, torch.Tensor) else [float(lam)]
+        if any(v != v or v < 0 for v in lam_all):
+            raise ValueError(f"lam must be non-negative numbers, got {lam_all}")
         if bool((root_tokens < 0).any()):
             raise ValueError("root_tokens must be non-negative token ids")
         for idx, c in enumerate(candidates):
@@ -196,12 +197,15 @@ def select(root_tokens: torch.Tensor, candidates: Sequence[Candidates], lam: Uni
            mode: str = "choose", n_nodes: int = 8, check_values: Optional[bool] = None) -> VerifyTree:
     """Build the verify tree of each request from every drafter's ``Candidates`` (see the module docstring and
     docs/core.md). ``candidates`` order matters only for ties: an earlier source wins ``choose`` ties and keeps its
-    node when ``merge`` folds identical paths."""
+    node when ``merge`` folds identical paths. ``lam``: the price, one for the batch (float or 0-dim tensor) or one
+    per request (``[B]``)."""
     _check_inputs(root_tokens, candidates, lam, mode, n_nodes, check_values)
     dev = root_tokens.device
     b = root_tokens.shape[0]
     f32, i64 = torch.float32, torch.int64
     lam_t = lam.to(f32) if isinstance(lam, torch.Tensor) else torch.full((), float(lam), dtype=f32, device=dev)
+    if lam_t.dim() == 1:
+        lam_t = lam_t[:, None]                          # one price per request (rows priced apart, e.g. stacked)
 
     # ---- pool: every source's nodes, then filler ----
     toks, pars, survs, depths, valids, srcs, owner = [], [], [], [], [], [], []

@@ -97,8 +97,8 @@ class DecisionStep:
     (``ModelCalibration.to(device)``, ``NgramCalibration.to(device)``); the model default is identity scaling on the
     CPU. ``ngram_calibration`` may be None for engines that never pass an ``NgramDraft`` (model-only baselines).
     ``widths``: the verify widths the engine can run (padded verify, see the module docstring); None: ragged verify,
-    the price masks nodes. ``depths``: the model-draft depths the engine can run (adaptive drafting, padded verify
-    only); None: the engine always drafts the same depth.
+    the price masks nodes. ``depths``: the model-draft depths the engine can run (adaptive drafting); None: the engine
+    always drafts the same depth.
     """
 
     def __init__(self, *, mode: str, n_nodes: int, model_calibration: Optional[ModelCalibrationTables] = None,
@@ -115,8 +115,6 @@ class DecisionStep:
         self.ngram_cal = ngram_calibration
         self.widths = None if widths is None else check_buckets(list(widths), self.n_nodes + 1)
         if depths is not None:
-            if self.widths is None:
-                raise ValueError("depths (adaptive drafting) need padded verify: pass widths too")
             if not depths or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in depths):
                 raise ValueError(f"depths must be a non-empty list of ints >= 1 (model-draft depths), got {depths!r}")
             depths = tuple(sorted(set(depths)))
@@ -208,24 +206,25 @@ class DecisionStep:
             ngram_c = Candidates.empty(b, Source.NGRAM, dev)
             s_n = ngram_c.survival
         cur_depth = torch.full((), model_c.tokens.shape[1], dtype=torch.int64, device=dev)
+        r = b if batch is None else batch
+        root = root_tokens.to(torch.int64)
+        adaptive = self.depths is not None and model is not None
+        if adaptive:
+            s_now = model_c.tokens.shape[1]
+            if s_now not in self.depths:
+                raise ValueError(f"the model chain has {s_now} tokens but the draft depths are {self.depths}")
+            model_s, ngram_s, dt = self._depth_candidates(model_c, ngram_c)
+            nd, k = len(self.depths), self.depths.index(s_now)
         if self.widths is not None:
             # padded verify: every eligible node competes for the slots (lambda 0); the width is the price's choice
             buckets = self._constant("widths", self.widths, dev)
-            r = b if batch is None else batch
-            root = root_tokens.to(torch.int64)
-            if self.depths is not None and model is not None:
-                s_now = model_c.tokens.shape[1]
-                if s_now not in self.depths:
-                    raise ValueError(f"the model chain has {s_now} tokens but the draft depths are {self.depths}")
-                model_s, ngram_s, dt = self._depth_candidates(model_c, ngram_c)
-                nd = len(self.depths)
+            if adaptive:
                 stack = select(root.repeat(nd), [model_s, ngram_s], 0.0, mode=self.mode, n_nodes=self.n_nodes,
                                check_values=check_values)
                 w = self.max_width
                 choice = choose_plan(stack.survival.reshape(nd, b, w), stack.valid.reshape(nd, b, w), buckets, cost, r,
                                      dt, draft_cost)
                 # this step's tree is the block of the depth it drafted (only real tokens there)
-                k = self.depths.index(s_now)
                 full = type(stack)(*(x[k * b:(k + 1) * b] for x in stack))
             else:
                 full = select(root, [model_c, ngram_c], 0.0, mode=self.mode, n_nodes=self.n_nodes,
@@ -233,17 +232,49 @@ class DecisionStep:
                 choice = choose_plan(full.survival[None], full.valid[None], buckets, cost, r, cur_depth.reshape(1))
             tree = truncate(full, self.max_width if width is None else width)
             return Decision(tree, choice.b_star, choice.lam, s_m, s_n, choice.width, choice.depth)
-        if cost is not None:
-            b_star, lam = price_device(torch.cat([s_m, s_n], 1), b if batch is None else batch, cost,
-                                       check_values=check_values)
-        else:
-            width = s_m.shape[1] + s_n.shape[1]
-            b_star = torch.full((), b * width, dtype=torch.int64, device=dev)
-            lam = torch.zeros((), dtype=torch.float32, device=dev)
-        tree = select(root_tokens.to(torch.int64), [model_c, ngram_c], lam, mode=self.mode, n_nodes=self.n_nodes,
-                      check_values=check_values)
         next_width = torch.full((), self.max_width, dtype=torch.int64, device=dev)
+        if adaptive:
+            return self._ragged_adaptive(root, model_s, ngram_s, dt, k, r, cost, draft_cost, s_m, s_n, next_width,
+                                         check_values)
+        if cost is not None:
+            b_star, lam = price_device(torch.cat([s_m, s_n], 1), r, cost, check_values=check_values)
+        else:
+            b_star = torch.full((), b * (s_m.shape[1] + s_n.shape[1]), dtype=torch.int64, device=dev)
+            lam = torch.zeros((), dtype=torch.float32, device=dev)
+        tree = select(root, [model_c, ngram_c], lam, mode=self.mode, n_nodes=self.n_nodes, check_values=check_values)
         return Decision(tree, b_star, lam, s_m, s_n, next_width, cur_depth)
+
+    def _ragged_adaptive(self, root, model_s: Candidates, ngram_s: Candidates, dt: torch.Tensor, k: int, r, cost,
+                         draft_cost, s_m, s_n, next_width, check_values) -> Decision:
+        """Ragged verify with adaptive drafting: each candidate depth is priced on its own candidates (``b*_d``,
+        ``lambda_d``), selected, and scored ``G(d) = (R + E_d) / (T(R + n_d) + d t_draft(R))`` with ``E_d`` the
+        expected accepted drafts and ``n_d`` the verified drafts; the step's tree is the drafted depth's."""
+        nd = dt.shape[0]
+        b = root.shape[0]
+        dev = root.device
+        j = torch.arange(model_s.tokens.shape[1], device=dev)
+        model_sv = torch.where(j[None, :] < model_s.length[:, None], model_s.survival, 0.0)   # pricing needs 0 padding
+        surv = torch.cat([model_sv, ngram_s.survival.to(torch.float32)], 1).reshape(nd, b, -1)
+        if cost is not None:
+            priced = [price_device(surv[i], r, cost, check_values=check_values) for i in range(nd)]
+            b_stars = torch.stack([p[0] for p in priced])
+            lams = torch.stack([p[1] for p in priced])
+        else:
+            b_stars = torch.full((nd,), b * surv.shape[2], dtype=torch.int64, device=dev)
+            lams = torch.zeros((nd,), dtype=torch.float32, device=dev)
+        stack = select(root.repeat(nd), [model_s, ngram_s], lams.repeat_interleave(b), mode=self.mode,
+                       n_nodes=self.n_nodes, check_values=check_values)
+        if cost is not None:
+            rf = r.to(torch.float32) if isinstance(r, torch.Tensor) else torch.full((), float(r), device=dev)
+            expected = stack.expected_accepted.reshape(nd, b).sum(1)
+            verified = (stack.valid.sum(1) - 1).reshape(nd, b).sum(1).to(torch.float32)
+            t_draft = draft_cost.step_time(rf) if draft_cost is not None else torch.zeros((), device=dev)
+            goodput = (rf + expected) / (cost.step_time(rf + verified) + dt.to(torch.float32) * t_draft)
+            d_i = torch.argmax(goodput)                                          # first maximum: the shallowest
+        else:
+            d_i = torch.full((), nd - 1, dtype=torch.int64, device=dev)          # nothing priced: the deepest
+        tree = type(stack)(*(x[k * b:(k + 1) * b] for x in stack))
+        return Decision(tree, b_stars[k], lams[k], s_m, s_n, next_width, dt.gather(0, d_i.reshape(1))[0])
 
 
 __all__ = ["Decision", "DecisionStep", "ModelDraft", "NgramDraft"]

@@ -359,7 +359,7 @@ def test_bad_mode_budget_lambda_and_empty_batch():
         sel(**good_batch(), lam=0.1, mode="merge", n_nodes=0)
     with pytest.raises(ValueError, match="lam must be a 0-dim"):
         sel(**good_batch(), lam=torch.tensor([0.1]), mode="merge", n_nodes=4)
-    with pytest.raises(ValueError, match="lam must be a non-negative"):
+    with pytest.raises(ValueError, match="lam must be non-negative numbers"):
         sel(**good_batch(), lam=float("nan"), mode="merge", n_nodes=4)
     empty = {k: v[:0] for k, v in good_batch().items()}
     with pytest.raises(ValueError, match="empty batch"):
@@ -461,3 +461,16 @@ def test_candidates_are_checked_as_a_set():
     t = select(root, [Candidates.empty(1, Source.MODEL), m._replace(source=Source.NGRAM)], 0.0, mode="choose",
                n_nodes=4)
     assert t.tokens[0, :3].tolist() == [0, 1, 2] and t.source[0, 1:3].tolist() == [Source.NGRAM] * 2
+
+
+def test_one_price_per_request_equals_each_request_priced_alone():
+    """``lam`` may be ``[B]`` (rows priced apart, as the adaptive-depth step does for its stacked depths): each row's
+    tree equals the tree of that request selected alone at its own price."""
+    b = good_batch()
+    lams = torch.tensor([0.35, 0.05])
+    for mode in ("choose", "merge"):
+        both = sel(**b, lam=lams, mode=mode, n_nodes=4)
+        for i in range(2):
+            one = sel(**{k: v[i:i + 1] for k, v in b.items()}, lam=float(lams[i]), mode=mode, n_nodes=4)
+            for name in one._fields:
+                assert torch.equal(getattr(both, name)[i:i + 1], getattr(one, name)), (mode, name)

@@ -216,3 +216,30 @@ def test_draft_depth_follows_what_pays():
     assert int(step(root, weak, long_copy, cost=cost).next_depth) == 4          # no draft cost: deepest
     with pytest.raises(ValueError, match="the model chain has 3 tokens but the draft depths are"):
         step(root, ModelDraft(model.tokens[:, :3], model.confidence[:, :3], torch.full((2,), 3)), none, cost=cost)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ragged_draft_depth_maximises_goodput_by_brute_force(seed):
+    """Ragged verify (the reference loop, the replay's ideal engine): each depth is priced and selected on its own
+    candidates and scored (R + expected accepted) / (T(R + verified drafts) + depth * t_draft(R)); the step picks the
+    best depth and returns the drafted depth's tree, budget and price unchanged."""
+    g = torch.Generator().manual_seed(seed)
+    root, model, ngram = _drafts(seed=seed)
+    model = ModelDraft(model.tokens[:, :2], 0.3 + 0.7 * torch.rand((3, 2), generator=g), torch.full((3,), 2))
+    cal = dict(model_calibration=ModelCalibration.identity().to(), ngram_calibration=NgramCalibration.load().to())
+    cost, draft = CostModel.linear(0.01, 0.0004), CostModel.linear(0.002, 0.0001)
+    step = DecisionStep(mode="merge", n_nodes=12, depths=(1, 2, 4), **cal)
+    d = step(root, model, ngram, cost=cost.to(), draft_cost=draft.to())
+    plain = DecisionStep(mode="merge", n_nodes=12, **cal)
+    scores = []
+    for depth in (1, 2, 4):
+        p = plain(root, _extended(model, depth), ngram, cost=cost.to())
+        e = float(p.tree.expected_accepted.sum())
+        n = int(p.tree.valid.sum()) - 3
+        scores.append((3 + e) / (float(cost.step_time_np(3 + n)) + depth * float(draft.step_time_np(3))))
+    assert int(d.next_depth) == (1, 2, 4)[int(np.argmax(scores))]
+    want = plain(root, model, ngram, cost=cost.to())
+    assert torch.equal(d.b_star, want.b_star) and torch.allclose(d.lam, want.lam)
+    for name in want.tree._fields:
+        a, b = getattr(d.tree, name), getattr(want.tree, name)
+        assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b), name
