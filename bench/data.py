@@ -76,7 +76,8 @@ def tokenizer():
 
 def encode(text: str) -> np.ndarray:
     """Tokenize with cl100k into a C-contiguous int32 array (the host token layout of docs/ARCHITECTURE.md)."""
-    return np.ascontiguousarray(tokenizer().encode(text), dtype=np.int32)
+    # special-token text inside real data (a ShareGPT turn quoting "<|endoftext|>") is encoded as ordinary text
+    return np.ascontiguousarray(tokenizer().encode(text, disallowed_special=()), dtype=np.int32)
 
 
 def data_dir() -> Path:
@@ -259,3 +260,40 @@ def long_context_stream(n_tokens: int, seed: int = 0) -> np.ndarray:
     while len(stream) < n_tokens:
         stream = np.concatenate([stream, stream])
     return np.ascontiguousarray(stream[:n_tokens], dtype=np.int32)
+
+
+def code_edit_windows(n: int, seed: int = 0, out_tokens: int = 192, max_tokens: int = 8000) -> List[Request]:
+    """``n`` code-edit requests of ``out_tokens`` output tokens each, drawn with ``seed`` from `code_edit_pairs`.
+
+    There are fewer changed files than a benchmark wants requests (64 with the default releases), and replaying whole
+    files is slow, so a request is a window of the decode: the prompt is the old file + the instruction + the new
+    file up to a cut, the output the next ``out_tokens`` tokens of the new file (what the model decodes there). Files
+    are visited in a seeded order, round-robin, each window at a cut drawn uniformly (distinct cuts per file)."""
+    pairs = code_edit_pairs(max_tokens=max_tokens)
+    if not pairs:
+        raise DataUnavailable("no changed source files found in CODE_RELEASES")
+    rng = random.Random(seed)
+    order = list(range(len(pairs)))
+    rng.shuffle(order)
+    enc: dict = {}
+    used: dict = {}
+    out: List[Request] = []
+    i = 0
+    while len(out) < n and i < 50 * n:
+        j = order[i % len(order)]
+        i += 1
+        pkg, old, new, path, a, b = pairs[j]
+        if j not in enc:
+            enc[j] = (encode(a + INSTRUCTION.format(path=path, pkg=pkg, old=old, new=new)), encode(b))
+        prompt, body = enc[j]
+        if len(body) <= out_tokens:
+            cut = 0
+        else:
+            cut = rng.randrange(0, len(body) - out_tokens)
+        if cut in used.setdefault(j, set()):
+            continue
+        used[j].add(cut)
+        out.append(Request(f"code:{pkg}:{path}@{cut}", "code",
+                           np.ascontiguousarray(np.concatenate([prompt, body[:cut]]), dtype=np.int32),
+                           np.ascontiguousarray(body[cut:cut + out_tokens], dtype=np.int32)))
+    return out

@@ -27,12 +27,25 @@ class Proposal:
     parents int64 [B, N]: parent node index in the same row, -1 = child of the last committed token; parents[i] < i
     model_steps: EAGLE draft forwards run this step for the whole batch (charged by the cost model)
     source  int8 [B, N] or None: `Source` values (model, n-gram, shared; for the per-source shares in the report)
+    verify_tokens: tokens the verify forward runs for the whole batch; None = ragged verify, every request its root
+      plus its valid nodes (the ideal engine). An engine that pads every request to a width W sets B * W.
+    host_s: host seconds the step adds that the cost table does not hold (e.g. the n-gram drafter's host path)
     """
 
     tokens: np.ndarray
     parents: np.ndarray
     model_steps: int = 0
     source: Optional[np.ndarray] = None
+    verify_tokens: Optional[int] = None
+    host_s: float = 0.0
+
+
+def draft_forwards(k: int) -> int:
+    """EAGLE draft-model forwards a step runs for a k-token chain, as SGLang 0.5.23 runs them: the draft-extend over
+    the tokens accepted by the previous verify (it yields the first draft token's distribution) plus k - 1 draft
+    decode forwards (``eagle_worker_v2.draft_forward`` runs a forward for steps i < num_steps - 1 only): k in all,
+    charged at the cost table's draft-step cost. 0 for k = 0 (no model draft)."""
+    return max(0, int(k))
 
 
 @dataclasses.dataclass
@@ -40,7 +53,8 @@ class StepView:
     """What a policy may look at in one decode step (all arrays have one row per active request).
 
     root: last committed token per request (int64 [B]); drafts: the bank of precomputed drafts, queried with
-    (req, pos); cost: the core `CostTables` for this batch size (price input); requests: active request count.
+    (req, pos); cost: the core `CostTables` for this batch size (price input); requests: active request count;
+    draft_step_s: the cost model's seconds per EAGLE draft forward.
     """
 
     req: np.ndarray
@@ -49,6 +63,7 @@ class StepView:
     drafts: "object"
     cost: "object"
     requests: int
+    draft_step_s: float = 0.0      # one EAGLE draft forward at this batch size (the adaptive-depth price input)
 
 
 def chain_parents_np(b: int, k: int) -> np.ndarray:
@@ -100,7 +115,7 @@ class EagleFixed(Policy):
 
     def propose(self, view):
         toks, _ = view.drafts.eagle(view.req, view.pos, self.k)
-        return Proposal(toks, chain_parents_np(len(view.req), self.k), self.k + 1,
+        return Proposal(toks, chain_parents_np(len(view.req), self.k), draft_forwards(self.k),
                         np.zeros(toks.shape, np.int8))
 
 
@@ -138,9 +153,13 @@ class PromptLookup(_ChainDrafter):
     kind = "pld"
     needs = ("pld",)
 
-    def __init__(self, k, min_n=2, max_n=5):
+    def __init__(self, k, min_n=2, max_n=5, name=None):
         super().__init__(k)
         self.min_n, self.max_n = int(min_n), int(max_n)
+        self.kind = f"pld-{self.min_n}-{self.max_n}"
+        self.needs = (self.kind,)
+        if name:
+            self.name = name
         self.label = f"vLLM-style prompt lookup (min_n={self.min_n}, max_n={self.max_n}, k={self.k})"
 
 
@@ -181,7 +200,7 @@ class NgramElseEagle(Policy):
         src[use_ng, : self.k_ngram] = Source.NGRAM
         toks[~use_ng, : self.k_eagle] = etoks[~use_ng]
         src[~use_ng, : self.k_eagle] = Source.MODEL
-        steps = self.k_eagle + 1 if (~use_ng).any() else 0
+        steps = draft_forwards(self.k_eagle) if (~use_ng).any() else 0
         return Proposal(toks, chain_parents_np(b, width), steps, src)
 
 
@@ -273,7 +292,7 @@ class ModelOnlyAdaptive(Policy):
         etoks, eprobs = view.drafts.eagle(view.req, view.pos, self.k)
         d = c.decide(view.root, "choose", self.k, view.cost, model=c.model_draft(etoks, eprobs))
         self.last_lambda = float(d.lam)
-        return _tree_to_proposal(d.tree, self.k + 1)
+        return _tree_to_proposal(d.tree, draft_forwards(self.k))
 
 
 class Hybrid(Policy):
@@ -299,7 +318,7 @@ class Hybrid(Policy):
         d = c.decide(view.root, self.mode, self.n_nodes, view.cost, model=c.model_draft(etoks, eprobs),
                      ngram=c.ngram_draft(ng, self.tree))
         self.last_lambda = float(d.lam)
-        return _tree_to_proposal(d.tree, self.k + 1)
+        return _tree_to_proposal(d.tree, draft_forwards(self.k))
 
 
 def build_policies(names, k: int, eagle_k: int, merge_nodes: int, core_factory: Callable[[], _Core],

@@ -14,8 +14,13 @@ This module is the command line; the pieces, one job each:
   bench.replay_sim     the continuous-batching simulation (the replay rule) and its result
   bench.replay_report  tables, the paper's layout, targets met or missed, plots
   bench.policies       the policies compared
+  bench.replay_engine  the engine mechanics: as built (width buckets + lag, late n-gram proposals through the
+                       plugin's alignment, measured host path) or ideal (ragged, fresh)
+  bench.replay_synth   the SIMULATED model drafter and the real-text workloads
+  bench.replay_realistic  the headline run (--realistic): sweep, tuned baselines, bootstrap CIs, targets
 
-Run: ``python -m bench.replay --trace T.jsonl [...]`` (see --help); ``--synthetic`` runs on generated traces.
+Run: ``python -m bench.replay --realistic`` (the headline); ``python -m bench.replay --trace T.jsonl [...]`` (see
+--help; engine as built unless --ideal); ``--synthetic`` runs on generated traces.
 """
 from __future__ import annotations
 
@@ -61,7 +66,42 @@ def main(argv=None) -> int:
     ap.add_argument("--n-chat", type=int, default=8, help="--make-trace: chat prompts")
     ap.add_argument("--max-new", type=int, default=320, help="--make-trace: max new tokens per request")
     ap.add_argument("--head", default=None, help="--make-trace: EAGLE head folder (default: the shipped one)")
+    rg = ap.add_argument_group("realistic replay (--realistic: the headline run; bench/replay_realistic.py)")
+    rg.add_argument("--realistic", action="store_true",
+                    help="real-text workloads, SIMULATED model-drafter sweep, engine as built and --ideal side by side")
+    rg.add_argument("--ideal", action="store_true",
+                    help="--trace/--synthetic runs: the idealised engine (ragged verify, fresh n-gram proposals, no "
+                         "host time) instead of the engine as built; --realistic always prints both side by side")
+    rg.add_argument("--requests", type=int, default=100, help="requests per workload (realistic)")
+    rg.add_argument("--out-tokens", type=int, default=128, help="output tokens per request (realistic)")
+    rg.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (realistic)")
+    rg.add_argument("--width-lag", type=int, default=2,
+                    help="steps between choosing a width bucket (and EAGLE depth) and using it (2: GPU engine with "
+                         "overlap scheduling, the default; 1: without overlap)")
+    rg.add_argument("--ngram-lag", type=int, default=1,
+                    help="steps by which n-gram proposals are late (1: overlap scheduling, the default; 0: without)")
+    rg.add_argument("--fixed-depth", action="store_true",
+                    help="HYBRID drafts every EAGLE step every step (no adaptive drafting; the worker without a "
+                         "draft_cost_table)")
+    rg.add_argument("--no-sweep", action="store_true", help="realistic: the headline point alpha=0.7/0.9 only")
+    rg.add_argument("--real-trace", type=Path, default=Path("out/traces/smollm2_t0_final.jsonl"),
+                    help="the real SmolLM2 trace for the 'real, small' row (skipped with a note when absent)")
+    rg.add_argument("--plot", type=Path, default=None, help="realistic: ratio-vs-alpha plot (default docs/...png)")
+    rg.add_argument("--sweep-ideal", action="store_true",
+                    help="realistic: run the ideal engine at every sweep point too (default: headline point only)")
     args = ap.parse_args(argv)
+    if args.realistic:
+        from bench import replay_realistic as RR
+
+        batches = tuple(args.batches)
+        cfg = RR.Config(requests=args.requests, out_tokens=args.out_tokens, seeds=tuple(args.seeds),
+                        batches=batches, width_lag=args.width_lag, ngram_lag=args.ngram_lag,
+                        adaptive_depth=not args.fixed_depth,
+                        gpu_context=args.gpu_context, real_trace=args.real_trace, sweep=not args.no_sweep,
+                        out=args.out if args.out != Path("out/replay") else Path("out/replay_realistic"),
+                        sweep_modes=RR.MODES if args.sweep_ideal else ("as built",),
+                        **({"plot": args.plot} if args.plot else {}))
+        return RR.run(cfg)
     if args.make_trace:
         return replay_record.make_trace(args.make_trace, args.temperature, args.n_code, args.n_chat, args.max_new,
                                         args.k or 8, args.head, args.seed)
@@ -82,9 +122,23 @@ def main(argv=None) -> int:
         return P._Core(args.model_calibration, args.ngram_calibration)
 
     pols = P.build_policies(args.policies, k, args.eagle_k, merge_nodes, core_factory, args.ngram_tree)
+    engine = None
+    if not args.ideal and not args.ngram_tree:
+        # the engine as built (bench/replay_engine.py): the core-decided policies run with padded width buckets,
+        # the width lag, late n-gram proposals through the plugin's alignment and the measured host path
+        from bench.replay_engine import EngineConfig, EnginePolicy
+
+        engine = EngineConfig(width_lag=args.width_lag, ngram_lag=args.ngram_lag, num_steps=k, ngram_k=k,
+                              n_nodes=merge_nodes, adaptive_depth=not args.fixed_depth)
+        for i, pol in enumerate(pols):
+            if pol.name in ("model_adaptive", "hybrid_choose", "hybrid_merge"):
+                mode = "merge" if pol.name == "hybrid_merge" else "choose"
+                pols[i] = EnginePolicy(pol.name, mode, k, getattr(pol, "n_nodes", k), pol.core, engine,
+                                       ngram=pol.name != "model_adaptive", label=pol.label + " [as built]")
     print("# Hybrid Spark policy replay")
     print(f"date {time.strftime('%Y-%m-%d %H:%M')}, seed {args.seed}, k={k}, EAGLE fixed k={args.eagle_k}, "
           f"merge node budget {merge_nodes}, n-gram {'tree' if args.ngram_tree else 'chain'} for HYBRID")
+    print(f"engine: {engine.describe() if engine else 'ideal (ragged verify, fresh n-gram proposals; --ideal)'}")
     for t in traces:
         h = t.header
         print(f"trace: model {h.model}, draft {h.draft_model}, T={t.temperature:g}, "
@@ -103,7 +157,7 @@ def main(argv=None) -> int:
     workloads_seen = []
     for temp in temps:
         reqs = by_t[temp]
-        bank = DraftBank(reqs, k, progress=True)
+        bank = DraftBank(reqs, k, progress=True, ngram_width=engine.proposal_width if engine else 0)
         groups = {}
         for w in ("code", "chat"):
             idx = [i for i, r in enumerate(reqs) if r.workload == w]

@@ -19,11 +19,14 @@ class DraftBank:
     appears several times in a batch stream cannot copy its own earlier answer), which is what makes this cache exact.
     """
 
-    def __init__(self, requests: list, k: int, pld_n=(2, 5), progress: bool = False):
+    def __init__(self, requests: list, k: int, pld_n=(2, 5), progress: bool = False, ngram_width: int = 0):
         if not requests or any(len(r.output) == 0 for r in requests):
             raise ValueError("DraftBank needs at least one request and every output non-empty")
         self.requests = requests
         self.k = int(k)
+        #: width of the n-gram chain proposals (default k); the as-built replay asks for the plugin's proposal width
+        #: k + max_depth + 1 and slices the first k for the ideal engine
+        self.ngram_width = int(ngram_width) or self.k
         self.pld_n = pld_n
         self.progress = progress
         self.lengths = np.array([len(r.output) for r in requests], np.int64)
@@ -89,8 +92,12 @@ class DraftBank:
         if kind not in self._kinds:
             t0 = time.perf_counter()
             try:
-                self._kinds[kind] = {"ngram": self._ngram_chain, "ngram_tree": self._ngram_tree,
-                                     "pld": self._pld, "suffix": self._suffix}[kind]()
+                if kind.startswith("pld-"):
+                    lo, hi = (int(x) for x in kind.split("-")[1:3])
+                    self._kinds[kind] = self._pld((lo, hi), kind)
+                else:
+                    self._kinds[kind] = {"ngram": self._ngram_chain, "ngram_tree": self._ngram_tree,
+                                         "pld": self._pld, "suffix": self._suffix}[kind]()
             except DrafterUnavailable as e:
                 self.unavailable[kind] = str(e)
                 raise
@@ -111,9 +118,9 @@ class DraftBank:
         except ImportError as e:
             raise DrafterUnavailable(f"sglang_hybrid.ngram is not importable ({e}); build the extension "
                                      "(pip install -e .)") from None
-        d = NgramDrafter(max_draft=max(self.k, n_nodes), use_corpus=False)  # own context only (see class doc)
+        width = n_nodes if tree else self.ngram_width
+        d = NgramDrafter(max_draft=max(width, n_nodes), use_corpus=False)  # own context only (see class doc)
         total = int(self.lengths.sum())
-        width = n_nodes if tree else self.k
         fields = ("tokens", "match_len", "count", "total", "depth", "source") + (("parents",) if tree else ())
         out = {f: np.full((total, width), -1 if f in ("tokens", "parents") else 0, np.int64) for f in fields}
         out["lengths"] = np.zeros(total, np.int64)
@@ -122,7 +129,7 @@ class DraftBank:
         try:
             for p, act in self._positions():
                 ids = np.ascontiguousarray(act, dtype=np.int64)
-                res = d.propose_tree(ids, n_nodes) if tree else d.propose(ids, self.k)
+                res = d.propose_tree(ids, n_nodes) if tree else d.propose(ids, width)
                 rows = self.offset[act] + p
                 for f in fields:
                     out[f][rows] = np.asarray(getattr(res, f))[:, :width]
@@ -159,29 +166,29 @@ class DraftBank:
             finish(i)
         return {"tokens": toks, "lengths": lens}
 
-    def _pld(self):
+    def _pld(self, pld_n=None, kind="pld"):
         """vLLM prompt lookup: vLLM's own `NgramProposer` through bench/anchors.py when the `vllm` package imports,
-        else our rendering of the rule vLLM documents (`prompt_lookup`)."""
-        lo, hi = self.pld_n
+        else our rendering of the rule vLLM documents (`PromptLookupIndex`, the incremental form of
+        `prompt_lookup`)."""
+        lo, hi = pld_n or self.pld_n
         try:
             from bench.anchors import VllmNgramAdapter
 
             ad = VllmNgramAdapter(k=self.k, min_n=lo, max_n=hi, max_model_len=int(
                 max(len(r.prompt) + len(r.output) for r in self.requests) + self.k + 2))
-            self.notes["pld"] = f"vLLM's own NgramProposer (min_n={lo}, max_n={hi})"
+            self.notes[kind] = f"vLLM's own NgramProposer (min_n={lo}, max_n={hi})"
             return self._per_request(ad.start, lambda i, p: ad.propose(i, self.k), ad.extend, ad.finish)
         except Exception as e:  # noqa: BLE001 - vllm missing or not importable here
-            self.notes["pld"] = f"our rendering of vLLM's prompt-lookup rule (vLLM not importable: {e})"
-        ctxs = {}
+            self.notes[kind] = f"our rendering of vLLM's prompt-lookup rule (vLLM not importable: {e})"
+        idx = {}
 
         def start(i, prompt):
-            ctxs[i] = list(prompt)
+            idx[i] = PromptLookupIndex(prompt, lo, hi)
 
         def extend(i, t):
-            ctxs[i].extend(int(x) for x in t)
+            idx[i].extend(t)
 
-        return self._per_request(start, lambda i, p: prompt_lookup(np.asarray(ctxs[i]), lo, hi, self.k), extend,
-                                 lambda i: ctxs.pop(i))
+        return self._per_request(start, lambda i, p: idx[i].propose(self.k), extend, lambda i: idx.pop(i))
 
     def _suffix(self):
         """Arctic Inference's SuffixDecodingCache through bench/anchors.py (vLLM's `suffix` defaults: depth 24,
@@ -219,3 +226,35 @@ def prompt_lookup(ctx: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndarray
             start = int(hits[0]) + n
             return ctx[start:start + k]
     return ctx[:0]
+
+
+class PromptLookupIndex:
+    """`prompt_lookup` kept incrementally for one growing context (same answers, O(max_n) per token instead of a
+    scan of the whole context per position): for each n, the first occurrence of every n-gram that ends before the
+    last token."""
+
+    def __init__(self, prompt, min_n: int, max_n: int):
+        self.min_n, self.max_n = int(min_n), int(max_n)
+        self.ctx: list = []
+        self.first: dict = {n: {} for n in range(self.min_n, self.max_n + 1)}
+        self.extend(prompt)
+
+    def extend(self, tokens) -> None:
+        ctx, first = self.ctx, self.first
+        for t in np.asarray(tokens).tolist():
+            ctx.append(int(t))
+            e = len(ctx) - 2          # n-grams ending at e now end before the last token: they may be copied from
+            if e < 0:
+                continue
+            for n, table in first.items():
+                s = e - n + 1
+                if s >= 0:
+                    table.setdefault(tuple(ctx[s:e + 1]), s)
+
+    def propose(self, k: int) -> np.ndarray:
+        ctx, T = self.ctx, len(self.ctx)
+        for n in range(min(self.max_n, T - 1), self.min_n - 1, -1):
+            s = self.first[n].get(tuple(ctx[T - n:]))
+            if s is not None:
+                return np.asarray(ctx[s + n:s + n + k], np.int64)
+        return np.zeros(0, np.int64)

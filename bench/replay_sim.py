@@ -4,8 +4,9 @@ Replay rule (per step, continuous batching at a fixed concurrency B):
   * every active request gets draft nodes from the policy (bench/policies.py);
   * accepted = the deepest draft node whose whole path equals the trace's output (greedy acceptance);
     emitted = accepted + 1 (the bonus token), capped at what is left of the output;
-  * the step verifies n = sum over requests of (1 + draft nodes) tokens and costs T(n) + (EAGLE draft forwards) x
-    t_draft from the cost model;
+  * the step verifies n = sum over requests of (1 + draft nodes) tokens (ragged verify; a policy that models a
+    padded engine says how many it verifies, `Proposal.verify_tokens`, e.g. B x W) and costs T(n) + (EAGLE draft
+    forwards) x t_draft from the cost model, plus any host time the policy reports (`Proposal.host_s`);
   * finished requests are replaced by the next one from a seeded stream (whole permutations of the workload);
     the run stops at the first step after which a slot cannot be refilled, so throughput is measured with the batch
     full (no tail where a few long requests run alone).
@@ -100,21 +101,29 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
     stream = request_stream(indices, batch, seed)
     if len(stream) < batch:
         raise ValueError("request stream shorter than the batch")
+    if hasattr(policy, "reset"):
+        policy.reset(batch)        # engine state (width in flight, late n-gram proposals) starts fresh per run
+    n_req = len(bank.lengths)
+    req_tokens = np.zeros(n_req, np.float64)   # per request of the bank: tokens emitted, and its share of the time
+    req_seconds = np.zeros(n_req, np.float64)  # (each step's time split evenly over the B slots): for the bootstrap
     req = stream[:batch].astype(np.int64)
     pos = np.zeros(batch, np.int64)
     nxt = batch
     tot = dict(steps=0, tokens=0, seconds=0.0, rs=0, acc=0, nodes=0, done=0, msteps=0, ng=0, lam=0.0)
     while True:
         view = P.StepView(req=req, pos=pos, root=bank.roots(req, pos), drafts=bank,
-                          cost=cost.tables, requests=batch)
+                          cost=cost.tables, requests=batch, draft_step_s=cost.draft_step_s)
         prop = policy.propose(view)
         toks, par = np.asarray(prop.tokens, np.int64), np.asarray(prop.parents, np.int64)
         n_nodes = (toks >= 0).sum(axis=1)
         accepted = greedy_tree_accept(toks, par, bank.targets(req, pos, max(1, toks.shape[1])))
         remaining = bank.lengths[req] - pos
         emitted = np.minimum(accepted + 1, remaining)
-        n_tokens = batch + int(n_nodes.sum())
-        tot["seconds"] += cost.step_time(n_tokens) + prop.model_steps * cost.draft_step_s
+        n_tokens = batch + int(n_nodes.sum()) if prop.verify_tokens is None else int(prop.verify_tokens)
+        dt = cost.step_time(n_tokens) + prop.model_steps * cost.draft_step_s + float(prop.host_s)
+        tot["seconds"] += dt
+        np.add.at(req_tokens, req, emitted)
+        np.add.at(req_seconds, req, dt / batch)
         tot["steps"] += 1
         tot["tokens"] += int(emitted.sum())
         tot["rs"] += batch
@@ -136,6 +145,9 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
                 stop = True
         if stop:
             break
-    return RunResult(policy.name, policy.describe(), workload, batch, cost_name, tot["steps"], tot["tokens"],
-                     tot["seconds"], tot["rs"], tot["acc"], tot["nodes"], tot["done"], tot["msteps"],
-                     tot["ng"] / max(1, tot["nodes"]), tot["lam"] / max(1, tot["steps"]))
+    res = RunResult(policy.name, policy.describe(), workload, batch, cost_name, tot["steps"], tot["tokens"],
+                    tot["seconds"], tot["rs"], tot["acc"], tot["nodes"], tot["done"], tot["msteps"],
+                    tot["ng"] / max(1, tot["nodes"]), tot["lam"] / max(1, tot["steps"]))
+    res.per_request = (req_tokens, req_seconds)     # not dataclass fields: kept out of the JSON dump
+    res.stats = dict(getattr(policy, "stats", {}) or {})
+    return res

@@ -82,13 +82,32 @@ def gpu_requirements(args) -> list:
     return missing
 
 
+def eagle_method(draft) -> str:
+    """vLLM's speculative ``method`` for an EAGLE draft folder: ``eagle3`` for an EAGLE-3 head (vLLM loads those only
+    under that name), else ``eagle``. EAGLE-3 heads are recognised from their ``config.json``: an architecture or
+    model type naming Eagle3 (``LlamaForCausalLMEagle3``, ``eagle3``...), or the fields only EAGLE-3 heads carry
+    (``eagle_aux_hidden_state_layer_ids`` inside ``eagle_config``, ``draft_vocab_size``). Unreadable config:
+    ``eagle``."""
+    try:
+        cfg = json.loads((Path(draft) / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return "eagle"
+    names = [str(a).lower() for a in (cfg.get("architectures") or [])] + [str(cfg.get("model_type", "")).lower()]
+    eagle_cfg = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
+    if any("eagle3" in n for n in names) or "eagle_aux_hidden_state_layer_ids" in eagle_cfg or \
+            "draft_vocab_size" in cfg:
+        return "eagle3"
+    return "eagle"
+
+
 def engine_configs(args) -> list:
     """(engine, method, extra server arguments): every engine+method pair the GPU part runs."""
     k = args.k
+    method = getattr(args, "eagle_method", None) or eagle_method(args.draft)
     spec = {
         "ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5},
         "suffix": {"method": "suffix", "num_speculative_tokens": k},
-        "eagle": {"method": "eagle", "model": args.draft, "num_speculative_tokens": k},
+        "eagle": {"method": method, "model": args.draft, "num_speculative_tokens": k},
     }
     out = [("sglang", "none", []),
            ("sglang", "hybrid", ["--speculative-algorithm", "HYBRID", "--speculative-draft-model-path", args.draft])]
@@ -423,6 +442,8 @@ def main(argv=None) -> int:
     ap.add_argument("--part", choices=["gpu", "cpu", "all"], default="all")
     ap.add_argument("--model", default=None, help="GPU part: target model folder")
     ap.add_argument("--draft", default=None, help="GPU part: EAGLE draft folder")
+    ap.add_argument("--eagle-method", choices=["eagle", "eagle3"], default=None,
+                    help="vLLM method for the draft (default: eagle3 for an EAGLE-3 head, read from its config.json)")
     ap.add_argument("--k", type=int, default=8, help="draft tokens per step for every method")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[4, 128])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])

@@ -109,8 +109,10 @@ class Roofline:
             self._bucket_text(),
             f"EAGLE draft step: EAGLE-3-style head ({a.draft_params / 1e9:.2f} B params: 1 layer + fc + 32k-vocab "
             f"lm_head) + its 1-layer KV at the same context, same roofline, +{a.draft_step_overhead_s * 1e3:.2f} ms; "
-            "a policy that drafts k model tokens pays k + 1 draft steps (k chain steps + 1 extend)",
-            "n-gram / prompt-lookup / suffix drafting cost is not charged (host-side, overlappable; tens of us)",
+            "a policy that drafts k model tokens pays k draft steps, as SGLang 0.5.23 runs them (the draft-extend "
+            "after verify + k - 1 draft decodes; bench.policies.draft_forwards)",
+            "n-gram / prompt-lookup / suffix drafting cost is not charged here (host-side); the as-built HYBRID engine "
+            "of the realistic replay adds the worker's measured host path (bench.replay_engine.host_seconds)",
         ]
 
 

@@ -1,0 +1,309 @@
+"""The replay's engine mechanics: HYBRID (and the model-only baseline) run as the SGLang plugin runs them, or ideally.
+
+Why a separate module: `bench.policies` states *what* each policy drafts; this module states *how the engine we ship
+executes it*, so the gap between the two modes is exactly the engine's to-do list. Both modes call the core's
+``sglang_hybrid.step.DecisionStep`` (the worker's decision code); they differ only in the mechanics around it:
+
+=================  =====================================================  ============================================
+mechanic           as built (``EngineConfig()``, the default)             ideal (``EngineConfig.ideal()``)
+=================  =====================================================  ============================================
+verify width       padded: every request verifies ``W`` tokens, ``W``     ragged: each request its root + the nodes
+                   from the width buckets ``default_buckets(n_nodes+1)``  the price keeps; cost ``T(sum)``
+                   (``DecisionStep(widths=...)``); cost ``T(B * W)``
+width lag          the bucket chosen at step t is verified at t + lag     --
+                   (1: CPU engine; 2: GPU with overlap scheduling)
+n-gram proposals   computed on the host ``ngram_lag`` steps late, ``k +   fresh, at the exact position, ``k`` tokens
+                   max_depth + 1`` wide, shifted and kept only if the
+                   tokens committed since match (the plugin's
+                   ``alignment.align``, called here), first ``k`` used
+host time          the worker's measured host path per step (below)       0
+draft forwards     ``d`` per step (``policies.draft_forwards``), ``d``    same
+                   the EAGLE depth the core chose (adaptive drafting,
+                   ``DecisionStep(depths=...)`` with the cost model's
+                   draft step as ``draft_cost``) one step before (the
+                   width lag; at least 1: a depth is chosen from the
+                   previous step's survivals); ``num_steps`` when
+                   ``adaptive_depth`` is off
+=================  =====================================================  ============================================
+
+Host time: `bench.host_path` measured the worker's whole n-gram host path per decode step (feed new tokens, batched
+Rust propose of 17 tokens, publish) on this 2-core machine, 2026-11-30 22:10, context 1k tokens (docs/benchmarks.md
+section 3): 0.114 ms at batch 1, 0.359 ms at 32, 0.819 ms at 128. `host_seconds` interpolates linearly in the batch
+size and the as-built engine adds it to every step (no overlap with the device: conservative on a GPU with overlap
+scheduling, where it hides under the device's step when shorter).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Optional
+
+import numpy as np
+
+from bench import policies as P
+
+#: (batch, seconds per decode step) of the worker's n-gram host path, measured by bench.host_path (context 1k)
+HOST_PATH_MEASURED = ((1, 0.114e-3), (32, 0.359e-3), (128, 0.819e-3))
+
+
+def host_seconds(batch: int) -> float:
+    """The n-gram host path's seconds per decode step at ``batch`` requests (linear in the measured points, extended
+    linearly past 128)."""
+    bs, ts = zip(*HOST_PATH_MEASURED)
+    if batch <= bs[-1]:
+        return float(np.interp(batch, bs, ts))
+    slope = (ts[-1] - ts[-2]) / (bs[-1] - bs[-2])
+    return float(ts[-1] + slope * (batch - bs[-1]))
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Engine mechanics of one replay mode (module docstring). ``num_steps``, ``ngram_k``, ``n_nodes`` default to the
+    deployed configuration (4 EAGLE steps, n-gram chain of 8, merge with 12 nodes, full width 13)."""
+
+    as_built: bool = True
+    #: the GPU engine's lags: with SGLang's overlap scheduling the host runs one step ahead, so n-gram proposals are
+    #: one step late and a chosen width (and depth) applies two steps later; without overlap (the CPU engine) they
+    #: are 0 and 1
+    width_lag: int = 2
+    ngram_lag: int = 1
+    host_time: bool = True
+    num_steps: int = 4
+    ngram_k: int = 8
+    n_nodes: int = 12
+    widths: Optional[tuple] = None      # None: sglang_hybrid.widths.default_buckets(n_nodes + 1)
+    #: adaptive drafting (the worker with a draft_cost_table): depths 1, num_steps // 2, num_steps, as its default
+    adaptive_depth: bool = True
+
+    @property
+    def depths(self) -> Optional[tuple]:
+        """EAGLE depths the core picks from (the worker's default ``draft_depths``), or None (always ``num_steps``)."""
+        if not self.adaptive_depth:
+            return None
+        return tuple(sorted({1, max(self.num_steps // 2, 1), self.num_steps}))
+
+    @property
+    def depth_lag(self) -> int:
+        """Steps between choosing a depth and drafting it: the width's lag, and at least 1 (the choice reads the
+        survivals of a drafted chain)."""
+        return max(1, self.width_lag)
+
+    @classmethod
+    def ideal(cls, **kw) -> "EngineConfig":
+        return cls(as_built=False, width_lag=0, ngram_lag=0, host_time=False, **kw)
+
+    @property
+    def name(self) -> str:
+        return "as built" if self.as_built else "ideal"
+
+    @property
+    def max_depth(self) -> int:
+        """Deepest draft path (``HybridStep.max_depth``)."""
+        return min(self.n_nodes, max(self.num_steps, self.ngram_k))
+
+    @property
+    def proposal_width(self) -> int:
+        """n-gram tokens proposed and buffered per request (``HybridStep.proposal_width``)."""
+        return self.ngram_k + self.max_depth + 1
+
+    def buckets(self, n_nodes: Optional[int] = None) -> tuple:
+        from sglang_hybrid.widths import check_buckets, default_buckets
+
+        n = self.n_nodes if n_nodes is None else int(n_nodes)
+        if self.widths is not None and n == self.n_nodes:
+            return check_buckets(list(self.widths), n + 1)
+        return default_buckets(n + 1)
+
+    def describe(self) -> str:
+        if not self.as_built:
+            return ("ideal: ragged verify (price masks nodes, cost = valid nodes), fresh n-gram proposals at the exact "
+                    f"position, no host time; {self.num_steps} EAGLE steps, n-gram k={self.ngram_k}, "
+                    f"n_nodes={self.n_nodes}; {self._depth_text()}")
+        return (f"as built: padded verify at width buckets {self.buckets()} chosen by DecisionStep, applied "
+                f"{self.width_lag} step(s) later; n-gram proposals {self.ngram_lag} step(s) late, "
+                f"{self.proposal_width} tokens wide, aligned by sglang_plugin.alignment.align, first {self.ngram_k} "
+                f"used; host path {'charged' if self.host_time else 'not charged'} "
+                f"({host_seconds(4) * 1e3:.3f} ms at B=4, {host_seconds(128) * 1e3:.3f} ms at B=128); "
+                f"{self.num_steps} EAGLE steps, n_nodes={self.n_nodes}; {self._depth_text()}")
+
+    def _depth_text(self) -> str:
+        if self.depths is None:
+            return f"EAGLE depth fixed at {self.num_steps}"
+        return (f"EAGLE depth chosen by DecisionStep among {self.depths}, applied {self.depth_lag} step(s) later "
+                "(adaptive drafting)")
+
+
+class LateNgram:
+    """n-gram proposals as the worker sees them: computed on the host ``lag`` steps ago (at the slot's position
+    then; a request admitted fewer than ``lag`` steps ago has the one computed at admission), published into the
+    plugin's slot buffers and aligned on the device by ``sglang_plugin.alignment.align`` (the shipped code).
+
+    Positions: a request at output position p has ``P + p`` committed tokens (prompt ``P``), its root at position
+    ``P + p - 1`` = the decode ``seq_len``. A proposal computed at position q is the bank's proposal row q, tagged
+    ``at = P + q``; the ring holds the committed tokens output[q:p] (the plugin writes them from each verify)."""
+
+    def __init__(self, width: int, k: int, lag: int):
+        self.width, self.k, self.lag = int(width), int(k), int(lag)
+        self.hist = None
+        self.stats = collections.Counter()
+
+    def reset(self, batch: int):
+        self.hist = collections.deque(maxlen=self.lag + 1)
+        self.prev = None                                   # (req, pos) of the previous step
+        self.occ = np.zeros(batch, np.int64)               # occupancy id of each slot (a new one per admission)
+        self.first_pos = np.zeros(batch, np.int64)
+        self.next_occ = 0
+        self.stats = collections.Counter()
+
+    def proposal_positions(self, req: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """The position each slot's proposal was computed at: ``lag`` steps ago, or at admission if later."""
+        b = len(req)
+        if self.prev is None:
+            new = np.ones(b, bool)
+        else:
+            new = (req != self.prev[0]) | (pos < self.prev[1])   # a refilled slot restarts at position 0
+        self.prev = (req.copy(), pos.copy())
+        self.occ = np.where(new, self.next_occ + np.arange(b), self.occ)
+        self.next_occ += b
+        self.first_pos = np.where(new, pos, self.first_pos)
+        self.hist.append((self.occ.copy(), pos.copy()))
+        if len(self.hist) <= self.lag:
+            return self.first_pos.copy()
+        old_occ, old_pos = self.hist[0]
+        return np.where(old_occ == self.occ, old_pos, self.first_pos)
+
+    def aligned(self, bank, req: np.ndarray, pos: np.ndarray) -> dict:
+        """The n-gram features the worker's selector sees this step (first ``k`` of the aligned proposal)."""
+        import torch
+
+        from sglang_hybrid.sglang_plugin import alignment
+
+        q = self.proposal_positions(req, pos)
+        d = pos - q
+        feats = bank.ngram_features(req, q, self.width)
+        b, w = len(req), self.width
+        prompt_len = np.array([len(bank.requests[i].prompt) for i in req], np.int64)
+        t = lambda x: torch.as_tensor(np.ascontiguousarray(x), dtype=torch.int64)  # noqa: E731
+        buf = alignment.alloc_buffers(b, w, max(2 * w, 16), "cpu")
+        slots = torch.arange(b, dtype=torch.int64)
+        gen = torch.zeros(b, dtype=torch.int64)
+        alignment.publish(buf, slots, t(feats["tokens"]), t(feats["lengths"]), t(prompt_len + q), gen,
+                          t(feats["match_len"]), t(feats["count"]), t(feats["total"]), t(feats["source"]))
+        dmax = int(max(1, d.max(initial=0)))
+        committed = bank.targets(req, q, dmax)                     # output[q : q + dmax]
+        alignment.ring_write_emitted(buf, slots, t(prompt_len + q - 1), t(committed), t(d))
+        al = alignment.align(buf, slots, gen, t(prompt_len + pos - 1))
+        k = self.k
+        out = {"tokens": al.tokens[:, :k].numpy(), "lengths": al.length.clamp(max=k).numpy(),
+               "match_len": al.match_len[:, :k].numpy(), "count": al.count[:, :k].numpy(),
+               "total": al.total[:, :k].numpy(), "depth": al.depth[:, :k].numpy(),
+               "source": al.source[:, :k].numpy()}
+        fresh = bank.ngram_features(req, pos, k)["lengths"] > 0
+        self.stats["steps_with_match"] += int(fresh.sum())
+        self.stats["steps_with_aligned"] += int((fresh & (out["lengths"] > 0)).sum())
+        self.stats["steps_with_full_chain"] += int((fresh & (out["lengths"] >= np.minimum(
+            bank.ngram_features(req, pos, k)["lengths"], k))).sum())
+        return out
+
+
+class EnginePolicy(P.Policy):
+    """A core-decided policy (HYBRID merge/choose, or model-only adaptive when ``ngram`` is False) under one engine
+    mode. Keeps the engine's state across steps of a run (`reset` is called by `replay_sim.simulate`)."""
+
+    def __init__(self, name: str, mode: str, num_steps: int, n_nodes: int, core, engine: EngineConfig,
+                 ngram: bool = True, label: str = ""):
+        self.name, self.mode, self.num_steps, self.n_nodes = name, mode, int(num_steps), int(n_nodes)
+        self.core, self.engine, self.use_ngram = core, engine, bool(ngram)
+        self.needs = ("eagle", "ngram") if ngram else ("eagle",)
+        self.label = label or name
+        self.last_lambda = 0.0
+        self.widths = engine.buckets(n_nodes) if engine.as_built else None
+        #: adaptive drafting only where the n-gram side competes: HYBRID (model-only adaptive keeps its tuned K)
+        self.depths = tuple(d for d in engine.depths if d <= self.num_steps) if (
+            ngram and engine.depths is not None) else None
+        if self.depths is not None and self.num_steps not in self.depths:
+            self.depths = self.depths + (self.num_steps,)
+        self.decide = core.step.DecisionStep(mode=mode, n_nodes=self.n_nodes, model_calibration=core.model_cal,
+                                             ngram_calibration=core.ngram_cal if ngram else None,
+                                             widths=self.widths, depths=self.depths)
+        self._draft_tables: dict = {}
+        self.late = LateNgram(engine.proposal_width, engine.ngram_k, engine.ngram_lag) if (
+            ngram and engine.as_built) else None
+        self.stats: dict = {}
+        self.reset(1)
+
+    def reset(self, batch: int):
+        self.batch = batch
+        self.pending = collections.deque([self.n_nodes + 1] * max(1, self.engine.width_lag))
+        self.depth_pending = collections.deque([self.num_steps] * self.engine.depth_lag)
+        self.width_counts = collections.Counter()
+        self.depth_counts = collections.Counter()
+        if self.late is not None:
+            self.late.reset(batch)
+        self.stats = {}
+
+    def _draft_cost(self, seconds: float):
+        """One EAGLE draft forward at this batch size as the core's cost tables (constant in the batch: the replay
+        runs one batch size at a time)."""
+        if seconds not in self._draft_tables:
+            from sglang_hybrid.cost import CostModel
+
+            self._draft_tables[seconds] = CostModel([1, 1 << 20], [seconds, seconds]).to("cpu") if seconds > 0 \
+                else None
+        return self._draft_tables[seconds]
+
+    def propose(self, view):
+        c = self.core
+        depth = self.depth_pending.popleft() if self.depths is not None else self.num_steps
+        self.depth_counts[depth] += 1
+        etoks, eprobs = view.drafts.eagle(view.req, view.pos, depth)
+        draft_cost = self._draft_cost(float(view.draft_step_s)) if self.depths is not None else None
+        ngram = None
+        if self.use_ngram:
+            if self.late is not None:
+                ng = self.late.aligned(view.drafts, view.req, view.pos)
+            else:
+                ng = view.drafts.ngram_features(view.req, view.pos, self.engine.ngram_k)
+            ngram = c.ngram_draft(ng, False)
+        root = c.torch.as_tensor(view.root)
+        model = c.model_draft(etoks, eprobs)
+        b = len(view.req)
+        if self.widths is None:
+            d = self.decide(root, model, ngram, cost=view.cost, check_values=False, draft_cost=draft_cost)
+            prop = P._tree_to_proposal(d.tree, P.draft_forwards(depth))
+        else:
+            width = self.pending.popleft() if self.engine.width_lag > 0 else None
+            if width is None:   # lag 0 (a what-if): decide at full width, verify the chosen bucket this step
+                full = self.decide(root, model, ngram, cost=view.cost, check_values=False, draft_cost=draft_cost)
+                width = int(full.next_width)
+            d = self.decide(root, model, ngram, cost=view.cost, check_values=False, width=width,
+                            draft_cost=draft_cost)
+            if self.engine.width_lag > 0:
+                self.pending.append(int(d.next_width))
+            self.width_counts[width] += 1
+            prop = P._tree_to_proposal(d.tree, P.draft_forwards(depth))
+            prop.verify_tokens = b * width
+            if self.engine.host_time and self.use_ngram:
+                prop.host_s = host_seconds(b)
+        if self.depths is not None:
+            self.depth_pending.append(int(d.next_depth))
+        self.last_lambda = float(d.lam)
+        st = dict(self.late.stats) if self.late is not None else {}
+        st["width_counts"] = dict(self.width_counts)
+        st["depth_counts"] = dict(self.depth_counts)
+        self.stats = st
+        return prop
+
+
+def engine_policies(core, engine: EngineConfig, model_ks=(2, 4, 6, 8), hybrid_modes=("merge",)) -> list:
+    """HYBRID (deployed configuration) and model-only adaptive at each K in ``model_ks``, under ``engine``."""
+    out = []
+    for mode in hybrid_modes:
+        n_nodes = engine.n_nodes if mode == "merge" else max(engine.num_steps, engine.ngram_k)
+        out.append(EnginePolicy(f"hybrid_{mode}", mode, engine.num_steps, n_nodes, core, engine,
+                                label=f"HYBRID {mode} ({engine.num_steps} EAGLE steps + n-gram k={engine.ngram_k}, "
+                                      f"{n_nodes} nodes, {engine.name})"))
+    for k in model_ks:
+        out.append(EnginePolicy(f"model_adaptive_k{k}", "choose", k, k, core, engine, ngram=False,
+                                label=f"model-only adaptive K={k} ({engine.name})"))
+    return out

@@ -1,0 +1,235 @@
+"""The realistic replay's engine mechanics (bench/replay_engine.py, replay_synth.py, replay_realistic.py) against
+hand-computed cases: width lag, padded verify width, draft-forward count, late n-gram alignment, the simulated
+drafter's calibration, the bootstrap."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench import policies as P
+from bench import replay_drafts, replay_engine, replay_realistic, replay_sim, replay_synth
+from tests.test_replay import linear_cost, one_request_trace
+
+
+def _core_or_skip():
+    try:
+        return P._Core()
+    except (ImportError, FileNotFoundError, OSError) as e:  # pragma: no cover
+        pytest.skip(f"core not available: {e}")
+
+
+def test_draft_forwards_as_sglang_runs_them():
+    assert [P.draft_forwards(k) for k in (0, 1, 3, 4, 8)] == [0, 1, 3, 4, 8]
+
+
+@pytest.mark.parametrize("lag,expected", [(1, 1.5 + 19 * 1.2), (2, 2 * 1.5 + 18 * 1.2)])
+def test_as_built_width_lag_and_padded_verify_cost_by_hand(lag, expected):
+    """Model-only adaptive K=4 in the as-built engine: buckets (2, 4, 5), the first `lag` steps verify at the full
+    width 5, then at the width the previous decision chose. Every draft is wrong with confidence 0.1, so with
+    T(n) = 1 + 0.1 n the padded goodput (1 + sum of survivals) / T(W) is highest at W = 2:
+    G(2) = 1.1 / 1.2 > G(4) = 1.111 / 1.4 > G(5). One request of 10 tokens, streamed twice: 20 steps of 1 token.
+    Seconds = (lag steps x T(5)) + (rest x T(2)) + 20 steps x 4 draft forwards x 0.05 (no n-gram: no host time)."""
+    core = _core_or_skip()
+    bank = replay_drafts.DraftBank(one_request_trace(L=10, k=4, eagle_right=False), k=4)
+    eng = replay_engine.EngineConfig(width_lag=lag)
+    pol = replay_engine.EnginePolicy("m", "choose", 4, 4, core, eng, ngram=False)
+    assert pol.widths == (2, 4, 5)
+    res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05))
+    assert res.steps == 20 and res.tokens == 20
+    assert res.model_steps == 20 * 4
+    assert res.seconds == pytest.approx(expected + 20 * 4 * 0.05)
+    assert res.stats["width_counts"] == {5: lag, 2: 20 - lag}
+
+
+def test_ideal_engine_verifies_ragged_and_has_no_lag():
+    """Same case, ideal engine: ragged verify, the price keeps the nodes that raise goodput: the first (survival 0.1:
+    1.1 / T(2) = 0.917 > 1 / T(1) = 0.909) but not the second (1.11 / T(3) = 0.854), so every step verifies the root
+    + 1 node from step 0 on: 20 x (T(2) + 4 x 0.05)."""
+    core = _core_or_skip()
+    bank = replay_drafts.DraftBank(one_request_trace(L=10, k=4, eagle_right=False), k=4)
+    pol = replay_engine.EnginePolicy("m", "choose", 4, 4, core, replay_engine.EngineConfig.ideal(), ngram=False)
+    res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05))
+    assert res.steps == 20
+    assert res.seconds == pytest.approx(20 * (1.2 + 4 * 0.05))
+    assert res.verified_per_step == 1.0
+
+
+@pytest.mark.parametrize("eagle_right,draft_s,depth", [(False, 0.5, 1), (True, 0.001, 4)])
+def test_adaptive_depth_drafts_what_the_previous_step_chose(eagle_right, draft_s, depth):
+    """HYBRID merge in the as-built engine with adaptive drafting (depths 1, 2, 4): the first step drafts the full 4
+    (nothing chosen yet), every later step the depth the previous decision chose, and is charged that many draft
+    forwards. A wrong EAGLE chain (confidence 0.1) under dear draft forwards (0.5 s each, T(n) = 1 + 0.1 n) is cut to
+    depth 1; a right one (0.9) under cheap forwards (1 ms) keeps depth 4."""
+    core = _core_or_skip()
+    eng = replay_engine.EngineConfig(num_steps=4, ngram_k=4, n_nodes=8, width_lag=1)
+    bank = replay_drafts.DraftBank(one_request_trace(L=10, k=4, eagle_right=eagle_right), k=4,
+                                   ngram_width=eng.proposal_width)
+    assert eng.depths == (1, 2, 4) and eng.depth_lag == 1
+    pol = replay_engine.EnginePolicy("h", "merge", 4, 8, core, eng)
+    res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=draft_s))
+    counts = res.stats["depth_counts"]
+    assert counts == ({4: 1, depth: res.steps - 1} if depth != 4 else {4: res.steps}), counts
+    assert res.model_steps == 4 + depth * (res.steps - 1)
+    fixed = replay_engine.EnginePolicy("h", "merge", 4, 8, core,
+                                       replay_engine.EngineConfig(num_steps=4, ngram_k=4, n_nodes=8, width_lag=1,
+                                                                  adaptive_depth=False))
+    res_fixed = replay_sim.simulate(fixed, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1,
+                                                                              draft=draft_s))
+    assert res_fixed.model_steps == 4 * res_fixed.steps
+
+
+def test_host_time_interpolates_the_measured_host_path():
+    assert replay_engine.host_seconds(1) == pytest.approx(0.114e-3)
+    assert replay_engine.host_seconds(32) == pytest.approx(0.359e-3)
+    assert replay_engine.host_seconds(128) == pytest.approx(0.819e-3)
+    assert replay_engine.host_seconds(80) == pytest.approx(0.359e-3 + (0.819e-3 - 0.359e-3) * 48 / 96)
+    eng = replay_engine.EngineConfig()
+    assert (eng.max_depth, eng.proposal_width, eng.buckets()) == (8, 17, (2, 4, 8, 13))
+
+
+class _Bank:
+    """Fake bank: output = 100, 101, ...; the n-gram proposal computed at position q is output[q : q + width]
+    (a perfect copy) unless a row is overridden in `props` (tokens, length)."""
+
+    def __init__(self, n_out=200, prompt_len=7, props=None):
+        self.out = np.arange(100, 100 + n_out, dtype=np.int64)
+        self.requests = [type("R", (), {"prompt": np.zeros(prompt_len, np.int32)})()] * 4
+        self.props = props or {}
+
+    def ngram_features(self, req, pos, k):
+        b = len(req)
+        toks = np.full((b, k), -1, np.int64)
+        lens = np.zeros(b, np.int64)
+        for i, p in enumerate(pos):
+            t, n = self.props.get(int(p), (self.out[p:p + k], k))
+            toks[i, :len(t)] = t[:k]
+            lens[i] = min(n, k)
+        f = {"tokens": toks, "lengths": lens, "depth": np.tile(np.arange(1, k + 1), (b, 1))}
+        for name in ("match_len", "count", "total", "source"):
+            f[name] = np.tile(np.arange(k), (b, 1)) + 1000 * (name == "count")
+        return f
+
+    def targets(self, req, pos, width):
+        return np.stack([self.out[p:p + width] for p in pos])
+
+
+def test_late_ngram_shift_keeps_a_full_chain_after_a_long_acceptance():
+    """Proposal width 17, k = 8, lag 1. Step 0 at position 0 (admission): the fresh proposal, 8 tokens. Step 1 at
+    position 13 (12 accepted + bonus): the proposal computed at 0, shifted by 13: 17 - 13 = 4 tokens left, starting at
+    output[13]; its features shifted with it, depth renumbered from 1."""
+    late = replay_engine.LateNgram(width=17, k=8, lag=1)
+    late.reset(1)
+    bank = _Bank()
+    req = np.array([0])
+    a0 = late.aligned(bank, req, np.array([0]))
+    assert a0["lengths"].tolist() == [8] and a0["tokens"][0].tolist() == list(range(100, 108))
+    a1 = late.aligned(bank, req, np.array([13]))
+    assert a1["lengths"].tolist() == [4]
+    assert a1["tokens"][0, :4].tolist() == [113, 114, 115, 116] and (a1["tokens"][0, 4:] == -1).all()
+    assert a1["depth"][0, :4].tolist() == [1, 2, 3, 4]
+    assert a1["match_len"][0, :4].tolist() == [13, 14, 15, 16]        # feature j of the shifted proposal = j + 13
+    a2 = late.aligned(bank, req, np.array([18]))                      # proposal from 13, shift 5: 12 left, 8 used
+    assert a2["lengths"].tolist() == [8] and a2["tokens"][0].tolist() == list(range(118, 126))
+    assert late.stats["steps_with_match"] == 3 and late.stats["steps_with_aligned"] == 3
+    assert late.stats["steps_with_full_chain"] == 2
+
+
+def test_late_ngram_drops_a_proposal_whose_overlap_disagrees_or_is_used_up():
+    out = np.arange(100, 300, dtype=np.int64)
+    wrong = out[0:17].copy()
+    wrong[2] = 7                                                      # the text did not follow the proposal
+    bank = _Bank(props={0: (wrong, 17), 10: (out[10:13], 3)})
+    late = replay_engine.LateNgram(width=17, k=8, lag=1)
+    late.reset(1)
+    req = np.array([0])
+    late.aligned(bank, req, np.array([0]))
+    assert late.aligned(bank, req, np.array([5]))["lengths"].tolist() == [0]     # overlap token 2 disagrees
+    # a proposal shifted by 2 (overlap [102, 103] matches: token 2 of the wrong proposal lies past the overlap)
+    late.reset(1)
+    late.aligned(bank, req, np.array([0]))
+    a = late.aligned(bank, req, np.array([2]))
+    assert a["lengths"].tolist() == [8] and a["tokens"][0, 0] == 7
+    # a 3-token proposal at 10 shifted by 3: nothing left
+    late.reset(1)
+    late.aligned(bank, req, np.array([10]))
+    assert late.aligned(bank, req, np.array([13]))["lengths"].tolist() == [0]
+
+
+def test_late_ngram_positions_follow_the_lag_and_restart_at_admission():
+    late = replay_engine.LateNgram(width=17, k=8, lag=2)
+    late.reset(2)
+    req = np.array([0, 1])
+    assert late.proposal_positions(req, np.array([0, 0])).tolist() == [0, 0]
+    assert late.proposal_positions(req, np.array([3, 1])).tolist() == [0, 0]
+    assert late.proposal_positions(req, np.array([5, 4])).tolist() == [0, 0]    # two steps ago
+    assert late.proposal_positions(req, np.array([9, 6])).tolist() == [3, 1]
+    # slot 1 gets a new request (same bank request again, position 0): its proposal is the one from admission
+    assert late.proposal_positions(req, np.array([12, 0])).tolist() == [5, 0]
+    assert late.proposal_positions(req, np.array([13, 2])).tolist() == [9, 0]
+    assert late.proposal_positions(req, np.array([15, 5])).tolist() == [12, 0]
+    assert late.proposal_positions(req, np.array([16, 6])).tolist() == [13, 2]
+
+
+def test_simulated_drafter_is_flat_and_calibrated():
+    rng = np.random.default_rng(0)
+    reqs = one_request_trace(L=4000, k=6, output=rng.integers(0, 5000, 4000))
+    bank = replay_drafts.DraftBank(reqs, k=6)
+    flags = np.zeros(4000, bool)
+    flags[::2] = True
+    toks, probs = replay_synth.simulated_eagle(bank, flags, 0.6, 0.9, 6, seed=3)
+    truth = bank.targets(np.zeros(4000, np.int64), np.arange(4000), 6)
+    right = toks == truth
+    inside = truth >= 0
+    # conditional acceptance at each depth j (given tokens < j right), on non-copy / copy target positions
+    q = np.arange(4000)[:, None] + np.arange(6)[None, :]
+    copy = np.where(inside, flags[np.minimum(q, 3999)], False)
+    prev_ok = np.concatenate([np.ones((4000, 1), bool), np.cumprod(right, axis=1)[:, :-1].astype(bool)], axis=1)
+    for j in range(6):
+        m = prev_ok[:, j] & inside[:, j]
+        assert right[m & ~copy[:, j], j].mean() == pytest.approx(0.6, abs=0.04)
+        assert right[m & copy[:, j], j].mean() == pytest.approx(0.9, abs=0.04)
+    # calibrated: within confidence bins, the hit rate matches the mean confidence
+    c, r = probs[inside], right[inside]
+    for lo in (0.2, 0.5, 0.8):
+        m = (c >= lo) & (c < lo + 0.1)
+        assert r[m].mean() == pytest.approx(c[m].mean(), abs=0.04)
+
+
+def test_bootstrap_ratio_is_exact_for_identical_runs_and_brackets_the_point():
+    r = replay_sim.RunResult("a", "a", "w", 4, "c", 1, 30, 3.0, 1, 0, 0, 1, 0, 0.0, 0.0)
+    r.per_request = (np.array([10.0, 10.0, 10.0]), np.array([1.0, 1.0, 1.0]))
+    assert replay_realistic.ratio_ci([r], [r]) == (1.0, 1.0, 1.0)
+    s = replay_sim.RunResult("b", "b", "w", 4, "c", 1, 30, 6.0, 1, 0, 0, 1, 0, 0.0, 0.0)
+    s.per_request = (np.array([10.0, 10.0, 10.0]), np.array([1.0, 2.0, 3.0]))
+    pt, lo, hi = replay_realistic.ratio_ci([r], [s])
+    assert pt == pytest.approx(2.0) and lo <= pt <= hi
+
+
+def test_prompt_lookup_index_matches_the_scan():
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        ctx = rng.integers(0, 4, int(rng.integers(2, 50)))
+        lo, hi = [(2, 5), (5, 5)][trial % 2]
+        ix = replay_drafts.PromptLookupIndex(ctx[:1], lo, hi)
+        for t in range(2, len(ctx) + 1):
+            ix.extend(ctx[t - 1:t])
+            assert ix.propose(6).tolist() == replay_drafts.prompt_lookup(ctx[:t], lo, hi, 6).tolist()
+
+
+def test_vllm_compare_asks_for_eagle3_with_an_eagle3_head(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from bench import vllm_compare as V
+
+    e3 = tmp_path / "e3"
+    e3.mkdir()
+    (e3 / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"],
+                                                "draft_vocab_size": 32000}))
+    e1 = tmp_path / "e1"
+    e1.mkdir()
+    (e1 / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle"]}))
+    assert V.eagle_method(e3) == "eagle3" and V.eagle_method(e1) == "eagle"
+    assert V.eagle_method(tmp_path / "missing") == "eagle"
+    cfgs = {(e, m): a for e, m, a in V.engine_configs(SimpleNamespace(k=4, draft=str(e3), eagle_method=None))}
+    assert json.loads(cfgs[("vllm", "eagle")][1])["method"] == "eagle3"
