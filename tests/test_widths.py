@@ -90,7 +90,8 @@ def test_truncate_keeps_a_prefix_closed_tree_of_the_best_nodes():
 
 
 def test_bucket_settings_are_checked():
-    assert default_buckets(13) == (2, 4, 8, 13) and default_buckets(2) == (2,) and default_buckets(9) == (2, 4, 8, 9)
+    assert default_buckets(13) == (2, 4, 6, 8, 13) and default_buckets(2) == (2,)
+    assert default_buckets(9) == (2, 4, 6, 8, 9) and default_buckets(20) == (2, 4, 6, 8, 16, 20)
     assert check_buckets([8, 2, 8], 13) == (2, 8, 13)
     with pytest.raises(ValueError, match="bucket 14 is outside"):
         check_buckets([14], 13)
