@@ -310,3 +310,22 @@ def test_cli_fits_both_drafters_from_a_trace(tmp_path, capsys):
     assert m.metrics["heldout"]["ece_after"] < m.metrics["heldout"]["ece_before"]
     ng = NgramCalibration.load(out)
     assert ng.corpus["trace"] == str(trace) and ng.split["train_records"] > 0
+
+
+def test_cli_model_fit_with_a_separate_heldout_trace(tmp_path, capsys):
+    """--model-heldout-trace: fit on every record of --trace, report on the other trace; --trace alone with
+    --model-out fits only the model drafter."""
+    train, held = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
+    write_synthetic_trace(train)
+    write_synthetic_trace(held, seed=1)
+    mout = tmp_path / "model.json"
+    assert calibrate.main(["--trace", str(train), "--model-heldout-trace", str(held), "--model-out", str(mout),
+                           "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "model drafter: temperatures" in text and "train (" not in text   # no n-gram fit was asked for
+    m = ModelCalibration.load(mout)
+    n_train = len(calibration_replay.model_records_from_trace(train))
+    n_held = len(calibration_replay.model_records_from_trace(held))
+    assert m.metrics["train"]["n"] == n_train and m.metrics["heldout"]["n"] == n_held
+    assert m.metrics["heldout"]["ece_after"] < m.metrics["heldout"]["ece_before"]
+    assert str(held) in m.corpus["split"]

@@ -162,3 +162,51 @@ def test_cli_end_to_end_on_tiny_trace(tmp_path, capsys):
 def test_cli_missing_trace(tmp_path):
     with pytest.raises(SystemExit, match="trace not found"):
         cc.main(["--trace", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path)])
+
+
+def _model_trace(tmp_path, k=3, n_docs=12, seed=0, temp=2.0):
+    """A trace whose EAGLE chains hit with probability sigmoid(logit(p) / temp): raw p is overconfident when
+    temp > 1, and a per-depth temperature fit recovers it."""
+    rng = np.random.default_rng(seed)
+    recs = []
+    for d in range(n_docs):
+        out = rng.integers(5, 50, 80).tolist()
+        toks, probs = [], []
+        for p in range(len(out)):
+            row_t, row_p = [], []
+            for j in range(k):
+                q = float(rng.uniform(0.05, 0.99))
+                hit = rng.random() < 1 / (1 + np.exp(-np.log(q / (1 - q)) / temp))
+                tgt = out[p + j] if p + j < len(out) else 1
+                row_t.append(int(tgt) if hit else int(tgt) + 100)
+                row_p.append(round(q, 6))
+            toks.append(row_t)
+            probs.append(row_p)
+        recs.append(TraceRecord(f"d{d}", "code" if d % 2 else "chat", [1, 2, 3], out, toks, probs))
+    return write_trace(tmp_path / "m.jsonl", TraceHeader("tiny", "head", 0.0, k), recs)
+
+
+def test_model_side_metrics_and_cli(tmp_path, capsys):
+    from sglang_hybrid.calibration import ModelCalibration
+    trace = _model_trace(tmp_path)
+    rec = calibration_replay.model_records_from_trace(trace)
+    ident = cc.model_record_metrics(ModelCalibration.identity(), rec)["all"]["all"]
+    assert ident["ece_after"] == pytest.approx(ident["ece_before"]) and ident["ece_before"] > 0.05  # overconfident
+    train = rec.doc % 3 != 0
+    from sglang_hybrid.calibration_records import ModelRecords
+    cal = ModelCalibration.fit(ModelRecords(rec.prob[train], rec.depth[train], rec.accepted[train]))
+    assert 1.5 < cal.temperatures[0] < 2.7 and cal.temperatures[1] > 1.2   # the overconfidence is found
+    held = ModelRecords(rec.prob[~train], rec.depth[~train], rec.accepted[~train], rec.workload[~train],
+                        rec.doc[~train])
+    m = cc.model_record_metrics(cal, held)["all"]["all"]
+    assert m["ece_after"] < m["ece_before"] and m["ece_after"] < 3 * m["ece_after_floor"] + 0.01
+    cal.save(tmp_path / "mc.json")
+    out = tmp_path / "check"
+    assert cc.main(["--trace", str(trace), "--out", str(out), "-k", "4", "--model-calibration",
+                    str(tmp_path / "mc.json")]) == 0
+    text = capsys.readouterr().out
+    assert "model-drafter per-token conditional acceptance" in text and "summary:" in text
+    assert any(line.strip().startswith("model") for line in text.splitlines())
+    js = json.loads((out / "metrics_shared.json").read_text())
+    assert js["model_per_token"]["all"]["all"]["n"] == len(rec)
+    assert js["model_calibration"] == str(tmp_path / "mc.json")

@@ -44,6 +44,26 @@ def test_greedy_equals_plain_decoding(pair, mode):
         assert sum(len(r.steps) for r in res) < sum(len(r.output) for r in res)
 
 
+@pytest.mark.parametrize("mode", ["choose", "merge"])
+def test_adaptive_drafting_is_lossless_and_changes_the_depth(pair, mode):
+    """With a draft cost the HYBRID modes decide each step how deep the next EAGLE chain is (the core's rule, as in
+    the SGLang worker): outputs stay equal to plain greedy decoding, and the chains drafted vary in depth, from the
+    full eagle_k at the first step down to shallower ones where the (random) head's chain cannot pay for its
+    forwards."""
+    model, head = pair
+    prompts = _prompts()
+    ref = [plain_greedy(model, p, 40, eos_token_id=-1) for p in prompts]
+    loop = ReferenceLoop(model, mode=mode, head=head, cost=COST, eos_token_id=-1, n_nodes=10, eagle_k=4,
+                         draft_cost=CostModel.linear(0.004, 0.0005))
+    assert loop.depths == (1, 2, 4)
+    res = loop.generate(prompts, 40)
+    assert [r.output for r in res] == ref
+    drafted = collections.Counter(s.eagle_len for r in res for s in r.steps)
+    assert max(drafted) <= 4 and any(d < 4 for d in drafted if d > 0), drafted
+    with pytest.raises(ValueError, match="draft_depths needs draft_cost"):
+        ReferenceLoop(model, mode=mode, head=head, cost=COST, draft_depths=(1, 2))
+
+
 def test_eos_stops_and_is_emitted(pair):
     model, head = pair
     p = _prompts()[0]

@@ -7,6 +7,13 @@ probe widths per batch size, linear interpolation in between (the core's CostMod
 prefill that is expanded to the batch (timings do not depend on the cached values).
 
 Run ``python -m bench.cost_tables.profile_cpu`` (writes bench/cost_tables/cpu_smollm2.json).
+
+``python -m bench.cost_tables.profile_cpu --loop-table`` instead measures the *reference loop's* table, the one the
+demo prices with and ships inside the package (``sglang_hybrid/data/cpu_cost_smollm2.json``, see
+``sglang_hybrid.reference.costs``): one request's verify forward, the batched lm_head draft read and one head step,
+minimum over interleaved repeats, monotone (PAV) fit. By default it times CPU time on one thread (``--clock cpu``),
+which other jobs time-slicing the cores do not inflate; ``--clock wall --threads 2`` measures what the demo's two
+threads see, on an idle machine.
 """
 from __future__ import annotations
 
@@ -99,12 +106,22 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--context", type=int, default=384, help="KV-cache tokens per request")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[4, 32, 128])
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (1 is steadier when other jobs share the cores)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default 1, steadier when other jobs share the cores; "
+                         "--loop-table --clock wall: 2)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--update", action="store_true", help="keep batch sizes already in --out, measure the others")
+    ap.add_argument("--loop-table", action="store_true",
+                    help="measure the reference loop's cost table (sglang_hybrid.reference.costs) instead; --out "
+                         "defaults to the packaged sglang_hybrid/data/cpu_cost_smollm2.json, --threads to 2 "
+                         "(the demo's)")
+    ap.add_argument("--clock", default="cpu", choices=["cpu", "wall"],
+                    help="--loop-table: time CPU time on 1 thread (default; robust on a shared machine) or wall time")
     args = ap.parse_args(argv)
+    if args.loop_table:
+        return loop_table(args)
+    args.threads = args.threads or 1
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
@@ -132,6 +149,34 @@ def main(argv=None) -> int:
               + f"  draft step {t['draft_step_seconds'] * 1e3:.1f} ms", flush=True)
         write(args.out, lm.name, dtype, args, tables)
     print(f"wrote {args.out}")
+    return 0
+
+
+def loop_table(args) -> int:
+    """The demo's shipped table: ``profile_loop_costs`` with the shipped head, drafting in the demo's dtype."""
+    from sglang_hybrid.reference import costs
+    from sglang_hybrid.reference.eagle import load_head
+    from sglang_hybrid.reference.models import load_smollm2
+    from sglang_hybrid.tools.demo import cpu_has_bf16
+    from sglang_hybrid.tools.train_eagle import DEFAULT_OUT
+
+    threads = 1 if args.clock == "cpu" else (args.threads or 2)
+    torch.set_num_threads(threads)
+    out = args.out if args.out != OUT else costs.DEFAULT_PATH
+    lm = load_smollm2()
+    head = load_head(DEFAULT_OUT, lm.model.config) if (DEFAULT_OUT / "model.safetensors").is_file() else None
+    dd = torch.bfloat16 if cpu_has_bf16() else torch.float32
+    print(f"profiling the reference loop's costs ({threads} threads, {args.clock} clock, drafting in {dd}, "
+          f"{max(args.repeats, 5)} rounds) ...", flush=True)
+    t = costs.profile_loop_costs(lm.model, head, context=args.context, repeats=max(args.repeats, 5),
+                                 draft_dtype=dd, threads=threads, clock=args.clock)
+    t.meta["load_average"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    t.save(out)
+    print("  verify " + "  ".join(f"T({n})={s * 1e3:.1f}ms" for n, s in zip(t.verify.sizes, t.verify.seconds)))
+    print("  draft lm_head " + "  ".join(f"A={n}:{s * 1e3:.1f}ms" for n, s in zip(t.draft_lm.sizes,
+                                                                                  t.draft_lm.seconds))
+          + f"  head step {t.draft_head * 1e3:.2f}ms")
+    print(f"wrote {out} ({t.meta['profile_seconds']} s)")
     return 0
 
 

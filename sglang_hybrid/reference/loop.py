@@ -116,14 +116,17 @@ class ReferenceLoop:
     request forward (`profile_cost` makes one; None = profile on first use); calibrations default to the shipped
     n-gram file and identity model scaling; `seed` drives the sampling uniforms; `draft_dtype` (e.g. bf16) and
     `eagle_min_survival` (stop a chain once its cumulative draft probability is below it) only change drafting
-    cost and which drafts are proposed, never the output distribution.
+    cost and which drafts are proposed, never the output distribution. `draft_cost` (a `CostModel`: seconds of one
+    EAGLE chain position for `R` requests) turns on adaptive drafting in the HYBRID modes: each step the core decides
+    how deep the next step's EAGLE chain is (`draft_depths`, default 1, eagle_k // 2, eagle_k; see docs/core.md,
+    "Draft depth").
     """
 
     def __init__(self, target, mode: str = "merge", head=None, eagle_k: int = 8, ngram_k: int = 8,
                  n_nodes: int = 12, temperature: float = 0.0, cost=None, ngram_cal=None, model_cal=None,
                  ngram_tree: bool | None = None, seed: int = 0, eos_token_id: int | None = None,
                  ngram_kwargs: dict | None = None, price_single: bool = False, draft_dtype=None,
-                 eagle_min_survival: float = 0.0):
+                 eagle_min_survival: float = 0.0, draft_cost=None, draft_depths=None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mode in ("eagle", "choose", "merge") and head is None:
@@ -149,8 +152,19 @@ class ReferenceLoop:
 
         self.ngram_cal = (ngram_cal or NgramCalibration.load()).to("cpu") if self.ngram_k else None
         self.model_cal = (model_cal or ModelCalibration.identity()).to("cpu") if self.eagle_k else None
+        #: adaptive drafting: HYBRID modes with a draft cost (the core prices each depth's forwards)
+        self.depths = None
+        if draft_cost is not None and mode in ("choose", "merge"):
+            depths = draft_depths if draft_depths is not None else (1, max(eagle_k // 2, 1), eagle_k)
+            self.depths = tuple(sorted(set(depths) | {eagle_k}))
+            if self.depths[0] < 1 or self.depths[-1] > eagle_k:
+                raise ValueError(f"draft_depths must be in [1, eagle_k={eagle_k}], got {draft_depths!r}")
+        elif draft_depths is not None:
+            raise ValueError("draft_depths needs draft_cost and a HYBRID mode (choose or merge)")
+        self.draft_cost = draft_cost.to("cpu") if self.depths is not None else None
         self.decide = DecisionStep(mode="merge" if mode == "merge" else "choose", n_nodes=n_nodes,
-                                   model_calibration=self.model_cal, ngram_calibration=self.ngram_cal)
+                                   model_calibration=self.model_cal, ngram_calibration=self.ngram_cal,
+                                   depths=self.depths)
         self._cost_cache: dict[int, object] = {}
         self._ckw = cache_kw(self.target)
 
@@ -221,6 +235,7 @@ class ReferenceLoop:
             if ngram:
                 ngram.start(i, p)
             reqs.append(r)
+        depth = self.eagle_k                  # the EAGLE chain length this step drafts (adaptive drafting changes it)
         bar = None
         if progress:
             from tqdm import tqdm
@@ -238,7 +253,7 @@ class ReferenceLoop:
             m_tok = torch.zeros(R, 0, dtype=torch.int64)
             m_len = n_len = torch.zeros(R, dtype=torch.int64)
             if eagle:
-                m_tok, m_prob, m_len = eagle.propose(rids, self.eagle_k)
+                m_tok, m_prob, m_len = eagle.propose(rids, depth)
                 model = ModelDraft(m_tok, m_prob, m_len)
             if ngram:
                 kn = self.n_nodes if self.ngram_tree else self.ngram_k
@@ -249,8 +264,11 @@ class ReferenceLoop:
             # 2. the core's decision step: survivals, price (HYBRID modes; single-drafter baselines verify all they
             # draft unless price_single), selection
             priced = self.mode in ("choose", "merge") or (self.price_single and self.mode != "none")
-            decision = self.decide(root, model, ngram_draft, cost=self._batch_cost(R) if priced else None)
+            decision = self.decide(root, model, ngram_draft, cost=self._batch_cost(R) if priced else None,
+                                   draft_cost=self.draft_cost)
             tree, lam = decision.tree, decision.lam
+            if self.depths is not None:
+                depth = int(decision.next_depth)          # the host reads it: the loop drafts the next step itself
             # 3. target verify forward per request
             W = tree.tokens.shape[1]
             logits = torch.zeros(R, W, V)

@@ -221,6 +221,9 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--model-out", type=Path, default=None,
                     help="also fit the model-drafter temperatures (needs --trace or --model-records)")
     ap.add_argument("--model-records", type=Path, default=None, help="model-drafter records (.npz/.jsonl)")
+    ap.add_argument("--model-heldout-trace", type=Path, default=None,
+                    help="evaluate the model-drafter fit on this trace (other requests) and fit on all of --trace / "
+                         "--model-records, instead of holding out documents of the training data")
     ap.add_argument("--tokenizer", default="smollm2", choices=["smollm2", "cl100k"])
     ap.add_argument("--chat-docs", type=int, default=600)
     ap.add_argument("--code-docs", type=int, default=-1, help="-1 = all HumanEval + stdlib documents")
@@ -239,8 +242,8 @@ def main(argv: Optional[list] = None) -> int:
 
     if args.model_out:
         fit_model_calibration(args)
-        if not (args.from_records or args.trace or args.out):
-            return 0                      # only the model drafter was asked for
+        if not (args.from_records or args.out):
+            return 0                      # only the model drafter was asked for (--trace alone feeds it)
     if args.from_records:
         records = NgramRecords.load(args.from_records)
         corpus = {"kind": "records", "path": str(args.from_records)}
@@ -309,16 +312,24 @@ def fit_model_calibration(args) -> None:
         raise SystemExit("--model-out needs --trace or --model-records")
     if len(rec) == 0:
         raise SystemExit("no model-drafter records: nothing to fit")
-    held = (rec.doc if rec.doc is not None else np.arange(len(rec))) % args.heldout_mod == 0
-    train = ModelRecords(rec.prob[~held], rec.depth[~held], rec.accepted[~held])
-    cal = ModelCalibration.fit(train if len(train) else rec)
-    if held.any():
-        after = cal.acceptance_np(rec.prob[held], rec.depth[held])
-        y = rec.accepted[held]
-        cal.metrics["heldout"] = {"n": int(held.sum()), "ece_before": ece(rec.prob[held], y),
-                                  "ece_after": ece(after, y), "brier_before": brier(rec.prob[held], y),
+    if args.model_heldout_trace:
+        test = model_records_from_trace(args.model_heldout_trace)
+        cal = ModelCalibration.fit(rec)
+        split = f"fit on all of {args.model_records or args.trace}; held out: {args.model_heldout_trace}"
+    else:
+        held = (rec.doc if rec.doc is not None else np.arange(len(rec))) % args.heldout_mod == 0
+        train = ModelRecords(rec.prob[~held], rec.depth[~held], rec.accepted[~held])
+        test = ModelRecords(rec.prob[held], rec.depth[held], rec.accepted[held])
+        cal = ModelCalibration.fit(train if len(train) else rec)
+        split = f"doc % {args.heldout_mod} == 0 held out"
+    if len(test):
+        after = cal.acceptance_np(test.prob, test.depth)
+        y = test.accepted
+        cal.metrics["heldout"] = {"n": len(test), "ece_before": ece(test.prob, y),
+                                  "ece_after": ece(after, y), "brier_before": brier(test.prob, y),
                                   "brier_after": brier(after, y)}
-    cal.corpus = {"source": str(args.model_records or args.trace), "records": len(rec)}
+    cal.corpus = {"source": str(args.model_records or args.trace), "records": len(rec), "split": split,
+                  "created": time.strftime("%Y-%m-%d")}
     cal.save(args.model_out)
     print(f"model drafter: temperatures {np.round(cal.temperatures, 3).tolist()}")
     for split, m in cal.metrics.items():

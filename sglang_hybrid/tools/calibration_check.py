@@ -1,4 +1,4 @@
-"""Check the shipped n-gram calibration on a real model's own outputs.
+"""Check the shipped calibrations -- n-gram and model drafter -- on a real model's own outputs.
 
 Run: ``python -m sglang_hybrid.tools.calibration_check``.
 
@@ -21,6 +21,13 @@ error on a reference-loop trace (``sglang_hybrid.reference.trace``, greedy ``tem
 
 The drafter passed to ``replay_document`` is wrapped by ``_RecordingDrafter``, which keeps each step's full proposed
 chain; the records themselves come unchanged from ``calibration_replay``.
+
+The model drafter (EAGLE) side, beside it: the trace's per-position EAGLE chains give one record per tested draft
+token (``calibration_replay.model_records_from_trace``: draft probability, depth, hit; conditional, like the n-gram
+records), and the same per-workload x per-position table compares *raw* = the head's softmax probability of the
+drafted token with *cal* = the ``ModelCalibration`` (per-depth temperature; default: the one shipped for the shipped
+head, ``sglang_hybrid/data/model_calibration.json``, fit by ``tools.calibrate --model-out`` on a different trace).
+A summary line per side (n-gram, model) closes the report.
 """
 from __future__ import annotations
 
@@ -34,15 +41,16 @@ from typing import Optional
 
 import numpy as np
 
-from sglang_hybrid.calibration import NgramCalibration
+from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
 from sglang_hybrid.calibration_metrics import brier, ece
-from sglang_hybrid.calibration_records import NgramRecords
-from sglang_hybrid.calibration_replay import replay_document, trace_documents
+from sglang_hybrid.calibration_records import ModelRecords, NgramRecords
+from sglang_hybrid.calibration_replay import model_records_from_trace, replay_document, trace_documents
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 DEFAULT_TRACE = Path("out/traces/smollm2_t0.jsonl")
 DEFAULT_OUT = Path("out/calibration_check")
+DEFAULT_MODEL_CALIBRATION = Path(__file__).resolve().parents[1] / "data" / "model_calibration.json"
 N_BINS = 10
 
 
@@ -189,22 +197,47 @@ def block_metrics(before, after, label, doc=None, uncertainty: bool = False) -> 
     return out
 
 
-def record_metrics(cal: NgramCalibration, rec: NgramRecords, max_position: int = 8) -> dict:
-    """``{workload: {"all": block, "positions": {"1": block, ..., "8+": block}}}`` plus ``"all"`` over workloads."""
-    after, before, y = cal.predict(rec), rec.raw_frequency(), rec.accepted
-    work = rec.workload if rec.workload is not None else np.full(len(rec), "all")
-    doc = rec.doc
+def _metrics_by_workload(before, after, y, depth, work, doc, max_position: int) -> dict:
+    """``{workload: {"all": block, "positions": {"1": block, ..., "<max>+": block}}}`` plus ``"all"`` over workloads;
+    the one layout both drafters' records are reported in."""
     out = {}
     for w in ["all"] + sorted(set(work.tolist())):
-        mw = np.ones(len(rec), bool) if w == "all" else work == w
+        mw = np.ones(len(y), bool) if w == "all" else work == w
         entry = {"all": block_metrics(before[mw], after[mw], y[mw], None if doc is None else doc[mw], True),
                  "positions": {}}
         for p in range(1, max_position + 1):
-            m = mw & ((rec.depth == p) if p < max_position else (rec.depth >= p))
+            m = mw & ((depth == p) if p < max_position else (depth >= p))
             if m.any():
                 entry["positions"][str(p) if p < max_position else f"{p}+"] = block_metrics(before[m], after[m], y[m])
         out[w] = entry
     return out
+
+
+def record_metrics(cal: NgramCalibration, rec: NgramRecords, max_position: int = 8) -> dict:
+    """n-gram records: raw = ``count / total``, cal = ``cal`` (layout of ``_metrics_by_workload``)."""
+    work = rec.workload if rec.workload is not None else np.full(len(rec), "all")
+    return _metrics_by_workload(rec.raw_frequency(), cal.predict(rec), rec.accepted, rec.depth, work, rec.doc,
+                                max_position)
+
+
+def model_record_metrics(cal: ModelCalibration, rec: ModelRecords, max_position: int = 6) -> dict:
+    """Model-drafter records, same layout as ``record_metrics``: raw = draft probability, cal = ``cal``."""
+    work = rec.workload if rec.workload is not None else np.full(len(rec), "all")
+    return _metrics_by_workload(rec.prob, cal.acceptance_np(rec.prob, rec.depth), rec.accepted, rec.depth, work,
+                                rec.doc, max_position)
+
+
+def summary_lines(ngram: dict, model: Optional[dict]) -> list:
+    """One line per drafter side and workload: n, hit rate, ECE and Brier raw -> calibrated."""
+    lines = ["summary: per-token conditional acceptance, raw -> calibrated",
+             f"  {'side':<8}{'workload':<10}{'n':>7}{'hit':>7}{'ECE raw':>9}{'ECE cal':>9}{'Brier raw':>10}"
+             f"{'Brier cal':>10}"]
+    for side, metrics in (("n-gram", ngram), ("model", model)):
+        for w, e in (metrics or {}).items():
+            a = e["all"]
+            lines.append(f"  {side:<8}{w:<10}{a['n']:>7}{a['hit_rate']:>7.3f}{a['ece_before']:>9.4f}"
+                         f"{a['ece_after']:>9.4f}{a['brier_before']:>10.4f}{a['brier_after']:>10.4f}")
+    return lines
 
 
 def step_estimates(cal: NgramCalibration, steps: Steps) -> tuple:
@@ -263,7 +296,7 @@ def reliability_curve(pred, label, n_bins: int = N_BINS) -> tuple:
 # output
 # ------------------------------------------------------------------------------------------------------------------
 
-def format_tables(metrics: dict, steps: dict) -> str:
+def format_tables(metrics: dict, steps: Optional[dict], what: str = "per-token conditional acceptance") -> str:
     lines = []
     hdr = (f"  {'slice':<12}{'n':>7}{'hit':>7}{'pred raw':>9}{'pred cal':>9}{'ECE raw':>9}{'ECE cal':>9}"
            f"{'Brier raw':>10}{'Brier cal':>10}")
@@ -279,12 +312,14 @@ def format_tables(metrics: dict, steps: dict) -> str:
             if "ece_after_ci90" in a and not np.isnan(a["ece_after_ci90"][0]):
                 extra += f", 90% doc-bootstrap [{a['ece_after_ci90'][0]:.4f}, {a['ece_after_ci90'][1]:.4f}]"
             extra += ")"
-        lines.append(f"workload {w}: per-token conditional acceptance{extra}")
+        lines.append(f"workload {w}: {what}{extra}")
         lines.append(hdr)
         lines.append(row("all", a))
         for p, b in e["positions"].items():
             lines.append(row(f"position {p}", b))
         lines.append("")
+    if steps is None:
+        return "\n".join(lines)
     lines.append("expected vs realised accepted drafts per step (steps proposing >= 1 draft)")
     lines.append(f"  {'workload':<10}{'steps':>7}{'drafted':>8}{'len':>6}{'E raw':>8}{'E cal':>8}{'real':>8}"
                  f"{'cal/real':>9}{'|E-real|':>9}")
@@ -305,15 +340,17 @@ def format_tables(metrics: dict, steps: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_reliability(cal: NgramCalibration, rec: NgramRecords, steps: Steps, path: Path) -> Path:
+def plot_reliability(cal: NgramCalibration, rec: NgramRecords, steps: Steps, path: Path,
+                     model: Optional[tuple] = None) -> Path:
     """Three panels: raw count/total, calibrated (per-token reliability, one line per workload), and per-step
-    expected vs realised accepted drafts (binned by expected)."""
+    expected vs realised accepted drafts (binned by expected); with ``model = (ModelCalibration, ModelRecords)`` a
+    fourth: the model drafter's reliability, raw draft probability (dashed) and calibrated (solid), per workload."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     after, before, y = cal.predict(rec), rec.raw_frequency(), rec.accepted
     work = rec.workload if rec.workload is not None else np.full(len(rec), "all")
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    fig, axes = plt.subplots(1, 4 if model else 3, figsize=(20 if model else 15, 4.8))
     for ax, pred, title in ((axes[0], before, "before: raw count/total"), (axes[1], after, "after: calibrated")):
         ax.plot([0, 1], [0, 1], "k:", lw=1, label="perfect")
         for w in sorted(set(work.tolist())):
@@ -345,7 +382,29 @@ def plot_reliability(cal: NgramCalibration, rec: NgramRecords, steps: Steps, pat
     ax.set_ylabel("realised accepted drafts (bin mean)")
     ax.set_title("per step: sum of survivals vs realised")
     ax.legend(fontsize=8, loc="upper left")
-    fig.suptitle("n-gram calibration (fit on general text) on the target's own greedy outputs")
+    if model:
+        mcal, mrec = model
+        ax = axes[3]
+        ax.plot([0, 1], [0, 1], "k:", lw=1, label="perfect")
+        mwork = mrec.workload if mrec.workload is not None else np.full(len(mrec), "all")
+        cal_p = mcal.acceptance_np(mrec.prob, mrec.depth)
+        for i, w in enumerate(sorted(set(mwork.tolist()))):
+            m = mwork == w
+            color = f"C{i}"
+            px, py, _ = reliability_curve(mrec.prob[m], mrec.accepted[m])
+            ax.plot(px, py, "o--", color=color, alpha=0.5,
+                    label=f"{w} raw (ECE {ece(mrec.prob[m], mrec.accepted[m]):.3f})")
+            px, py, _ = reliability_curve(cal_p[m], mrec.accepted[m])
+            ax.plot(px, py, "o-", color=color, label=f"{w} cal (ECE {ece(cal_p[m], mrec.accepted[m]):.3f}, "
+                                                     f"n={int(m.sum())})")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("predicted acceptance (bin mean)")
+        ax.set_ylabel("observed hit rate")
+        ax.set_title("model drafter (EAGLE): raw draft prob vs calibrated")
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle("n-gram calibration (fit on general text) and model-drafter calibration on the target's own greedy "
+                 "outputs")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -370,6 +429,9 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--calibration", type=Path, default=None, help="calibration JSON (default: the shipped one)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     ap.add_argument("-k", type=int, default=8, help="chain length proposed per step (calibrate's default: 8)")
+    ap.add_argument("--model-calibration", type=Path, default=None,
+                    help="model-drafter calibration JSON (default: the shipped one if present, else identity); "
+                         "'none' = identity")
     ap.add_argument("--corpus", default="shared", choices=["shared", "isolated"],
                     help="shared: one drafter, finished requests donated (as tools.calibrate); isolated: fresh per "
                          "request (as the reference loop)")
@@ -395,12 +457,30 @@ def main(argv: Optional[list] = None) -> int:
           f"{sum(len(d[2]) for d in docs)} output tokens\n  k={args.k}, corpus={args.corpus}, "
           f"calibration {args.calibration or 'default (shipped)'}")
     print(format_tables(metrics, smetrics))
+    mrec = model_records_from_trace(args.trace) if header.eagle_k > 0 else None
+    mmetrics, mcal, mdesc = None, None, "identity"
+    if mrec is not None and len(mrec):
+        mpath = args.model_calibration
+        if mpath is None and DEFAULT_MODEL_CALIBRATION.is_file():
+            mpath = DEFAULT_MODEL_CALIBRATION
+        if mpath is not None and str(mpath) != "none":
+            mcal, mdesc = ModelCalibration.load(mpath), str(mpath)
+        else:
+            mcal = ModelCalibration.identity()
+        mmetrics = model_record_metrics(mcal, mrec)
+        print(f"\nmodel drafter (EAGLE, draft model {header.draft_model}): raw = draft probability, cal = {mdesc}")
+        print(format_tables(mmetrics, None, "model-drafter per-token conditional acceptance"))
+    else:
+        print("\nmodel drafter: the trace has no EAGLE chains (eagle_k = 0 or no drafts); not checked")
+    print("\n".join(summary_lines(metrics, mmetrics)))
     args.out.mkdir(parents=True, exist_ok=True)
-    png = plot_reliability(cal, rec, steps, args.out / f"reliability_{args.corpus}.png")
+    png = plot_reliability(cal, rec, steps, args.out / f"reliability_{args.corpus}.png",
+                           (mcal, mrec) if mmetrics else None)
     js = args.out / f"metrics_{args.corpus}.json"
     js.write_text(json.dumps({"trace": str(args.trace), "model": header.model, "k": args.k, "corpus": args.corpus,
                               "calibration": str(args.calibration or "default"), "requests": by_w,
-                              "per_token": metrics, "per_step": smetrics}, indent=1, default=_json_default) + "\n")
+                              "per_token": metrics, "per_step": smetrics, "model_calibration": mdesc,
+                              "model_per_token": mmetrics}, indent=1, default=_json_default) + "\n")
     print(f"wrote {png} and {js}")
     return 0
 
