@@ -198,11 +198,11 @@ class LateNgram:
                "match_len": al.match_len[:, :k].numpy(), "count": al.count[:, :k].numpy(),
                "total": al.total[:, :k].numpy(), "depth": al.depth[:, :k].numpy(),
                "source": al.source[:, :k].numpy()}
-        fresh = bank.ngram_features(req, pos, k)["lengths"] > 0
+        fresh_len = bank.ngram_features(req, pos, k)["lengths"]     # what a proposal at this position would hold
+        fresh = fresh_len > 0
         self.stats["steps_with_match"] += int(fresh.sum())
         self.stats["steps_with_aligned"] += int((fresh & (out["lengths"] > 0)).sum())
-        self.stats["steps_with_full_chain"] += int((fresh & (out["lengths"] >= np.minimum(
-            bank.ngram_features(req, pos, k)["lengths"], k))).sum())
+        self.stats["steps_with_full_chain"] += int((fresh & (out["lengths"] >= np.minimum(fresh_len, k))).sum())
         return out
 
 

@@ -119,7 +119,7 @@ class DecisionStep:
                 raise ValueError(f"depths must be a non-empty list of ints >= 1 (model-draft depths), got {depths!r}")
             depths = tuple(sorted(set(depths)))
         self.depths = depths
-        self._bucket_tensors: dict = {}
+        self._constants: dict = {}
 
     @property
     def max_width(self) -> int:
@@ -129,9 +129,9 @@ class DecisionStep:
     def _constant(self, name: str, values, device) -> torch.Tensor:
         # built once per device, outside any graph capture (a host-to-device copy cannot be captured)
         key = (name, str(device))
-        if key not in self._bucket_tensors:
-            self._bucket_tensors[key] = torch.tensor(values, dtype=torch.int64, device=device)
-        return self._bucket_tensors[key]
+        if key not in self._constants:
+            self._constants[key] = torch.tensor(values, dtype=torch.int64, device=device)
+        return self._constants[key]
 
     def _depth_candidates(self, model_c: Candidates, ngram_c: Candidates):
         """The model chain as each candidate depth would draft it, stacked depth-major over the batch: ``D`` copies of

@@ -90,6 +90,13 @@ class HybridSettings(BaseModel):
             return self.n_nodes
         return num_steps + self.ngram_k if self.mode == "merge" else max(num_steps, self.ngram_k)
 
+    def resolved_shapes(self, num_steps: int, fixed: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(EAGLE draft depths, verify widths) the engine switches between; ``fixed`` (DP attention, where every DP
+        rank must run the same shapes): only ``num_steps`` and the full width."""
+        if fixed:
+            return (num_steps,), (self.resolved_n_nodes(num_steps) + 1,)
+        return self.resolved_draft_depths(num_steps), self.resolved_verify_widths(num_steps)
+
     def resolved_draft_depths(self, num_steps: int) -> tuple[int, ...]:
         """EAGLE draft depths to pick from (sorted; the last is ``num_steps``); ``(num_steps,)`` when adaptive drafting
         is off (no ``draft_cost_table``, or ``draft_depths = []``)."""

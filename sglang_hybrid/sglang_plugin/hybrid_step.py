@@ -2,7 +2,7 @@
 
 Inputs: the EAGLE chain (tokens + per-step draft confidence) and the slot-indexed n-gram proposal buffers. Output:
 the core's ``Decision``: the ``VerifyTree`` that ``verify_input.build_verify_input`` turns into SGLang's verify input,
-at the verify width the host picked for this step, and the width bucket the next step should use.
+at the verify width the host picked for this step, and the EAGLE depth and width bucket a later step should use.
 
     align n-gram proposals (this module) -> sglang_hybrid.step.DecisionStep (calibrate, survivals, price, select)
 
@@ -32,15 +32,14 @@ class HybridStep:
     """Per-worker device state (proposal buffers, calibration and cost tables) and the per-step selection."""
 
     def __init__(self, settings: HybridSettings, *, num_steps: int, pool_size: int, device,
-                 counters: Optional[HybridCounters] = None, fixed_width: bool = False):
+                 counters: Optional[HybridCounters] = None, fixed_shapes: bool = False):
         self.settings = settings
         self.num_steps = num_steps
         self.k = settings.ngram_k
         self.n_nodes = settings.resolved_n_nodes(num_steps)
         #: verify widths the engine switches between (the last is the full width n_nodes + 1) and EAGLE draft depths
-        #: (the last is num_steps); ``fixed_width``: one of each (DP attention: every DP rank must run the same shapes)
-        self.widths = (self.n_nodes + 1,) if fixed_width else settings.resolved_verify_widths(num_steps)
-        self.depths = (num_steps,) if fixed_width else settings.resolved_draft_depths(num_steps)
+        #: (the last is num_steps); ``fixed_shapes``: one of each (DP attention: every DP rank must run the same shapes)
+        self.depths, self.widths = settings.resolved_shapes(num_steps, fixed=fixed_shapes)
         #: deepest draft path the configuration allows (model chain or n-gram chain; merge shares prefixes)
         self.max_depth = min(self.n_nodes, max(num_steps, self.k))
         #: tokens proposed and buffered per request: the host proposes one step late, and a step commits up to

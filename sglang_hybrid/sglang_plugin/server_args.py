@@ -185,9 +185,7 @@ def handle_server_args(server_args) -> None:
     eagle3 = draft_is_eagle3(_get(server_args, "speculative_draft_model_path"),
                              bool(_get(server_args, "trust_remote_code", False)))
     os.environ[ENV_EAGLE3] = "1" if eagle3 else "0"
-    dp = _get(server_args, "enable_dp_attention")
-    widths = (n_nodes + 1,) if dp else settings.resolved_verify_widths(steps)
-    depths = (steps,) if dp else settings.resolved_draft_depths(steps)
+    depths, widths = settings.resolved_shapes(steps, fixed=bool(_get(server_args, "enable_dp_attention")))
     logger.info("HYBRID: mode=%s eagle_steps=%s n_nodes=%d (verify widths %s) ngram_k=%d cost_table=%s",
                 settings.mode, ",".join(map(str, depths)), n_nodes, ",".join(map(str, widths)), settings.ngram_k,
                 settings.cost_table or "none (price 0)")

@@ -252,7 +252,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
                                   token_to_kv_pool_allocator=token_to_kv_pool_allocator)
         pool_size = int(self.req_to_token_pool.req_to_token.shape[0])
         self.hybrid_step = HybridStep(self.settings, num_steps=self.speculative_num_steps, pool_size=pool_size,
-                                      device=self.device, counters=self.counters, fixed_width=self._fixed_shapes)
+                                      device=self.device, counters=self.counters, fixed_shapes=self._fixed_shapes)
         if self.hybrid_step.n_nodes + 1 != self.speculative_num_draft_tokens:
             raise RuntimeError(
                 f"HYBRID settings changed between argument resolution and worker start: verify width "
