@@ -4,7 +4,8 @@
 
 What one decode step costs on the host in the SGLang worker (``NgramFeeder.stage_batch`` + ``publish``): read each
 real SGLang ``Req``'s newly committed tokens, extend the Rust automata (one batched call), propose for the batch, and
-copy the proposals into the slot-indexed buffers. Requests hold ``context`` tokens of real text (``bench.data``'s
+copy the proposals into the slot-indexed buffers (the device prompt lookup's context table is written at admission
+only). Requests hold ``context`` tokens of real text (``bench.data``'s
 long stream: code files between releases, then ShareGPT) and commit ``accepted`` new tokens per step (the stream's
 continuation). Admission (the first sight of a request, which copies its whole context once) is timed apart.
 
@@ -26,7 +27,7 @@ from array import array
 import numpy as np
 import torch
 
-from sglang_hybrid.sglang_plugin import alignment
+from sglang_hybrid.sglang_plugin import alignment, context_lookup
 from sglang_hybrid.sglang_plugin.ngram_host import NgramFeeder
 
 # tokens proposed per request per step in the shipped configuration (merge, ngram_k 8, 4 EAGLE steps): the worker
@@ -62,19 +63,22 @@ def measure(stream, batch: int, context: int, steps: int, accepted: int) -> dict
     from sglang_hybrid.ngram import NgramDrafter
 
     reqs, futures = _requests(stream, batch, context, steps, accepted)
-    feeder = NgramFeeder(NgramDrafter(max_draft=K), K, "cpu", max_bs=batch)
+    feeder = NgramFeeder(NgramDrafter(max_draft=K), K, "cpu", max_bs=batch, context=True)
     buffers = alignment.alloc_buffers(batch, K, 2 * K, "cpu")
+    table = context_lookup.alloc_context(batch, context + steps * accepted + 1, "cpu")
     slots = torch.arange(batch)
+    slot_list = slots.tolist()
     gens = torch.zeros(batch, dtype=torch.int64)
     t0 = time.perf_counter()
-    feeder.publish(feeder.stage_batch(reqs, gens), slots, buffers)          # admission: whole contexts, once
+    # admission: whole contexts, once (into the drafter and the device prompt lookup's table)
+    feeder.publish(feeder.stage_batch(reqs, gens, slot_list), slots, buffers, table)
     admit_ms = 1000 * (time.perf_counter() - t0)
     step_ms, rebuild_ms = [], []
     for s in range(steps):
         for r, fut in zip(reqs, futures):
             r.output_ids.extend(fut[s * accepted:(s + 1) * accepted])
         t0 = time.perf_counter()
-        feeder.publish(feeder.stage_batch(reqs, gens), slots, buffers)
+        feeder.publish(feeder.stage_batch(reqs, gens, slot_list), slots, buffers, table)
         step_ms.append(1000 * (time.perf_counter() - t0))
         t0 = time.perf_counter()
         _rebuild_lists(reqs)

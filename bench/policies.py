@@ -30,6 +30,8 @@ class Proposal:
     verify_tokens: tokens the verify forward runs for the whole batch; None = ragged verify, every request its root
       plus its valid nodes (the ideal engine). An engine that pads every request to a width W sets B * W.
     host_s: host seconds the step adds that the cost table does not hold (e.g. the n-gram drafter's host path)
+    host_overlaps: the host time runs while the device executes the previous step (overlap scheduling), so the step
+      takes max(device time, host_s) instead of their sum
     """
 
     tokens: np.ndarray
@@ -38,6 +40,7 @@ class Proposal:
     source: Optional[np.ndarray] = None
     verify_tokens: Optional[int] = None
     host_s: float = 0.0
+    host_overlaps: bool = False
 
 
 def draft_forwards(k: int) -> int:

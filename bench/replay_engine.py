@@ -16,7 +16,9 @@ n-gram proposals   computed on the host ``ngram_lag`` steps late, ``k +   fresh,
                    max_depth + 1`` wide, shifted and kept only if the
                    tokens committed since match (the plugin's
                    ``alignment.align``, called here), first ``k`` used
-host time          the worker's measured host path per step (below)       0
+host time          the worker's measured host path per step (below),      0
+                   overlapping the device's previous step when the lags
+                   are overlap scheduling's (``width_lag >= 2``)
 draft forwards     ``d`` per step (``policies.draft_forwards``), ``d``    same
                    the EAGLE depth the core chose (adaptive drafting,
                    ``DecisionStep(depths=...)`` with the cost model's
@@ -29,8 +31,13 @@ draft forwards     ``d`` per step (``policies.draft_forwards``), ``d``    same
 Host time: `bench.host_path` measured the worker's whole n-gram host path per decode step (feed new tokens, batched
 Rust propose of 17 tokens, publish) on this 2-core machine, 2026-11-30 22:10, context 1k tokens (docs/benchmarks.md
 section 3): 0.114 ms at batch 1, 0.359 ms at 32, 0.819 ms at 128. `host_seconds` interpolates linearly in the batch
-size and the as-built engine adds it to every step (no overlap with the device: conservative on a GPU with overlap
-scheduling, where it hides under the device's step when shorter).
+size. Where it goes: the worker runs it at the start of ``forward_batch_generation``, before launching the step's
+kernels. Without overlap scheduling (the CPU engine, ``width_lag`` 1) the device is idle then, so the step costs device
+time + host time. With overlap scheduling (``width_lag`` 2, the GPU default) the scheduler launches step t + 1 while
+the device still runs step t, so the host path runs under step t and the step costs max(device time, host time). That
+assumes SGLang's own per-step scheduling work leaves the host path room under the device step (its overlap scheduler
+exists to hide that work; at 0.82 ms for B=128 against a simulated device step of ~20 ms it does here);
+``EngineConfig(host_overlap=False)`` charges the sum instead.
 """
 from __future__ import annotations
 
@@ -41,6 +48,7 @@ from typing import Optional
 import numpy as np
 
 from bench import policies as P
+from sglang_hybrid.widths import start_width
 
 #: (batch, seconds per decode step) of the worker's n-gram host path, measured by bench.host_path (context 1k)
 HOST_PATH_MEASURED = ((1, 0.114e-3), (32, 0.359e-3), (128, 0.819e-3))
@@ -68,11 +76,16 @@ class EngineConfig:
     width_lag: int = 2
     ngram_lag: int = 1
     host_time: bool = True
+    #: with overlap scheduling the host path runs while the device executes the previous step (module docstring);
+    #: None: overlapped exactly when the lags are overlap scheduling's (width_lag >= 2)
+    host_overlap: Optional[bool] = None
+    #: rows whose late proposal did not align take the device prompt lookup's (the worker's ``context_lookup``)
+    context_lookup: bool = True
     num_steps: int = 4
     ngram_k: int = 8
     n_nodes: int = 12
     widths: Optional[tuple] = None      # None: sglang_hybrid.widths.default_buckets(n_nodes + 1)
-    #: adaptive drafting (the worker with a draft_cost_table): depths 1, num_steps // 2, num_steps, as its default
+    #: adaptive drafting (the worker with a draft_cost_table): its default depths, ``widths.default_depths``
     adaptive_depth: bool = True
 
     @property
@@ -80,7 +93,14 @@ class EngineConfig:
         """EAGLE depths the core picks from (the worker's default ``draft_depths``), or None (always ``num_steps``)."""
         if not self.adaptive_depth:
             return None
-        return tuple(sorted({1, max(self.num_steps // 2, 1), self.num_steps}))
+        from sglang_hybrid.widths import default_depths
+
+        return default_depths(self.num_steps)
+
+    @property
+    def host_overlaps(self) -> bool:
+        """Whether the host path hides under the device's previous step (``host_overlap``, default by the lags)."""
+        return self.width_lag >= 2 if self.host_overlap is None else bool(self.host_overlap)
 
     @property
     def depth_lag(self) -> int:
@@ -122,9 +142,14 @@ class EngineConfig:
         return (f"as built: padded verify at width buckets {self.buckets()} chosen by DecisionStep, applied "
                 f"{self.width_lag} step(s) later; n-gram proposals {self.ngram_lag} step(s) late, "
                 f"{self.proposal_width} tokens wide, aligned by sglang_plugin.alignment.align, first {self.ngram_k} "
-                f"used; host path {'charged' if self.host_time else 'not charged'} "
+                f"used; host path {self._host_text()} "
                 f"({host_seconds(4) * 1e3:.3f} ms at B=4, {host_seconds(128) * 1e3:.3f} ms at B=128); "
                 f"{self.num_steps} EAGLE steps, n_nodes={self.n_nodes}; {self._depth_text()}")
+
+    def _host_text(self) -> str:
+        if not self.host_time:
+            return "not charged"
+        return "overlapping the device (step = max)" if self.host_overlaps else "charged (step = device + host)"
 
     def _depth_text(self) -> str:
         if self.depths is None:
@@ -142,8 +167,9 @@ class LateNgram:
     ``P + p - 1`` = the decode ``seq_len``. A proposal computed at position q is the bank's proposal row q, tagged
     ``at = P + q``; the ring holds the committed tokens output[q:p] (the plugin writes them from each verify)."""
 
-    def __init__(self, width: int, k: int, lag: int):
+    def __init__(self, width: int, k: int, lag: int, context_lookup: bool = True):
         self.width, self.k, self.lag = int(width), int(k), int(lag)
+        self.context_lookup = bool(context_lookup)
         self.hist = None
         self.stats = collections.Counter()
 
@@ -154,6 +180,33 @@ class LateNgram:
         self.first_pos = np.zeros(batch, np.int64)
         self.next_occ = 0
         self.stats = collections.Counter()
+
+    def _fill_from_context(self, bank, req: np.ndarray, pos: np.ndarray, prompt_len: np.ndarray, out: dict) -> None:
+        """Rows without an aligned proposal take the device prompt lookup's (``context_lookup.lookup``, the shipped
+        code) over their committed tokens ``prompt + output[:p]``, as the worker does."""
+        import torch
+
+        from sglang_hybrid.sglang_plugin import context_lookup
+
+        miss = np.nonzero(out["lengths"] == 0)[0]
+        self.stats["steps_without_aligned"] += len(miss)
+        if not len(miss):
+            return
+        committed = prompt_len[miss] + pos[miss]
+        table = np.full((len(miss), int(committed.max()) + 2), -1, np.int32)
+        for row, i in enumerate(miss):
+            r = bank.requests[int(req[i])]
+            table[row, :prompt_len[i]] = r.prompt
+            table[row, prompt_len[i]:committed[row]] = r.output[:pos[i]]
+        rows = torch.arange(len(miss))
+        got = context_lookup.lookup(context_lookup.ContextTable(torch.from_numpy(table), torch.zeros(len(miss),
+                                                                                                  dtype=torch.int64)),
+                                    rows, torch.from_numpy(committed - 1), torch.zeros_like(rows), self.k)
+        self.stats["steps_from_context"] += int((got.length > 0).sum())
+        for name, x in (("tokens", got.tokens), ("match_len", got.match_len), ("count", got.count),
+                        ("total", got.total), ("depth", got.depth), ("source", got.source)):
+            out[name][miss] = x.numpy()
+        out["lengths"][miss] = got.length.numpy()
 
     def proposal_positions(self, req: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """The position each slot's proposal was computed at: ``lag`` steps ago, or at admission if later."""
@@ -198,6 +251,8 @@ class LateNgram:
                "match_len": al.match_len[:, :k].numpy(), "count": al.count[:, :k].numpy(),
                "total": al.total[:, :k].numpy(), "depth": al.depth[:, :k].numpy(),
                "source": al.source[:, :k].numpy()}
+        if self.context_lookup:
+            self._fill_from_context(bank, req, pos, prompt_len, out)
         fresh_len = bank.ngram_features(req, pos, k)["lengths"]     # what a proposal at this position would hold
         fresh = fresh_len > 0
         self.stats["steps_with_match"] += int(fresh.sum())
@@ -227,14 +282,15 @@ class EnginePolicy(P.Policy):
                                              ngram_calibration=core.ngram_cal if ngram else None,
                                              widths=self.widths, depths=self.depths)
         self._draft_tables: dict = {}
-        self.late = LateNgram(engine.proposal_width, engine.ngram_k, engine.ngram_lag) if (
+        self.late = LateNgram(engine.proposal_width, engine.ngram_k, engine.ngram_lag, engine.context_lookup) if (
             ngram and engine.as_built) else None
         self.stats: dict = {}
         self.reset(1)
 
     def reset(self, batch: int):
         self.batch = batch
-        self.pending = collections.deque([self.n_nodes + 1] * max(1, self.engine.width_lag))
+        start = start_width(self.widths, self.num_steps) if self.widths is not None else self.n_nodes + 1
+        self.pending = collections.deque([start] * max(1, self.engine.width_lag))   # the worker's start plan
         self.depth_pending = collections.deque([self.num_steps] * self.engine.depth_lag)
         self.width_counts = collections.Counter()
         self.depth_counts = collections.Counter()
@@ -285,6 +341,7 @@ class EnginePolicy(P.Policy):
             prop.verify_tokens = b * width
             if self.engine.host_time and self.use_ngram:
                 prop.host_s = host_seconds(b)
+                prop.host_overlaps = self.engine.host_overlaps
         if self.depths is not None:
             self.depth_pending.append(int(d.next_depth))
         self.last_lambda = float(d.lam)

@@ -6,7 +6,8 @@ Replay rule (per step, continuous batching at a fixed concurrency B):
     emitted = accepted + 1 (the bonus token), capped at what is left of the output;
   * the step verifies n = sum over requests of (1 + draft nodes) tokens (ragged verify; a policy that models a
     padded engine says how many it verifies, `Proposal.verify_tokens`, e.g. B x W) and costs T(n) + (EAGLE draft
-    forwards) x t_draft from the cost model, plus any host time the policy reports (`Proposal.host_s`);
+    forwards) x t_draft from the cost model, plus any host time the policy reports (`Proposal.host_s`), or the larger
+    of the two when that host time overlaps the device (`Proposal.host_overlaps`: overlap scheduling);
   * finished requests are replaced by the next one from a seeded stream (whole permutations of the workload);
     the run stops at the first step after which a slot cannot be refilled, so throughput is measured with the batch
     full (no tail where a few long requests run alone).
@@ -120,7 +121,8 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
         remaining = bank.lengths[req] - pos
         emitted = np.minimum(accepted + 1, remaining)
         n_tokens = batch + int(n_nodes.sum()) if prop.verify_tokens is None else int(prop.verify_tokens)
-        dt = cost.step_time(n_tokens) + prop.model_steps * cost.draft_step_s + float(prop.host_s)
+        device_s = cost.step_time(n_tokens) + prop.model_steps * cost.draft_step_s
+        dt = max(device_s, float(prop.host_s)) if prop.host_overlaps else device_s + float(prop.host_s)
         tot["seconds"] += dt
         np.add.at(req_tokens, req, emitted)
         np.add.at(req_seconds, req, dt / batch)

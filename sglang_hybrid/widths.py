@@ -61,6 +61,29 @@ def default_buckets(max_width: int) -> tuple[int, ...]:
     return check_buckets(ws, max_width)
 
 
+def default_depths(num_steps: int) -> tuple[int, ...]:
+    """EAGLE draft depths adaptive drafting picks from by default: every depth up to 4, then ``num_steps // 2`` and
+    ``num_steps``: ``4 -> (1, 2, 3, 4)``, ``8 -> (1, 2, 3, 4, 8)``.
+
+    Why every small depth: a depth pairs with the width bucket its chain fills. Without depth 3, a 3-token chain in
+    width 4 (root + 3: plain EAGLE's best shape on chat at batch 128 in the realistic replay) had to be drafted 4
+    deep, one wasted draft forward per step (-3 % of throughput there, docs/benchmarks.md)."""
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive int (EAGLE draft steps), got {num_steps!r}")
+    return tuple(sorted({d for d in (1, 2, 3, 4) if d <= num_steps} | {max(num_steps // 2, 1), num_steps}))
+
+
+def start_width(buckets: Sequence[int], num_steps: int) -> int:
+    """The width a fresh engine verifies at before its first decision arrives (the decision is one or two steps
+    late): the narrowest bucket that holds a plain EAGLE chain of ``num_steps`` tokens and its root, else the widest.
+
+    Why not the widest: until the first decision lands the engine knows nothing of the text, and plain EAGLE's shape
+    is the usual choice on unknown text; starting at ``n_nodes + 1`` cost the first two steps of every cold start 2-3x
+    a step's verify compute at batch 128 (``buckets``: validated, sorted, as ``check_buckets`` returns them)."""
+    need = int(num_steps) + 1
+    return next((w for w in buckets if w >= need), buckets[-1])
+
+
 class WidthChoice(NamedTuple):
     """``width``: the chosen bucket (0-dim int64); ``goodput [J]``: ``G(W)`` per bucket (tokens per second with a
     cost table, expected tokens per step without one); ``b_star``: draft slots paid for at that width,
@@ -163,4 +186,5 @@ def truncate(tree: VerifyTree, width: int) -> VerifyTree:
                       expected_accepted=torch.where(valid[:, 1:], survival[:, 1:], 0.0).sum(1))
 
 
-__all__ = ["WidthChoice", "check_buckets", "choose_plan", "choose_width", "default_buckets", "truncate"]
+__all__ = ["WidthChoice", "check_buckets", "choose_plan", "choose_width", "default_buckets", "default_depths",
+           "start_width", "truncate"]

@@ -24,9 +24,10 @@ def test_draft_forwards_as_sglang_runs_them():
 
 @pytest.mark.parametrize("lag,expected", [(1, 1.5 + 19 * 1.2), (2, 2 * 1.5 + 18 * 1.2)])
 def test_as_built_width_lag_and_padded_verify_cost_by_hand(lag, expected):
-    """Model-only adaptive K=4 in the as-built engine: buckets (2, 4, 5), the first `lag` steps verify at the full
-    width 5, then at the width the previous decision chose. Every draft is wrong with confidence 0.1, so with
-    T(n) = 1 + 0.1 n the padded goodput (1 + sum of survivals) / T(W) is highest at W = 2:
+    """Model-only adaptive K=4 in the as-built engine: buckets (2, 4, 5), the first `lag` steps verify at the start
+    width 5 (the narrowest bucket holding a 4-token chain and its root), then at the width the previous decision
+    chose. Every draft is wrong with confidence 0.1, so with T(n) = 1 + 0.1 n the padded goodput
+    (1 + sum of survivals) / T(W) is highest at W = 2:
     G(2) = 1.1 / 1.2 > G(4) = 1.111 / 1.4 > G(5). One request of 10 tokens, streamed twice: 20 steps of 1 token.
     Seconds = (lag steps x T(5)) + (rest x T(2)) + 20 steps x 4 draft forwards x 0.05 (no n-gram: no host time)."""
     core = _core_or_skip()
@@ -56,7 +57,7 @@ def test_ideal_engine_verifies_ragged_and_has_no_lag():
 
 @pytest.mark.parametrize("eagle_right,draft_s,depth", [(False, 0.5, 1), (True, 0.001, 4)])
 def test_adaptive_depth_drafts_what_the_previous_step_chose(eagle_right, draft_s, depth):
-    """HYBRID merge in the as-built engine with adaptive drafting (depths 1, 2, 4): the first step drafts the full 4
+    """HYBRID merge in the as-built engine with adaptive drafting (depths 1, 2, 3, 4): the first step drafts the full 4
     (nothing chosen yet), every later step the depth the previous decision chose, and is charged that many draft
     forwards. A wrong EAGLE chain (confidence 0.1) under dear draft forwards (0.5 s each, T(n) = 1 + 0.1 n) is cut to
     depth 1; a right one (0.9) under cheap forwards (1 ms) keeps depth 4."""
@@ -64,7 +65,7 @@ def test_adaptive_depth_drafts_what_the_previous_step_chose(eagle_right, draft_s
     eng = replay_engine.EngineConfig(num_steps=4, ngram_k=4, n_nodes=8, width_lag=1)
     bank = replay_drafts.DraftBank(one_request_trace(L=10, k=4, eagle_right=eagle_right), k=4,
                                    ngram_width=eng.proposal_width)
-    assert eng.depths == (1, 2, 4) and eng.depth_lag == 1
+    assert eng.depths == (1, 2, 3, 4) and eng.depth_lag == 1
     pol = replay_engine.EnginePolicy("h", "merge", 4, 8, core, eng)
     res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=draft_s))
     counts = res.stats["depth_counts"]
@@ -76,6 +77,25 @@ def test_adaptive_depth_drafts_what_the_previous_step_chose(eagle_right, draft_s
     res_fixed = replay_sim.simulate(fixed, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1,
                                                                               draft=draft_s))
     assert res_fixed.model_steps == 4 * res_fixed.steps
+
+
+@pytest.mark.parametrize("width_lag,overlap,per_step", [(1, None, 1.2 + 0.05 + 0.2), (2, None, 1.25),
+                                                        (2, False, 1.2 + 0.05 + 0.2), (1, True, 1.25)])
+def test_host_time_adds_without_overlap_and_hides_under_the_device_with_it(monkeypatch, width_lag, overlap, per_step):
+    """n-gram-only HYBRID (no model draft: depth-1 chains that are always wrong), host path 0.2 s per step, device
+    T(2) + 1 draft forward = 1.2 + 0.05: without overlap scheduling (lag 1) a step costs the sum 1.45, with it (lag 2)
+    max(1.25, 0.2) = 1.25; ``host_overlap`` overrides the default. Every step after the start plan verifies width 2."""
+    core = _core_or_skip()
+    monkeypatch.setattr(replay_engine, "host_seconds", lambda b: 0.2)
+    eng = replay_engine.EngineConfig(num_steps=1, ngram_k=1, n_nodes=1, width_lag=width_lag, ngram_lag=width_lag - 1,
+                                     host_overlap=overlap, adaptive_depth=False)
+    assert eng.host_overlaps == (per_step == 1.25)
+    bank = replay_drafts.DraftBank(one_request_trace(L=10, k=1, eagle_right=False), k=1,
+                                   ngram_width=eng.proposal_width)
+    pol = replay_engine.EnginePolicy("h", "merge", 1, 1, core, eng)
+    assert pol.widths == (2,)
+    res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05))
+    assert res.seconds == pytest.approx(res.steps * per_step)
 
 
 def test_host_time_interpolates_the_measured_host_path():
@@ -117,7 +137,7 @@ def test_late_ngram_shift_keeps_a_full_chain_after_a_long_acceptance():
     """Proposal width 17, k = 8, lag 1. Step 0 at position 0 (admission): the fresh proposal, 8 tokens. Step 1 at
     position 13 (12 accepted + bonus): the proposal computed at 0, shifted by 13: 17 - 13 = 4 tokens left, starting at
     output[13]; its features shifted with it, depth renumbered from 1."""
-    late = replay_engine.LateNgram(width=17, k=8, lag=1)
+    late = replay_engine.LateNgram(width=17, k=8, lag=1, context_lookup=False)
     late.reset(1)
     bank = _Bank()
     req = np.array([0])
@@ -139,7 +159,7 @@ def test_late_ngram_drops_a_proposal_whose_overlap_disagrees_or_is_used_up():
     wrong = out[0:17].copy()
     wrong[2] = 7                                                      # the text did not follow the proposal
     bank = _Bank(props={0: (wrong, 17), 10: (out[10:13], 3)})
-    late = replay_engine.LateNgram(width=17, k=8, lag=1)
+    late = replay_engine.LateNgram(width=17, k=8, lag=1, context_lookup=False)
     late.reset(1)
     req = np.array([0])
     late.aligned(bank, req, np.array([0]))
@@ -153,6 +173,26 @@ def test_late_ngram_drops_a_proposal_whose_overlap_disagrees_or_is_used_up():
     late.reset(1)
     late.aligned(bank, req, np.array([10]))
     assert late.aligned(bank, req, np.array([13]))["lengths"].tolist() == [0]
+
+
+def test_rows_without_an_aligned_proposal_take_the_device_prompt_lookup():
+    """The output repeats a 4-token motif after 10 fresh tokens; the late proposal computed at 0 disagrees with the
+    text, so alignment drops it, and the device prompt lookup (``context_lookup.lookup``, as the worker) copies from
+    the earlier occurrence: at position 16 the committed tail is motif[0:2] (second occurrence), whose continuation
+    after the first occurrence is out[12:16] (committed tokens only)."""
+    motif = [500, 501, 502, 503]
+    out = np.concatenate([np.arange(100, 110), motif, motif, np.arange(200, 260)]).astype(np.int64)
+    bank = _Bank(props={0: (np.full(17, 7), 17)})
+    bank.out = out
+    bank.requests = [type("R", (), {"prompt": np.zeros(7, np.int32), "output": out})()]
+    req = np.array([0])
+    for lookup, want in ((False, []), (True, [502, 503, 500, 501])):
+        late = replay_engine.LateNgram(width=17, k=8, lag=1, context_lookup=lookup)
+        late.reset(1)
+        late.aligned(bank, req, np.array([0]))
+        got = late.aligned(bank, req, np.array([16]))
+        assert got["tokens"][0, :got["lengths"][0]].tolist() == want, lookup
+    assert late.stats["steps_from_context"] == 1
 
 
 def test_late_ngram_positions_follow_the_lag_and_restart_at_admission():

@@ -413,7 +413,7 @@ def test_hybrid_step_drafts_adaptively_with_a_draft_cost_table(tmp_path):
     settings = HybridSettings(mode="merge", ngram_k=K, cost_table=str(tmp_path / "cost.json"),
                               draft_cost_table=str(tmp_path / "draft.json"))
     step = HybridStep(settings, num_steps=4, pool_size=4, device="cpu")
-    assert step.depths == (1, 2, 4) and step.widths[-1] == 4 + K + 1
+    assert step.depths == (1, 2, 3, 4) and step.widths[-1] == 4 + K + 1
     slots, seq = torch.tensor([0, 1]), torch.tensor([20, 20])
     for r in range(2):
         _publish(step.buffers, int(slots[r]), [100 + i for i in range(K)], at=21, gen=0)
@@ -423,3 +423,36 @@ def test_hybrid_step_drafts_adaptively_with_a_draft_cost_table(tmp_path):
         assert int(d.next_depth) == 1, depth
         assert (d.tree.source[:, 1:1 + K] == Source.NGRAM).any()
     assert step.counters.depth_steps == {4: 1, 1: 1}
+
+
+def test_rows_whose_late_proposal_misaligned_take_the_device_prompt_lookup():
+    """A real SGLang ``Req`` fed by the feeder (real Rust drafter) into a step with the context table: the host's
+    proposal is replaced by one that disagrees with the text, so alignment drops it; the device prompt lookup over
+    the committed tokens (written once by the host, extended by the device) supplies the n-gram branch instead, and
+    the verify's emitted tokens extend the table."""
+    from sglang_hybrid.ngram import NgramDrafter
+
+    settings = HybridSettings(mode="merge", ngram_k=K)
+    step = HybridStep(settings, num_steps=2, pool_size=4, device="cpu", max_context_len=64)
+    assert step.context is not None and step.context.tokens.shape == (4, 65)
+    assert HybridStep(HybridSettings(mode="merge", ngram_k=K, context_lookup=False), num_steps=2, pool_size=4,
+                      device="cpu", max_context_len=64).context is None
+    feeder = NgramFeeder(NgramDrafter(max_draft=step.proposal_width), step.proposal_width, "cpu", max_bs=4,
+                         context=True)
+    prompt = list(range(10, 20)) + [10, 11]
+    req = _req("a", prompt, [12], 1)
+    slots, gen = torch.tensor([1]), torch.tensor([3])
+    staged = feeder.stage_batch([req], [3], [1])
+    assert staged["context"]["flat"][2].tolist() == prompt + [12]
+    cur = feeder.publish(staged, slots, step.buffers, step.context)
+    assert step.context.tokens[1, :13].tolist() == prompt + [12] and int(step.context.gen[1]) == 3
+    assert "context" not in feeder.stage_batch([req], [3], [1])          # once per slot occupancy
+    _publish(step.buffers, 1, [99, 98, 97], at=12, gen=3)                   # predicted 99 where 12 was committed
+    seq = torch.tensor([12])                                                # root 12 at position 12
+    d = step.select(torch.tensor([12]), torch.tensor([[50, 51]]), torch.full((1, 2), 0.1), slots, cur, seq)
+    ngram_tokens = d.tree.tokens[0][d.tree.source[0] == Source.NGRAM].tolist()
+    assert ngram_tokens[:K] == [13, 14, 15, 16]
+    step.after_verify(d.tree, slots, seq, torch.tensor([[13, 14, 0]]), torch.tensor([2]))
+    assert step.context.tokens[1, 12:15].tolist() == [12, 13, 14]
+    with pytest.raises(ValueError, match="needs the batch's slots"):
+        feeder.stage_batch([req], [3])

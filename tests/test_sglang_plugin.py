@@ -195,7 +195,7 @@ def test_settings_validation_names_the_setting(tmp_path):
     assert HybridSettings().resolved_verify_widths(4) == (13,)                   # no cost table: the full width
     assert HybridSettings(cost_table="c.json").resolved_verify_widths(4) == (2, 4, 6, 8, 13)  # n_nodes 12
     both = HybridSettings(cost_table="c.json", draft_cost_table="d.json")
-    assert both.resolved_shapes(4) == ((1, 2, 4), (2, 4, 6, 8, 13))
+    assert both.resolved_shapes(4) == ((1, 2, 3, 4), (2, 4, 6, 8, 13))
     assert both.resolved_shapes(4, fixed=True) == ((4,), (13,))            # DP attention: one depth, one width
     assert load_settings({"SGLANG_HYBRID_VERIFY_WIDTHS": "[4, 2]"}).resolved_verify_widths(4) == (2, 4, 13)
     assert load_settings({"SGLANG_HYBRID_VERIFY_WIDTHS": "[]"}).resolved_verify_widths(4) == (13,)
@@ -203,7 +203,8 @@ def test_settings_validation_names_the_setting(tmp_path):
         HybridSettings(verify_widths=[1, 20]).resolved_verify_widths(4)
     assert HybridSettings().resolved_draft_depths(4) == (4,)                    # no draft cost table: fixed depth
     with_cost = HybridSettings(draft_cost_table="d.json")
-    assert with_cost.resolved_draft_depths(4) == (1, 2, 4) and with_cost.resolved_draft_depths(3) == (1, 3)
+    assert with_cost.resolved_draft_depths(4) == (1, 2, 3, 4) and with_cost.resolved_draft_depths(3) == (1, 2, 3)
+    assert with_cost.resolved_draft_depths(8) == (1, 2, 3, 4, 8)
     assert HybridSettings(draft_cost_table="d.json", draft_depths=[2]).resolved_draft_depths(4) == (2, 4)
     assert HybridSettings(draft_cost_table="d.json", draft_depths=[]).resolved_draft_depths(4) == (4,)
     with pytest.raises(HybridConfigError, match=r"'draft_depths' = \[0, 5\]: \[0, 5\] outside \[1, 4\]"):

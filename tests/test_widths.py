@@ -10,7 +10,8 @@ from sglang_hybrid.cost import CostModel
 from sglang_hybrid.selector import Candidates, Source, select
 from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
 from sglang_hybrid.survival import chain_parents
-from sglang_hybrid.widths import check_buckets, choose_width, default_buckets, truncate
+from sglang_hybrid.widths import (check_buckets, choose_width, default_buckets, default_depths, start_width,
+                                  truncate)
 
 torch.set_num_threads(1)
 
@@ -92,6 +93,23 @@ def test_truncate_keeps_a_prefix_closed_tree_of_the_best_nodes():
 def test_bucket_settings_are_checked():
     assert default_buckets(13) == (2, 4, 6, 8, 13) and default_buckets(2) == (2,)
     assert default_buckets(9) == (2, 4, 6, 8, 9) and default_buckets(20) == (2, 4, 6, 8, 16, 20)
+
+
+def test_default_depths_every_small_depth_then_half_and_full():
+    assert [default_depths(n) for n in (1, 2, 3, 4, 6, 8)] == [
+        (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4), (1, 2, 3, 4, 6), (1, 2, 3, 4, 8)]
+    for bad in (0, -1, 2.0, True, None):
+        with pytest.raises(ValueError, match="num_steps must be a positive int"):
+            default_depths(bad)
+
+
+def test_start_width_is_the_narrowest_bucket_holding_a_plain_eagle_chain():
+    """Brute force: the smallest bucket >= num_steps + 1, else the widest."""
+    for buckets in [(2, 4, 6, 8, 13), (2,), (3, 5), (2, 4, 8, 9)]:
+        for steps in range(1, 12):
+            fits = [w for w in buckets if w >= steps + 1]
+            assert start_width(buckets, steps) == (min(fits) if fits else max(buckets))
+    assert start_width(default_buckets(13), 4) == 6 and start_width(default_buckets(13), 3) == 4
     assert check_buckets([8, 2, 8], 13) == (2, 8, 13)
     with pytest.raises(ValueError, match="bucket 14 is outside"):
         check_buckets([14], 13)

@@ -32,6 +32,7 @@ import torch
 from sglang_hybrid.reference.drafters import EagleDrafter, NgramSource
 from sglang_hybrid.selector import Source
 from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
+from sglang_hybrid.widths import default_depths
 
 MODES = ("none", "ngram", "eagle", "choose", "merge")
 #: the labels this loop's reports and traces use for each ``Source`` (the demo tables print them)
@@ -118,7 +119,7 @@ class ReferenceLoop:
     `eagle_min_survival` (stop a chain once its cumulative draft probability is below it) only change drafting
     cost and which drafts are proposed, never the output distribution. `draft_cost` (a `CostModel`: seconds of one
     EAGLE chain position for `R` requests) turns on adaptive drafting in the HYBRID modes: each step the core decides
-    how deep the next step's EAGLE chain is (`draft_depths`, default 1, eagle_k // 2, eagle_k; see docs/core.md,
+    how deep the next step's EAGLE chain is (`draft_depths`, default `widths.default_depths(eagle_k)`; see docs/core.md,
     "Draft depth").
     """
 
@@ -155,7 +156,7 @@ class ReferenceLoop:
         #: adaptive drafting: HYBRID modes with a draft cost (the core prices each depth's forwards)
         self.depths = None
         if draft_cost is not None and mode in ("choose", "merge"):
-            depths = draft_depths if draft_depths is not None else (1, max(eagle_k // 2, 1), eagle_k)
+            depths = draft_depths if draft_depths is not None else default_depths(eagle_k)
             self.depths = tuple(sorted(set(depths) | {eagle_k}))
             if self.depths[0] < 1 or self.depths[-1] > eagle_k:
                 raise ValueError(f"draft_depths must be in [1, eagle_k={eagle_k}], got {draft_depths!r}")

@@ -73,7 +73,13 @@ class HybridSettings(BaseModel):
                           "its forwards (see docs/sglang.md); default: none, always --speculative-num-steps")
     draft_depths: Optional[list[int]] = Field(
         None, description="EAGLE draft depths adaptive drafting picks from (each in [1, steps]; steps is always "
-                          "included); default with a draft_cost_table: 1, steps // 2, steps; [] = off")
+                          "included); default with a draft_cost_table: every depth up to 4, steps // 2, steps "
+                          "(widths.default_depths); [] = off")
+    context_lookup: bool = Field(
+        True, description="rows whose late n-gram proposal did not align (after an edit point, or a step that accepted "
+                          "the model chain) take a prompt lookup over the request's committed tokens, done on the "
+                          "device (never late); memory: one int32 table of request slots x context length, the size "
+                          "of SGLang's req_to_token table")
     ngram_donate: bool = Field(True, description="donate finished responses to the shared n-gram corpus")
     ngram_options: dict = Field(
         default_factory=dict, description="extra keyword options for NgramDrafter (e.g. min_match, "
@@ -106,7 +112,9 @@ class HybridSettings(BaseModel):
                     f"HYBRID setting 'draft_depths' = {self.draft_depths} needs 'draft_cost_table' (the draft "
                     f"forward's step time prices the depth); set {ENV_PREFIX}DRAFT_COST_TABLE or unset the depths")
             return (num_steps,)
-        depths = self.draft_depths if self.draft_depths is not None else [1, max(num_steps // 2, 1)]
+        from sglang_hybrid.widths import default_depths
+
+        depths = self.draft_depths if self.draft_depths is not None else default_depths(num_steps)
         bad = [d for d in depths if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= num_steps]
         if bad:
             raise HybridConfigError(

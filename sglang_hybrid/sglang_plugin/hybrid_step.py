@@ -4,12 +4,14 @@ Inputs: the EAGLE chain (tokens + per-step draft confidence) and the slot-indexe
 the core's ``Decision``: the ``VerifyTree`` that ``verify_input.build_verify_input`` turns into SGLang's verify input,
 at the verify width the host picked for this step, and the EAGLE depth and width bucket a later step should use.
 
-    align n-gram proposals (this module) -> sglang_hybrid.step.DecisionStep (calibrate, survivals, price, select)
+    align n-gram proposals, prompt lookup for rows left without one (this module)
+        -> sglang_hybrid.step.DecisionStep (calibrate, survivals, price, select)
 
 The decision itself is the core's ``DecisionStep``, the same one the reference loop and the replay call; this
 module only adds what is specific to the engine: the n-gram proposals arrive one step late and are aligned on the
-device first. Kept apart from the SGLang worker so it runs (and is tested) on CPU tensors with no SGLang objects.
-Static shapes, no host sync: CUDA-graph and ``torch.compile`` safe.
+device first, and a row whose proposal did not align takes the device's prompt lookup over its committed tokens
+(``context_lookup``; setting ``context_lookup``). Kept apart from the SGLang worker so it runs (and is tested) on CPU
+tensors with no SGLang objects. Static shapes, no host sync: CUDA-graph and ``torch.compile`` safe.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from sglang_hybrid.selector import VerifyTree
 from sglang_hybrid.step import Decision, DecisionStep, ModelDraft, NgramDraft
 from sglang_hybrid.survival import chain_parents
 
-from . import alignment
+from . import alignment, context_lookup
 from .config import HybridSettings
 from .metrics import HybridCounters
 
@@ -32,7 +34,8 @@ class HybridStep:
     """Per-worker device state (proposal buffers, calibration and cost tables) and the per-step selection."""
 
     def __init__(self, settings: HybridSettings, *, num_steps: int, pool_size: int, device,
-                 counters: Optional[HybridCounters] = None, fixed_shapes: bool = False):
+                 counters: Optional[HybridCounters] = None, fixed_shapes: bool = False,
+                 max_context_len: Optional[int] = None):
         self.settings = settings
         self.num_steps = num_steps
         self.k = settings.ngram_k
@@ -58,6 +61,9 @@ class HybridStep:
                            else None)
         self.buffers = alignment.alloc_buffers(pool_size, self.proposal_width, max(2 * self.proposal_width, 16),
                                                self.device)
+        #: committed tokens per slot for the device prompt lookup (``context_lookup``; needs the context length)
+        self.context = (context_lookup.alloc_context(pool_size, max_context_len, self.device)
+                        if settings.context_lookup and max_context_len else None)
         self.counters = counters if counters is not None else HybridCounters(self.device)
 
     def max_depth_at(self, width: int) -> int:
@@ -80,6 +86,8 @@ class HybridStep:
         dev = model_tokens.device
         alignment.ring_write_root(self.buffers, slots, seq_lens, root_tokens)
         ng = alignment.align(self.buffers, slots, cur_gen, seq_lens)
+        if self.context is not None:
+            ng = self._fill_from_context(ng, slots, cur_gen, seq_lens, root_tokens)
         model = ModelDraft(model_tokens, model_conf, torch.full((b,), s, dtype=torch.int64, device=dev))
         k = self.k           # the aligned proposal is up to proposal_width long; the selector sees its first k
         ngram = NgramDraft(ng.tokens[:, :k], chain_parents(b, k, dev), ng.length.clamp(max=k), ng.match_len[:, :k],
@@ -89,9 +97,27 @@ class HybridStep:
         self.counters.on_select(d.tree, ngram.length, d.lam, d.b_star, depth=s)
         return d
 
+    def _fill_from_context(self, ng: alignment.AlignedProposals, slots, cur_gen, seq_lens, root_tokens):
+        """Rows without an aligned proposal take the prompt lookup's (none where the host has not written the row for
+        this slot generation; features in the host drafter's terms, ``context_lookup``)."""
+        ones = torch.ones_like(seq_lens, dtype=torch.int64)
+        context_lookup.write_rows(self.context, slots, seq_lens, root_tokens.reshape(-1, 1), ones)
+        w = ng.tokens.shape[1]
+        got = context_lookup.lookup(self.context, slots, seq_lens, cur_gen, w)
+        use = ng.length == 0
+        pick = lambda a, b: torch.where(use.reshape(-1, *([1] * (a.dim() - 1))), b, a)  # noqa: E731
+        return alignment.AlignedProposals(
+            tokens=pick(ng.tokens, got.tokens), length=pick(ng.length, got.length), depth=pick(ng.depth, got.depth),
+            match_len=pick(ng.match_len, got.match_len), count=pick(ng.count, got.count),
+            total=pick(ng.total, got.total), source=pick(ng.source, got.source), shift=ng.shift)
+
     def after_verify(self, tree: VerifyTree, slots: torch.Tensor, seq_lens_before: torch.Tensor,
                      emitted: torch.Tensor, accept_lens: torch.Tensor) -> None:
-        """Record emitted tokens (``emitted[b, :accept_lens[b]]``, bonus included) in the ring; count acceptance."""
+        """Record emitted tokens (``emitted[b, :accept_lens[b]]``, bonus included) in the ring and the context table;
+        count acceptance."""
         d = min(emitted.shape[1], self.max_depth + 1)
         alignment.ring_write_emitted(self.buffers, slots, seq_lens_before, emitted[:, :d], accept_lens)
+        if self.context is not None:
+            context_lookup.write_rows(self.context, slots, seq_lens_before.to(torch.int64) + 1, emitted[:, :d],
+                                      accept_lens)
         self.counters.on_accept(tree, accept_lens)

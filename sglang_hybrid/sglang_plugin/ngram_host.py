@@ -12,12 +12,12 @@ used it has completed (it records an event per copy), so the next step cannot ov
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
-from . import alignment
+from . import alignment, context_lookup
 
 logger = logging.getLogger(__name__)
 
@@ -25,13 +25,18 @@ _FIELDS = ("tokens", "match_len", "count", "total", "source")
 
 
 class NgramFeeder:
-    def __init__(self, drafter, k: int, device, max_bs: int, donate: bool = True):
+    """``context``: also stage each request's whole context for the device prompt lookup's table
+    (``context_lookup``), once per slot occupancy (a new request, or one that moved to another slot)."""
+
+    def __init__(self, drafter, k: int, device, max_bs: int, donate: bool = True, context: bool = False):
         self.drafter = drafter
         self.k = k
         self.device = torch.device(device)
         self.donate = donate
+        self.context = bool(context)
         self._ids: dict = {}      # rid -> drafter id
         self._fed: dict = {}      # rid -> committed tokens fed so far
+        self._ctx_key: dict = {}  # rid -> (slot, generation) its context was staged for
         self._next_id = 1
         self._pin = self.device.type == "cuda"
         self.max_bs = max_bs
@@ -65,6 +70,7 @@ class NgramFeeder:
     def _forget(self, rid) -> None:
         did = self._ids.pop(rid, None)
         self._fed.pop(rid, None)
+        self._ctx_key.pop(rid, None)
         if did is not None:
             self.drafter.remove(did)
 
@@ -82,16 +88,21 @@ class NgramFeeder:
             self._forget(rid)
 
     # -- per step ------------------------------------------------------------------------------------------------
-    def stage_batch(self, reqs, generations) -> dict:
+    def stage_batch(self, reqs, generations, slots=None) -> dict:
         """Feed and propose for ``reqs`` (objects with ``rid``, ``origin_input_ids``, ``output_ids``, in batch order)
-        into pinned host tensors tagged with each request's committed length and slot generation."""
+        into pinned host tensors tagged with each request's committed length and slot generation. With ``context``
+        on, ``slots`` (the batch's request-pool slots, host ints) is required: contexts new to their slot are staged
+        under ``"context"``."""
         bs = len(reqs)
         if bs > self.max_bs:
             raise ValueError(f"decode batch of {bs} exceeds the n-gram staging capacity {self.max_bs}")
+        if self.context and (slots is None or len(slots) != bs):
+            raise ValueError("the context table needs the batch's slots (one per request)")
         ids, at, pending = [], [], []
         for req in reqs:
             ids.append(self._sync_request(req.rid, req.origin_input_ids, req.output_ids, pending))
             at.append(self._fed[req.rid])
+        staged_ctx = self._stage_context(reqs, generations, slots) if self.context else None
         if pending:
             self.drafter.extend_batch(np.asarray([p[0] for p in pending], dtype=np.int64),
                                       np.asarray([t for p in pending for t in p[1]], dtype=np.int64),
@@ -108,14 +119,45 @@ class NgramFeeder:
         sc[:, 0].copy_(torch.from_numpy(np.ascontiguousarray(drafts.lengths, dtype=np.int64)))
         sc[:, 1].copy_(torch.as_tensor(at, dtype=torch.int64))
         sc[:, 2].copy_(torch.as_tensor(generations, dtype=torch.int64))
-        return {"rows": rows, "scalars": sc}
+        out = {"rows": rows, "scalars": sc}
+        if staged_ctx is not None:
+            out["context"] = staged_ctx
+        return out
 
-    def publish(self, staged: dict, slots: torch.Tensor, buffers: alignment.ProposalBuffers) -> torch.Tensor:
-        """Copy a staged batch to the device (non-blocking), scatter it into the slot buffers; returns the batch's
-        current slot generations on the device (for ``alignment.align``)."""
+    def _stage_context(self, reqs, generations, slots) -> Optional[dict]:
+        """Whole contexts of the requests whose (slot, generation) changed since their context was last staged:
+        O(context) once per slot occupancy, nothing on later steps (the device appends what it commits)."""
+        parts, tags = [], []
+        for req, slot, gen in zip(reqs, slots, generations):
+            key = (int(slot), int(gen))
+            if self._ctx_key.get(req.rid) == key:
+                continue
+            self._ctx_key[req.rid] = key
+            parts.append((key[0], np.concatenate([np.asarray(req.origin_input_ids, dtype=np.int64),
+                                                  np.asarray(req.output_ids, dtype=np.int64)])))
+            tags.append(key)
+        if not tags:
+            return None
+        n = sum(len(t) for _, t in parts)
+        flat = torch.empty((3, n), dtype=torch.int64, pin_memory=self._pin)
+        flat[0].copy_(torch.from_numpy(np.concatenate([np.full(len(t), s, np.int64) for s, t in parts])))
+        flat[1].copy_(torch.from_numpy(np.concatenate([np.arange(len(t), dtype=np.int64) for _, t in parts])))
+        flat[2].copy_(torch.from_numpy(np.concatenate([t for _, t in parts])))
+        tag = torch.empty((2, len(tags)), dtype=torch.int64, pin_memory=self._pin)
+        tag.copy_(torch.as_tensor(tags, dtype=torch.int64).T)
+        return {"flat": flat, "tags": tag}
+
+    def publish(self, staged: dict, slots: torch.Tensor, buffers: alignment.ProposalBuffers,
+                context: Optional[context_lookup.ContextTable] = None) -> torch.Tensor:
+        """Copy a staged batch to the device (non-blocking), scatter it into the slot buffers (and staged contexts
+        into ``context``); returns the batch's current slot generations on the device (for ``alignment.align``)."""
         nb = self._pin
         rows = staged["rows"].to(self.device, non_blocking=nb)
         sc = staged["scalars"].to(self.device, non_blocking=nb)
         alignment.publish(buffers, slots.to(torch.int64), rows[:, 0], sc[:, 0], sc[:, 1], sc[:, 2], rows[:, 1],
                           rows[:, 2], rows[:, 3], rows[:, 4])
+        if context is not None and "context" in staged:
+            flat = staged["context"]["flat"].to(self.device, non_blocking=nb)
+            tags = staged["context"]["tags"].to(self.device, non_blocking=nb)
+            context_lookup.write_context(context, flat[0], flat[1], flat[2], tags[0], tags[1])
         return sc[:, 2]

@@ -3,13 +3,15 @@
 Decode step (everything on the device except the first bullet, which is host bookkeeping that does not wait):
 
 * host: feed the Rust n-gram automaton with the tokens SGLang has committed on the host (one step late), propose,
-  publish the proposals into slot-indexed device buffers (``NgramFeeder``);
+  publish the proposals into slot-indexed device buffers (``NgramFeeder``), and copy the context of a request new to
+  its slot into the device prompt lookup's table (``context_lookup``, once per slot occupancy);
 * ``HybridDraftWorker.draft``: the EAGLE chain (topk = 1, ``num_steps`` tokens; CUDA graph when available) plus the
   softmax probability of every drafted token (``step_conf``, recorded inside ``draft_forward`` so the draft graph
   captures it);
-* ``HybridStep.select``: align n-gram proposals, then the core's ``step.DecisionStep`` (calibrate, survivals, price,
-  choose or merge) -> ``VerifyTree`` at this step's verify width, plus the EAGLE depth and width bucket for a later
-  step; under tensor parallelism every rank then takes rank 0's tree and plan (``TreeBroadcast``);
+* ``HybridStep.select``: align n-gram proposals (a row left without one takes the device prompt lookup's), then the
+  core's ``step.DecisionStep`` (calibrate, survivals, price, choose or merge) -> ``VerifyTree`` at this step's
+  verify width, plus the EAGLE depth and width bucket for a later step; under tensor parallelism every rank then
+  takes rank 0's tree and plan (``TreeBroadcast``);
 * ``build_verify_input`` -> ``HybridVerifyInput`` (FULL_MASK for FlashInfer and Triton, see ``verify_mask_buffer``);
   SGLang's verify body (``run_eagle_verify``) with the tree branch
   on, which compacts the accepted path to the front when it is not a front prefix (n-gram branch of a merged tree);
@@ -54,6 +56,7 @@ from .metrics import HybridCounters
 from .ngram_host import NgramFeeder
 from .tp_sync import TreeBroadcast
 from .verify_input import TreeMaskMode, build_verify_input
+from sglang_hybrid.widths import start_width
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +255,8 @@ class HybridWorkerV2(EAGLEWorkerV2):
                                   token_to_kv_pool_allocator=token_to_kv_pool_allocator)
         pool_size = int(self.req_to_token_pool.req_to_token.shape[0])
         self.hybrid_step = HybridStep(self.settings, num_steps=self.speculative_num_steps, pool_size=pool_size,
-                                      device=self.device, counters=self.counters, fixed_shapes=self._fixed_shapes)
+                                      device=self.device, counters=self.counters, fixed_shapes=self._fixed_shapes,
+                                      max_context_len=int(self.req_to_token_pool.req_to_token.shape[1]))
         if self.hybrid_step.n_nodes + 1 != self.speculative_num_draft_tokens:
             raise RuntimeError(
                 f"HYBRID settings changed between argument resolution and worker start: verify width "
@@ -261,7 +265,8 @@ class HybridWorkerV2(EAGLEWorkerV2):
 
         width = self.hybrid_step.proposal_width
         drafter = NgramDrafter(max_draft=width, **self.settings.ngram_options)
-        self.feeder = NgramFeeder(drafter, width, self.device, pool_size, self.settings.ngram_donate)
+        self.feeder = NgramFeeder(drafter, width, self.device, pool_size, self.settings.ngram_donate,
+                                  context=self.hybrid_step.context is not None)
         from sglang.srt.layers.dp_attention import get_dp_tp_group
 
         group = get_dp_tp_group()
@@ -298,6 +303,9 @@ class HybridWorkerV2(EAGLEWorkerV2):
                         self.runtime_states[(d, w)] = self.build_adaptive_runtime_state(d, w)
         logger.info("HYBRID: runtime states (EAGLE depth, verify width) %s",
                     ", ".join(f"({d}, {w})" for d, w in sorted(self.runtime_states)))
+        # Until the first decision reaches the host (one step late, two with overlap scheduling) verify at plain
+        # EAGLE's shape rather than the widest tree (widths.start_width).
+        self._apply_plan(self.speculative_num_steps, start_width(step.widths, self.speculative_num_steps))
 
     def _switch_plan(self) -> None:
         """Draft and verify later steps at the (depth, width) the device chose for the step whose results just reached
@@ -312,7 +320,10 @@ class HybridWorkerV2(EAGLEWorkerV2):
         host, event = self._plan_fifo.popleft()
         if event is not None:
             event.synchronize()
-        depth, width = (int(v) for v in host)
+        self._apply_plan(*(int(v) for v in host))
+
+    def _apply_plan(self, depth: int, width: int) -> None:
+        """Switch to the runtime state of (``depth``, ``width``) unless it is the current one."""
         state = self.runtime_states.get((depth, width))
         if state is None or (depth, width) == (self.speculative_num_steps, self.speculative_num_draft_tokens):
             return
@@ -385,8 +396,8 @@ class HybridWorkerV2(EAGLEWorkerV2):
             if len(reqs) == slots.shape[0] and slots_cpu is not None:
                 # Generations are a host tensor in SGLang's pool: one vectorised lookup, no device read.
                 gens = self.req_to_token_pool.req_generation[slots_cpu.to(torch.int64)]
-                staged = self.feeder.stage_batch(reqs, gens)
-                self._cur_gen = self.feeder.publish(staged, slots, self.hybrid_step.buffers)
+                staged = self.feeder.stage_batch(reqs, gens, slots_cpu.tolist())
+                self._cur_gen = self.feeder.publish(staged, slots, self.hybrid_step.buffers, self.hybrid_step.context)
                 self.feeder.drop_absent({r.rid for r in reqs})
             else:
                 # No host view of this batch's requests: invalidate their proposals (no n-gram candidate this step).
