@@ -251,11 +251,13 @@ class LateNgram:
                "match_len": al.match_len[:, :k].numpy(), "count": al.count[:, :k].numpy(),
                "total": al.total[:, :k].numpy(), "depth": al.depth[:, :k].numpy(),
                "source": al.source[:, :k].numpy()}
+        host_len = out["lengths"].copy()
         if self.context_lookup:
             self._fill_from_context(bank, req, pos, prompt_len, out)
         fresh_len = bank.ngram_features(req, pos, k)["lengths"]     # what a proposal at this position would hold
         fresh = fresh_len > 0
         self.stats["steps_with_match"] += int(fresh.sum())
+        self.stats["steps_with_host_aligned"] += int((fresh & (host_len > 0)).sum())
         self.stats["steps_with_aligned"] += int((fresh & (out["lengths"] > 0)).sum())
         self.stats["steps_with_full_chain"] += int((fresh & (out["lengths"] >= np.minimum(fresh_len, k))).sum())
         return out

@@ -3,9 +3,10 @@
     python -m bench.step_launches [--batches 1,32,128]
 
 What is counted: one decode step of the SGLang worker's device logic between the EAGLE draft and the verify forward,
-in the shipped configuration (merge, 4 EAGLE steps, ngram_k 8, width buckets 2/4/8/13, a cost table): n-gram
-alignment, the core ``DecisionStep`` (calibration, survivals, width choice, selection), the counters, the verify tree
-links and the FULL_MASK, and the ring update after verify. The profiler records every ATen operator the step
+in the shipped configuration (merge, 4 EAGLE steps, ngram_k 8, width buckets 2/4/6/8/13, a cost table): n-gram
+alignment, the device prompt lookup for rows left without a proposal, the core ``DecisionStep`` (calibration,
+survivals, width choice, selection), the counters, the verify tree links and the FULL_MASK, and the ring and context
+updates after verify. The profiler records every ATen operator the step
 dispatches; on a GPU each is (at most) one kernel launch, so the count is an upper bound on launches per step.
 
 Why it matters: eagerly, each launch costs several microseconds of host time on a GPU; a count that grows with the
@@ -23,6 +24,8 @@ from pathlib import Path
 import torch
 
 K, STEPS, VOCAB = 8, 4, 32000
+#: context length of the device prompt lookup's table (its work per step is static in it, not in the batch)
+CONTEXT = 2048
 
 
 def _count(step, b: int) -> int:
@@ -75,7 +78,8 @@ def main(argv=None) -> int:
         settings = HybridSettings(mode="merge", ngram_k=K, cost_table=str(cost))
         counts = {}
         for b in batches:
-            step = HybridStep(settings, num_steps=STEPS, pool_size=max(batches), device="cpu")
+            step = HybridStep(settings, num_steps=STEPS, pool_size=max(batches), device="cpu",
+                              max_context_len=CONTEXT)
             counts[b] = _count(step, b)
     print("ATen operators per decode step (selection + verify-input tree links and mask + ring update), CPU profiler")
     for b, n in counts.items():

@@ -441,7 +441,7 @@ def test_rows_whose_late_proposal_misaligned_take_the_device_prompt_lookup():
                          context=True)
     prompt = list(range(10, 20)) + [10, 11]
     req = _req("a", prompt, [12], 1)
-    slots, gen = torch.tensor([1]), torch.tensor([3])
+    slots = torch.tensor([1])
     staged = feeder.stage_batch([req], [3], [1])
     assert staged["context"]["flat"][2].tolist() == prompt + [12]
     cur = feeder.publish(staged, slots, step.buffers, step.context)

@@ -4,8 +4,9 @@
 
 Deployed shapes: EAGLE ``num_steps = 4``, n-gram ``k = 8``, merge mode, so ``n_nodes = 12`` and the verify width
 ``W = 13``; batch 1, 4, 16, 32, 64, 128; every request at a ~2k-token context. One step is what the worker runs between
-the EAGLE draft and the verify forward: ``HybridStep.select`` (ring write, alignment of the late n-gram proposals,
-calibration, survivals, price from the cost table, selection) then, from ``sglang_plugin.tree_mask`` (the code
+the EAGLE draft and the verify forward: ``HybridStep.select`` (ring write, alignment of the late n-gram proposals, the
+device prompt lookup over each row's 2k-token context for rows left without one, calibration, survivals, price from
+the cost table, selection) then, from ``sglang_plugin.tree_mask`` (the code
 ``build_verify_input`` runs), ``verify_nodes``, ``tree_links_torch`` (positions and retrieve lists) and ``full_mask``
 (FULL_MASK into a preallocated buffer, as the worker passes the attention backend's).
 
@@ -61,7 +62,7 @@ def make_step(device, cost_model=None):
 
     settings = HybridSettings(mode=MODE, ngram_k=NGRAM_K)
     return settings, (lambda pool: _with_cost(HybridStep(settings, num_steps=NUM_STEPS, pool_size=pool,
-                                                         device=device), cost_model))
+                                                         device=device, max_context_len=CONTEXT), cost_model))
 
 
 def _with_cost(step, cost_model):
@@ -97,14 +98,22 @@ def make_inputs(step, batch: int, seed: int = 0):
     gen = torch.where(torch.rand(batch, generator=g) < 0.85, cur_gen, cur_gen - 1)   # 15 % stale
     feats = [torch.randint(0, 40, (batch, pw), generator=g), torch.randint(1, 4, (batch, pw), generator=g),
              torch.randint(4, 8, (batch, pw), generator=g), torch.randint(0, 2, (batch, pw), generator=g)]
+    # committed contexts for the device prompt lookup (a 64-token vocabulary: plenty of earlier matches)
+    context = torch.randint(0, 64, (batch, CONTEXT), generator=g)
     host = dict(inputs=StepInputs(root, model_tokens, model_conf, slots, cur_gen, seq_lens),
-                publish=(tokens, length, at, gen, *feats), prev=(slots, (seq_lens - 1) % r, prev))
+                publish=(tokens, length, at, gen, *feats), prev=(slots, (seq_lens - 1) % r, prev),
+                context=(slots.repeat_interleave(CONTEXT), torch.arange(CONTEXT).repeat(batch), context.flatten(),
+                         slots, cur_gen))
 
     def publish(target_step):
+        from sglang_hybrid.sglang_plugin import context_lookup
+
         dev = target_step.device
         alignment.publish(target_step.buffers, slots.to(dev), *[t.to(dev) for t in host["publish"]])
         s, col, val = (t.to(dev) for t in host["prev"])
         target_step.buffers.ring[s, col] = val
+        if target_step.context is not None:
+            context_lookup.write_context(target_step.context, *[t.to(dev) for t in host["context"]])
         return StepInputs(*[t.to(dev) for t in host["inputs"]])
 
     return host, publish

@@ -20,8 +20,8 @@ trash column for writes past ``L``), the size of SGLang's own ``req_to_token`` t
 request's whole context once, when it first decodes in a slot, and tags the row with the slot's generation
 (``write_context``); the device then adds the root and every verify's emitted tokens itself (``write_rows``). A row
 whose tag is not the slot's current generation (a reused slot the host has not written yet) gets no proposal, so a
-request never copies from the previous occupant's tokens. Per step the lookup reads the batch's rows: ``n_max``
-passes over ``[B, L]``.
+request never copies from the previous occupant's tokens. Per step the lookup compares ``[B, L, n_max]`` windows of
+the batch's rows with their tails (uint8 intermediates: 32 MB at B=128, L=32k) in a constant number of operators.
 
 All functions are static-shape tensor code without host sync (CUDA-graph and ``torch.compile(fullgraph=True)`` safe).
 """
@@ -85,12 +85,14 @@ def write_rows(table: ContextTable, slots: torch.Tensor, start: torch.Tensor, to
     row, and positions past the table, go to the trash column. The device's path: the root and each verify's
     emitted tokens."""
     ctx = table.tokens
-    b, d = tokens.shape
+    d = tokens.shape[1]
     width = ctx.shape[1]
     j = torch.arange(d, device=tokens.device)[None, :]
     pos = start.to(torch.int64)[:, None] + j
     col = torch.where((j < n.to(torch.int64)[:, None]) & (pos < width - 1), pos, width - 1)
-    ctx[slots.to(torch.int64)[:, None].expand(b, d), col] = tokens.to(ctx.dtype)
+    # one flat index (no broadcast index tensors: the same operators at every batch size)
+    flat = (slots.to(torch.int64)[:, None] * width + col).flatten()
+    ctx.view(-1).index_copy_(0, flat, tokens.to(ctx.dtype).flatten())
 
 
 def lookup(table: ContextTable, slots: torch.Tensor, seq_lens: torch.Tensor, cur_gen: torch.Tensor, k: int,
@@ -105,7 +107,7 @@ def lookup(table: ContextTable, slots: torch.Tensor, seq_lens: torch.Tensor, cur
     b = slots.shape[0]
     width = ctx.shape[1]
     big = width - 1                                                     # the table's context length L
-    rows = ctx.index_select(0, slots.to(torch.int64)).to(torch.int64)   # [B, L + 1]
+    rows = ctx.index_select(0, slots.to(torch.int64))                   # [B, L + 1] int32
     t = seq_lens.to(torch.int64) + 1                                    # committed tokens, root included
     fits = (t <= big) & (table.gen.index_select(0, slots.to(torch.int64)) == cur_gen.to(torch.int64))
     tc = t.clamp(max=big)
@@ -113,13 +115,10 @@ def lookup(table: ContextTable, slots: torch.Tensor, seq_lens: torch.Tensor, cur
     pat_pos = tc[:, None] - 1 - i[None, :]                              # c[T - 1 - i]
     pat = torch.where(pat_pos >= 0, torch.gather(rows, 1, pat_pos.clamp(min=0)), -2)      # [B, n_max]
     e = torch.arange(width, device=dev)[None, :]
-    run = torch.ones((b, width), dtype=torch.bool, device=dev)
-    m = torch.zeros((b, width), dtype=torch.int64, device=dev)
-    for s in range(n_max):
-        # c[e - s] for every e (positions before 0 never match)
-        shifted = torch.nn.functional.pad(rows, (s, 0), value=-3)[:, :width] if s else rows
-        run = run & (shifted == pat[:, s:s + 1])
-        m = m + run.to(torch.int64)
+    # window e holds c[e - n_max + 1 .. e] (positions before 0 never match); reversed, token s of it is c[e - s]
+    windows = torch.nn.functional.pad(rows, (n_max - 1, 0), value=-3).unfold(1, n_max, 1).flip(-1)  # [B, L+1, n]
+    eq = (windows == pat[:, None, :]).to(torch.uint8)
+    m = eq.cumprod(-1).sum(-1, dtype=torch.int64)                       # leading run of matches = m(e)
     m = torch.where(e <= tc[:, None] - 2, m, 0)                         # a committed token must follow e
     best = m.amax(1)                                                    # [B]
     e_star = torch.argmax(m * width + e, 1)                             # longest, then latest
@@ -128,7 +127,7 @@ def lookup(table: ContextTable, slots: torch.Tensor, seq_lens: torch.Tensor, cur
     src = e_star[:, None] + 1 + j
     length = torch.where(ok, (tc - 1 - e_star).clamp(min=0, max=k), 0)
     keep = j < length[:, None]
-    tokens = torch.where(keep, torch.gather(rows, 1, src.clamp(max=width - 1)), -1)
+    tokens = torch.where(keep, torch.gather(rows, 1, src.clamp(max=width - 1)).to(torch.int64), -1)
     nxt = torch.nn.functional.pad(rows[:, 1:], (0, 1), value=-3)        # c[e + 1]
     strong = (m >= best[:, None]) & (m > 0)
     total = strong.sum(1)
