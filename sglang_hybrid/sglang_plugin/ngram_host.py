@@ -99,14 +99,33 @@ class NgramFeeder:
         if self.context and (slots is None or len(slots) != bs):
             raise ValueError("the context table needs the batch's slots (one per request)")
         ids, at, pending = [], [], []
+        known, fed = self._ids, self._fed
+        new_ids, new_tokens, new_lens = [], [], []
         for req in reqs:
-            ids.append(self._sync_request(req.rid, req.origin_input_ids, req.output_ids, pending))
-            at.append(self._fed[req.rid])
+            rid, prompt, output = req.rid, req.origin_input_ids, req.output_ids
+            done, p = fed.get(rid), len(prompt)
+            n = p + len(output)
+            if done is not None and p <= done <= n:
+                # the common case, inlined (per-step host time): a known request, grown by output tokens
+                did = known[rid]
+                if n > done:
+                    new = output[done - p:]
+                    new_ids.append(did)
+                    new_tokens.extend(new)
+                    new_lens.append(len(new))
+                    fed[rid] = n
+            else:
+                did = self._sync_request(rid, prompt, output, pending)
+            ids.append(did)
+            at.append(n)
+        for did, new in pending:                 # prompts that grew (not seen in practice), after the common case
+            new_ids.append(did)
+            new_tokens.extend(new)
+            new_lens.append(len(new))
         staged_ctx = self._stage_context(reqs, generations, slots) if self.context else None
-        if pending:
-            self.drafter.extend_batch(np.asarray([p[0] for p in pending], dtype=np.int64),
-                                      np.asarray([t for p in pending for t in p[1]], dtype=np.int64),
-                                      np.asarray([len(p[1]) for p in pending], dtype=np.int64))
+        if new_ids:
+            self.drafter.extend_batch(np.asarray(new_ids, dtype=np.int64), np.asarray(new_tokens, dtype=np.int64),
+                                      np.asarray(new_lens, dtype=np.int64))
         drafts = self.drafter.propose(np.asarray(ids, dtype=np.int64), self.k)
         rows = torch.empty((bs, len(_FIELDS), self.k), dtype=torch.int64, pin_memory=self._pin)
         for f, name in enumerate(_FIELDS):
@@ -128,11 +147,12 @@ class NgramFeeder:
         """Whole contexts of the requests whose (slot, generation) changed since their context was last staged:
         O(context) once per slot occupancy, nothing on later steps (the device appends what it commits)."""
         parts, tags = [], []
-        for req, slot, gen in zip(reqs, slots, generations):
-            key = (int(slot), int(gen))
-            if self._ctx_key.get(req.rid) == key:
+        staged = self._ctx_key
+        gens = generations.tolist() if hasattr(generations, "tolist") else [int(g) for g in generations]
+        for req, key in zip(reqs, zip(slots, gens)):    # host ints: no per-element tensor conversion
+            if staged.get(req.rid) == key:
                 continue
-            self._ctx_key[req.rid] = key
+            staged[req.rid] = key
             parts.append((key[0], np.concatenate([np.asarray(req.origin_input_ids, dtype=np.int64),
                                                   np.asarray(req.output_ids, dtype=np.int64)])))
             tags.append(key)
