@@ -9,7 +9,7 @@ from sglang_hybrid.sglang_plugin import context_lookup as CL
 
 
 def _oracle(c, k, n_min, n_max):
-    """The module docstring's rule, by loops: (tokens, match_len of token 0, count, total)."""
+    """The module docstring's rule, by loops: (tokens, match_len feature of token 0, count, total)."""
     t = len(c)
     m = []
     for e in range(t - 1):
@@ -23,7 +23,12 @@ def _oracle(c, k, n_min, n_max):
     e_star = max(e for e in range(t - 1) if m[e] == best)
     toks = list(c[e_star + 1:min(e_star + 1 + k, t)])
     strong = [e for e in range(t - 1) if m[e] >= best]
-    return toks, best, sum(c[e + 1] == toks[0] for e in strong), len(strong)
+    feature = best
+    if best >= n_max:                        # the chosen occurrence's whole match, up to N_LONG
+        feature = 0
+        while feature < CL.N_LONG and e_star - feature >= 0 and c[e_star - feature] == c[t - 1 - feature]:
+            feature += 1
+    return toks, feature, sum(c[e + 1] == toks[0] for e in strong), len(strong)
 
 
 @pytest.mark.parametrize("seed", range(40))
