@@ -452,6 +452,7 @@ def test_rows_whose_late_proposal_misaligned_take_the_device_prompt_lookup():
     d = step.select(torch.tensor([12]), torch.tensor([[50, 51]]), torch.full((1, 2), 0.1), slots, cur, seq)
     ngram_tokens = d.tree.tokens[0][d.tree.source[0] == Source.NGRAM].tolist()
     assert ngram_tokens[:K] == [13, 14, 15, 16]
+    assert step.counters.snapshot()["ngram_from_lookup"] == 1.0
     step.after_verify(d.tree, slots, seq, torch.tensor([[13, 14, 0]]), torch.tensor([2]))
     assert step.context.tokens[1, 12:15].tolist() == [12, 13, 14]
     with pytest.raises(ValueError, match="needs the batch's slots"):

@@ -86,30 +86,33 @@ class HybridStep:
         dev = model_tokens.device
         alignment.ring_write_root(self.buffers, slots, seq_lens, root_tokens)
         ng = alignment.align(self.buffers, slots, cur_gen, seq_lens)
+        from_lookup = None
         if self.context is not None:
-            ng = self._fill_from_context(ng, slots, cur_gen, seq_lens, root_tokens)
+            ng, from_lookup = self._fill_from_context(ng, slots, cur_gen, seq_lens, root_tokens)
         model = ModelDraft(model_tokens, model_conf, torch.full((b,), s, dtype=torch.int64, device=dev))
         k = self.k           # the aligned proposal is up to proposal_width long; the selector sees its first k
         ngram = NgramDraft(ng.tokens[:, :k], chain_parents(b, k, dev), ng.length.clamp(max=k), ng.match_len[:, :k],
                            ng.count[:, :k], ng.total[:, :k], ng.depth[:, :k], ng.source[:, :k])
         d = self.decide(root_tokens, model, ngram, cost=self.cost, check_values=False, width=width,
                         draft_cost=self.draft_cost)
-        self.counters.on_select(d.tree, ngram.length, d.lam, d.b_star, depth=s)
+        self.counters.on_select(d.tree, ngram.length, d.lam, d.b_star, depth=s, from_lookup=from_lookup)
         return d
 
     def _fill_from_context(self, ng: alignment.AlignedProposals, slots, cur_gen, seq_lens, root_tokens):
         """Rows without an aligned proposal take the prompt lookup's (none where the host has not written the row for
-        this slot generation; features in the host drafter's terms, ``context_lookup``)."""
+        this slot generation; features in the host drafter's terms, ``context_lookup``). Returns the proposals and
+        the rows the lookup supplied."""
         ones = torch.ones_like(seq_lens, dtype=torch.int64)
         context_lookup.write_rows(self.context, slots, seq_lens, root_tokens.reshape(-1, 1), ones)
         w = ng.tokens.shape[1]
         got = context_lookup.lookup(self.context, slots, seq_lens, cur_gen, w)
         use = ng.length == 0
         pick = lambda a, b: torch.where(use.reshape(-1, *([1] * (a.dim() - 1))), b, a)  # noqa: E731
-        return alignment.AlignedProposals(
+        merged = alignment.AlignedProposals(
             tokens=pick(ng.tokens, got.tokens), length=pick(ng.length, got.length), depth=pick(ng.depth, got.depth),
             match_len=pick(ng.match_len, got.match_len), count=pick(ng.count, got.count),
             total=pick(ng.total, got.total), source=pick(ng.source, got.source), shift=ng.shift)
+        return merged, use & (got.length > 0)
 
     def after_verify(self, tree: VerifyTree, slots: torch.Tensor, seq_lens_before: torch.Tensor,
                      emitted: torch.Tensor, accept_lens: torch.Tensor) -> None:

@@ -7,7 +7,8 @@ logs the difference once the copy has landed (``Event.query()``, never ``synchro
 Per request and step the verify tree is classed by where its draft nodes came from: *none* (no draft worth
 verifying), *model* (EAGLE only), *ngram* (n-gram only), *mixed* (a merged tree, or tokens both drafters proposed).
 Logged: requests per class, mean accepted draft tokens per class, mean price lambda, mean budget b*, how often an
-aligned n-gram proposal existed, mean drafted nodes, the share of verify slots that were padding, and how many steps
+n-gram proposal existed and how often it came from the device prompt lookup (the host's did not align), mean drafted
+nodes, the share of verify slots that were padding, and how many steps
 ran at each verify width bucket and EAGLE draft depth (host counts: both are chosen on the host).
 """
 from __future__ import annotations
@@ -29,7 +30,8 @@ STEPS, LAM, BSTAR, NGRAM_AVAIL, NODES, REQS = 0, 1, 2, 3, 4, 5
 REQ = {c: 6 + i for i, c in enumerate(CLASSES)}
 ACC = {c: 10 + i for i, c in enumerate(CLASSES)}
 SLOTS = 14          # verify slots paid for: requests x verify width
-SIZE = 15
+NGRAM_LOOKUP = 15   # requests whose n-gram proposal came from the device prompt lookup
+SIZE = 16
 
 
 def tree_class(source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -61,7 +63,9 @@ class HybridCounters:
         self._last = torch.zeros(SIZE, dtype=torch.float64)
 
     def on_select(self, tree, ngram_len: torch.Tensor, lam: torch.Tensor, b_star: torch.Tensor,
-                  depth: Optional[int] = None) -> None:
+                  depth: Optional[int] = None, from_lookup: Optional[torch.Tensor] = None) -> None:
+        """Count one decode step; ``from_lookup [B]`` bool: rows whose n-gram proposal the device prompt lookup
+        supplied."""
         b, w = tree.tokens.shape
         self.width_steps[w] = self.width_steps.get(w, 0) + 1
         if depth is not None:
@@ -75,6 +79,8 @@ class HybridCounters:
         upd[NODES] = (tree.valid.sum() - b).to(torch.float64)
         upd[REQS] = b
         upd[SLOTS] = b * w
+        if from_lookup is not None:
+            upd[NGRAM_LOOKUP] = from_lookup.sum().to(torch.float64)
         upd[6:10] = torch.nn.functional.one_hot(cls, 4).sum(0).to(torch.float64)
         self.totals += upd
 
@@ -131,7 +137,8 @@ def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: 
     reqs = max(v[REQS], 1.0)
     out = {"steps": int(v[STEPS]), "requests": int(v[REQS]),
            "mean_lambda": v[LAM] / max(v[STEPS], 1.0), "mean_b_star": v[BSTAR] / max(v[STEPS], 1.0),
-           "ngram_available": v[NGRAM_AVAIL] / reqs, "mean_nodes": v[NODES] / reqs}
+           "ngram_available": v[NGRAM_AVAIL] / reqs, "ngram_from_lookup": v[NGRAM_LOOKUP] / reqs,
+           "mean_nodes": v[NODES] / reqs}
     for c in CLASSES:
         n = v[REQ[c]]
         out[f"chosen_{c}"] = int(n)
@@ -145,7 +152,8 @@ def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: 
 
 def format_summary(s: dict) -> str:
     parts = [f"steps={s['steps']}", f"lambda={s['mean_lambda']:.4f}", f"b*={s['mean_b_star']:.1f}",
-             f"ngram_avail={s['ngram_available']:.2f}", f"nodes/req={s['mean_nodes']:.2f}"]
+             f"ngram_avail={s['ngram_available']:.2f}", f"ngram_lookup={s['ngram_from_lookup']:.2f}",
+             f"nodes/req={s['mean_nodes']:.2f}"]
     parts.append(f"padded={s['padded_fraction']:.2f}")
     if s.get("width_steps"):
         parts.append("widths=" + ",".join(f"{w}:{n}" for w, n in s["width_steps"].items()))
