@@ -22,7 +22,8 @@ request's whole context once, when it first decodes in a slot, and tags the row 
 (``write_context``); the device then adds the root and every verify's emitted tokens itself (``write_rows``). A row
 whose tag is not the slot's current generation (a reused slot the host has not written yet) gets no proposal, so a
 request never copies from the previous occupant's tokens. Per step the lookup compares ``[B, L, n_max]`` windows of
-the batch's rows with their tails (uint8 intermediates: 32 MB at B=128, L=32k) in a constant number of operators.
+the batch's rows with their tails in a constant number of operators (bool and uint8 intermediates of ``B L n_max``
+bytes: 34 MB each at B=128, L=32k, n_max=8).
 
 All functions are static-shape tensor code without host sync (CUDA-graph and ``torch.compile(fullgraph=True)`` safe).
 """
@@ -122,7 +123,7 @@ def lookup(table: ContextTable, slots: torch.Tensor, seq_lens: torch.Tensor, cur
     # window e holds c[e - n_max + 1 .. e] (positions before 0 never match); reversed, token s of it is c[e - s]
     windows = torch.nn.functional.pad(rows, (n_max - 1, 0), value=-3).unfold(1, n_max, 1).flip(-1)  # [B, L+1, n]
     eq = (windows == pat[:, None, :]).to(torch.uint8)
-    m = eq.cumprod(-1).sum(-1, dtype=torch.int64)                       # leading run of matches = m(e)
+    m = eq.cumprod(-1, dtype=torch.uint8).sum(-1, dtype=torch.int64)   # leading run of matches = m(e)
     m = torch.where(e <= tc[:, None] - 2, m, 0)                         # a committed token must follow e
     best = m.amax(1)                                                    # [B]
     e_star = torch.argmax(m * width + e, 1)                             # longest, then latest
@@ -130,7 +131,8 @@ def lookup(table: ContextTable, slots: torch.Tensor, seq_lens: torch.Tensor, cur
     i_long = torch.arange(N_LONG, device=dev)[None, :]
     at_e, at_t = e_star[:, None] - i_long, tc[:, None] - 1 - i_long
     same = (torch.gather(rows, 1, at_e.clamp(min=0)) == torch.gather(rows, 1, at_t.clamp(min=0))) & (at_e >= 0)
-    match = torch.where(best >= n_max, same.to(torch.uint8).cumprod(1).sum(1, dtype=torch.int64), best)
+    match = torch.where(best >= n_max, same.to(torch.uint8).cumprod(1, dtype=torch.uint8).sum(1, dtype=torch.int64),
+                        best)
     ok = fits & (best >= n_min)
     j = torch.arange(k, device=dev)[None, :]
     src = e_star[:, None] + 1 + j
