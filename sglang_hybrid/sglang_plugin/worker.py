@@ -261,6 +261,10 @@ class HybridWorkerV2(EAGLEWorkerV2):
             raise RuntimeError(
                 f"HYBRID settings changed between argument resolution and worker start: verify width "
                 f"{self.speculative_num_draft_tokens} vs n_nodes + 1 = {self.hybrid_step.n_nodes + 1}")
+        if self.hybrid_step.context is not None:
+            t = self.hybrid_step.context.tokens
+            logger.info("HYBRID: device prompt lookup table %d slots x %d tokens, int32, %.1f MiB (setting "
+                        "context_lookup)", t.shape[0], t.shape[1] - 1, t.numel() * t.element_size() / 2**20)
         from sglang_hybrid.ngram import NgramDrafter
 
         width = self.hybrid_step.proposal_width
