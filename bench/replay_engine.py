@@ -48,7 +48,7 @@ from typing import Optional
 import numpy as np
 
 from bench import policies as P
-from sglang_hybrid.widths import start_width
+from sglang_hybrid.widths import default_depths, start_width
 
 #: (batch, seconds per decode step) of the worker's n-gram host path, measured by bench.host_path (context 1k)
 HOST_PATH_MEASURED = ((1, 0.114e-3), (32, 0.359e-3), (128, 0.819e-3))
@@ -93,8 +93,6 @@ class EngineConfig:
         """EAGLE depths the core picks from (the worker's default ``draft_depths``), or None (always ``num_steps``)."""
         if not self.adaptive_depth:
             return None
-        from sglang_hybrid.widths import default_depths
-
         return default_depths(self.num_steps)
 
     @property
@@ -181,32 +179,37 @@ class LateNgram:
         self.next_occ = 0
         self.stats = collections.Counter()
 
-    def _fill_from_context(self, bank, req: np.ndarray, pos: np.ndarray, prompt_len: np.ndarray, out: dict) -> None:
-        """Rows without an aligned proposal take the device prompt lookup's (``context_lookup.lookup``, the shipped
-        code) over their committed tokens ``prompt + output[:p]``, as the worker does."""
+    @staticmethod
+    def _context_lookup(bank, req: np.ndarray, pos: np.ndarray, prompt_len: np.ndarray, width: int,
+                        need: np.ndarray):
+        """The device prompt lookup (``context_lookup.lookup``, the shipped code) over each row's committed tokens
+        ``prompt + output[:p]``, as the worker's table holds them, for the rows ``need`` (bool ``[B]``); the others
+        get an empty proposal (``fill_missing`` does not read them; looking them up would only cost replay time)."""
         import torch
 
         from sglang_hybrid.sglang_plugin import context_lookup
 
-        miss = np.nonzero(out["lengths"] == 0)[0]
-        self.stats["steps_without_aligned"] += len(miss)
-        if not len(miss):
-            return
-        committed = prompt_len[miss] + pos[miss]
-        table = np.full((len(miss), int(committed.max()) + 2), -1, np.int32)
-        for row, i in enumerate(miss):
+        b = len(req)
+        z = lambda: torch.zeros((b, width), dtype=torch.int64)  # noqa: E731
+        out = context_lookup.LookupProposals(torch.full((b, width), -1, dtype=torch.int64),
+                                             torch.zeros(b, dtype=torch.int64), z(), z(), z(), z(), z())
+        idx = np.nonzero(need)[0]
+        if not len(idx):
+            return out
+        committed = prompt_len[idx] + pos[idx]
+        table = np.full((len(idx), int(committed.max()) + 2), -1, np.int32)
+        for row, i in enumerate(idx):
             r = bank.requests[int(req[i])]
             table[row, :prompt_len[i]] = r.prompt
             table[row, prompt_len[i]:committed[row]] = r.output[:pos[i]]
-        rows = torch.arange(len(miss))
-        got = context_lookup.lookup(context_lookup.ContextTable(torch.from_numpy(table), torch.zeros(len(miss),
-                                                                                                  dtype=torch.int64)),
-                                    rows, torch.from_numpy(committed - 1), torch.zeros_like(rows), self.k)
-        self.stats["steps_from_context"] += int((got.length > 0).sum())
-        for name, x in (("tokens", got.tokens), ("match_len", got.match_len), ("count", got.count),
-                        ("total", got.total), ("depth", got.depth), ("source", got.source)):
-            out[name][miss] = x.numpy()
-        out["lengths"][miss] = got.length.numpy()
+        rows = torch.arange(len(idx))
+        zeros = torch.zeros_like(rows)
+        got = context_lookup.lookup(context_lookup.ContextTable(torch.from_numpy(table), zeros), rows,
+                                    torch.from_numpy(committed - 1), zeros, width)
+        at = torch.from_numpy(idx)
+        for dst, src in zip(out, got):
+            dst.index_copy_(0, at, src)
+        return out
 
     def proposal_positions(self, req: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """The position each slot's proposal was computed at: ``lag`` steps ago, or at admission if later."""
@@ -229,7 +232,7 @@ class LateNgram:
         """The n-gram features the worker's selector sees this step (first ``k`` of the aligned proposal)."""
         import torch
 
-        from sglang_hybrid.sglang_plugin import alignment
+        from sglang_hybrid.sglang_plugin import alignment, context_lookup
 
         q = self.proposal_positions(req, pos)
         d = pos - q
@@ -247,13 +250,16 @@ class LateNgram:
         alignment.ring_write_emitted(buf, slots, t(prompt_len + q - 1), t(committed), t(d))
         al = alignment.align(buf, slots, gen, t(prompt_len + pos - 1))
         k = self.k
+        host_len = al.length.clamp(max=k).numpy()
+        if self.context_lookup:
+            # rows without an aligned proposal take the device prompt lookup's, merged as the worker merges them
+            got = self._context_lookup(bank, req, pos, prompt_len, w, (al.length == 0).numpy())
+            al, from_lookup = context_lookup.fill_missing(al, got)
+            self.stats["steps_from_context"] += int(from_lookup.sum())
         out = {"tokens": al.tokens[:, :k].numpy(), "lengths": al.length.clamp(max=k).numpy(),
                "match_len": al.match_len[:, :k].numpy(), "count": al.count[:, :k].numpy(),
                "total": al.total[:, :k].numpy(), "depth": al.depth[:, :k].numpy(),
                "source": al.source[:, :k].numpy()}
-        host_len = out["lengths"].copy()
-        if self.context_lookup:
-            self._fill_from_context(bank, req, pos, prompt_len, out)
         fresh_len = bank.ngram_features(req, pos, k)["lengths"]     # what a proposal at this position would hold
         fresh = fresh_len > 0
         self.stats["steps_with_match"] += int(fresh.sum())

@@ -72,15 +72,23 @@ def alloc_context(pool_size: int, max_len: int, device) -> ContextTable:
                         torch.full((pool_size,), -1, dtype=torch.int64, device=device))
 
 
+def _put(ctx: torch.Tensor, slot: torch.Tensor, pos: torch.Tensor, keep, tokens: torch.Tensor) -> None:
+    """``ctx[slot, pos] = tokens`` (broadcast shapes) where ``keep`` (None: everywhere) and ``pos`` is inside the
+    table; the rest goes to the trash column. One flat index, no broadcast index tensors: the same operators at every
+    batch size."""
+    width = ctx.shape[1]
+    inside = pos < width - 1
+    col = torch.where(inside if keep is None else keep & inside, pos, width - 1)
+    flat = (slot.to(torch.int64) * width + col).flatten()
+    ctx.view(-1).index_copy_(0, flat, tokens.to(ctx.dtype).flatten())
+
+
 def write_context(table: ContextTable, slot: torch.Tensor, pos: torch.Tensor, tokens: torch.Tensor,
                   tag_slots: torch.Tensor, tag_gens: torch.Tensor) -> None:
     """Write ``tokens[i]`` at ``(slot[i], pos[i])`` (1-d, same length; positions past the table go to the trash
     column) and tag rows ``tag_slots`` with generations ``tag_gens``. The host's path: a request's whole context,
     once per slot occupancy."""
-    ctx = table.tokens
-    width = ctx.shape[1]
-    col = torch.where(pos < width - 1, pos, width - 1)
-    ctx.view(-1).index_copy_(0, slot.to(torch.int64) * width + col.to(torch.int64), tokens.to(ctx.dtype))
+    _put(table.tokens, slot, pos.to(torch.int64), None, tokens)
     table.gen.index_copy_(0, tag_slots.to(torch.int64), tag_gens.to(torch.int64))
 
 
@@ -89,15 +97,8 @@ def write_rows(table: ContextTable, slots: torch.Tensor, start: torch.Tensor, to
     """Write ``tokens[b, :n[b]]`` at positions ``start[b], start[b] + 1, ...`` of slot ``slots[b]``; the rest of each
     row, and positions past the table, go to the trash column. The device's path: the root and each verify's
     emitted tokens."""
-    ctx = table.tokens
-    d = tokens.shape[1]
-    width = ctx.shape[1]
-    j = torch.arange(d, device=tokens.device)[None, :]
-    pos = start.to(torch.int64)[:, None] + j
-    col = torch.where((j < n.to(torch.int64)[:, None]) & (pos < width - 1), pos, width - 1)
-    # one flat index (no broadcast index tensors: the same operators at every batch size)
-    flat = (slots.to(torch.int64)[:, None] * width + col).flatten()
-    ctx.view(-1).index_copy_(0, flat, tokens.to(ctx.dtype).flatten())
+    j = torch.arange(tokens.shape[1], device=tokens.device)[None, :]
+    _put(table.tokens, slots[:, None], start.to(torch.int64)[:, None] + j, j < n.to(torch.int64)[:, None], tokens)
 
 
 def lookup(table: ContextTable, slots: torch.Tensor, seq_lens: torch.Tensor, cur_gen: torch.Tensor, k: int,
@@ -150,5 +151,19 @@ def lookup(table: ContextTable, slots: torch.Tensor, seq_lens: torch.Tensor, cur
         total=torch.where(keep, total[:, None], 0), source=zero)
 
 
-__all__ = ["ContextTable", "LookupProposals", "N_LONG", "N_MAX", "N_MIN", "alloc_context", "lookup", "write_context",
-           "write_rows"]
+def fill_missing(aligned, got: LookupProposals):
+    """Rows of ``aligned`` (``alignment.AlignedProposals``) without a proposal take the lookup's ``got`` (same rows,
+    same width). Returns the merged proposals and the rows the lookup supplied (bool ``[B]``). The worker
+    (``HybridStep``) and the replay both merge through here."""
+    use = aligned.length == 0
+    pick = lambda a, b: torch.where(use.reshape(-1, *([1] * (a.dim() - 1))), b, a)  # noqa: E731
+    merged = type(aligned)(
+        tokens=pick(aligned.tokens, got.tokens), length=pick(aligned.length, got.length),
+        depth=pick(aligned.depth, got.depth), match_len=pick(aligned.match_len, got.match_len),
+        count=pick(aligned.count, got.count), total=pick(aligned.total, got.total),
+        source=pick(aligned.source, got.source), shift=aligned.shift)
+    return merged, use & (got.length > 0)
+
+
+__all__ = ["ContextTable", "LookupProposals", "N_LONG", "N_MAX", "N_MIN", "alloc_context", "fill_missing", "lookup",
+           "write_context", "write_rows"]

@@ -104,15 +104,8 @@ class HybridStep:
         the rows the lookup supplied."""
         ones = torch.ones_like(seq_lens, dtype=torch.int64)
         context_lookup.write_rows(self.context, slots, seq_lens, root_tokens.reshape(-1, 1), ones)
-        w = ng.tokens.shape[1]
-        got = context_lookup.lookup(self.context, slots, seq_lens, cur_gen, w)
-        use = ng.length == 0
-        pick = lambda a, b: torch.where(use.reshape(-1, *([1] * (a.dim() - 1))), b, a)  # noqa: E731
-        merged = alignment.AlignedProposals(
-            tokens=pick(ng.tokens, got.tokens), length=pick(ng.length, got.length), depth=pick(ng.depth, got.depth),
-            match_len=pick(ng.match_len, got.match_len), count=pick(ng.count, got.count),
-            total=pick(ng.total, got.total), source=pick(ng.source, got.source), shift=ng.shift)
-        return merged, use & (got.length > 0)
+        got = context_lookup.lookup(self.context, slots, seq_lens, cur_gen, ng.tokens.shape[1])
+        return context_lookup.fill_missing(ng, got)
 
     def after_verify(self, tree: VerifyTree, slots: torch.Tensor, seq_lens_before: torch.Tensor,
                      emitted: torch.Tensor, accept_lens: torch.Tensor) -> None:

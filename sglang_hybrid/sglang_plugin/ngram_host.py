@@ -42,30 +42,24 @@ class NgramFeeder:
         self.max_bs = max_bs
 
     # -- request lifecycle ---------------------------------------------------------------------------------------
-    def _sync_request(self, rid, prompt: Sequence[int], output: Sequence[int], pending: list) -> int:
-        """Register ``rid`` or queue its new tokens in ``pending`` (one ``extend_batch`` call per step).
-
-        Host work is O(new tokens): the full context is copied once, when the request first appears; afterwards
-        only the output tokens committed since the last call are sliced off ``output``.
-        """
+    def _resync(self, rid, prompt: Sequence[int], output: Sequence[int]) -> tuple[int, Optional[list]]:
+        """The uncommon cases of ``stage_batch`` (the common one, a known request grown by output tokens, is inlined
+        there): register a new request (its full context copied once), start over after the committed tokens shrank
+        (retraction and re-prefill), or return the tokens to append when the prompt itself grew. Returns the drafter
+        id and the tokens to append (None: nothing)."""
         n = len(prompt) + len(output)
         if rid in self._ids and n < self._fed[rid]:
-            # The request's committed tokens shrank (retraction and re-prefill): start over.
             self._forget(rid)
+        new = None
         if rid not in self._ids:
             self._ids[rid] = self._next_id
             self._next_id += 1
             tokens = np.concatenate([np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64)])
             self.drafter.start(self._ids[rid], tokens)
-        elif n > self._fed[rid]:
-            fed_out = self._fed[rid] - len(prompt)
-            if fed_out >= 0:
-                new = output[fed_out:]
-            else:  # cannot happen after a full start, kept for a prompt that grew (chunked prefill)
-                new = list(prompt[self._fed[rid]:]) + list(output)
-            pending.append((self._ids[rid], new))
+        elif n > self._fed[rid]:          # fed fewer tokens than the prompt holds: a prompt that grew
+            new = list(prompt[self._fed[rid]:]) + list(output)
         self._fed[rid] = n
-        return self._ids[rid]
+        return self._ids[rid], new
 
     def _forget(self, rid) -> None:
         did = self._ids.pop(rid, None)
@@ -98,7 +92,7 @@ class NgramFeeder:
             raise ValueError(f"decode batch of {bs} exceeds the n-gram staging capacity {self.max_bs}")
         if self.context and (slots is None or len(slots) != bs):
             raise ValueError("the context table needs the batch's slots (one per request)")
-        ids, at, pending = [], [], []
+        ids, at = [], []
         known, fed = self._ids, self._fed
         new_ids, new_tokens, new_lens = [], [], []
         for req in reqs:
@@ -106,22 +100,19 @@ class NgramFeeder:
             done, p = fed.get(rid), len(prompt)
             n = p + len(output)
             if done is not None and p <= done <= n:
-                # the common case, inlined (per-step host time): a known request, grown by output tokens
+                # the common case, inlined (per-step host time): a known request, grown by output tokens (host work
+                # O(new tokens): only those are sliced off ``output``)
                 did = known[rid]
-                if n > done:
-                    new = output[done - p:]
-                    new_ids.append(did)
-                    new_tokens.extend(new)
-                    new_lens.append(len(new))
-                    fed[rid] = n
+                new = output[done - p:] if n > done else None
+                fed[rid] = n
             else:
-                did = self._sync_request(rid, prompt, output, pending)
+                did, new = self._resync(rid, prompt, output)
+            if new:
+                new_ids.append(did)
+                new_tokens.extend(new)
+                new_lens.append(len(new))
             ids.append(did)
             at.append(n)
-        for did, new in pending:                 # prompts that grew (not seen in practice), after the common case
-            new_ids.append(did)
-            new_tokens.extend(new)
-            new_lens.append(len(new))
         staged_ctx = self._stage_context(reqs, generations, slots) if self.context else None
         if new_ids:
             self.drafter.extend_batch(np.asarray(new_ids, dtype=np.int64), np.asarray(new_tokens, dtype=np.int64),
