@@ -25,9 +25,12 @@ EAGLE depths the engine can run, e.g. 1, 2, 4) the step also decides how deep th
 candidate depth it selects the tree that depth would allow (survivals beyond this step's depth extrapolated flat in
 depth, as EAGLE-3 reports its acceptance: ``a = s_last ** (1 / depth)`` per request) and picks the (depth, width)
 pair of highest goodput ``(R + expected drafts) / (T(R W) + depth * t_draft(R))`` (``widths.choose_plan``): a model
-chain is drafted only as deep as its expected gain over the n-gram alternative pays for its forwards. Depth 1 is the
-floor: SGLang's draft extend, which keeps the draft model's KV cache current, runs every step and yields the first
-token anyway.
+chain is drafted only as deep as its expected gain over the n-gram alternative pays for its forwards. In SGLang depth
+1 is the floor: its draft extend, which keeps the draft model's KV cache current, runs every step and yields the first
+token anyway. An engine whose draft model commits accepted tokens apart from drafting (the CPU reference loop) may
+also offer depth 0, skipping the model draft: a step that drafted nothing has no survivals to extrapolate from, so it
+takes each request's rate from the last step that did (``model_rate``, returned in ``Decision.model_rate`` for the
+engine to keep), and the model is re-priced against every step's n-gram alternative at that rate.
 
 Static shapes, no host sync: CUDA-graph and ``torch.compile(fullgraph=True)`` safe (value checks off).
 """
@@ -79,7 +82,10 @@ class Decision(NamedTuple):
     (0-dim float32), the candidates' survivals (``[B, S]`` / ``[B, K]``) for logging and traces, and ``next_width``
     (0-dim int64): the verify width the next step should use (with width buckets: the chosen bucket; ragged: the
     full width ``n_nodes + 1``), and ``next_depth`` (0-dim int64): the model-draft depth the next step should use
-    (with depth candidates: the chosen one; else this step's depth)."""
+    (with depth candidates: the chosen one; else this step's depth). ``model_rate`` (``[B]`` float32, adaptive
+    drafting only, else None): each request's per-position model acceptance the depths were scored with, measured
+    from this step's chain (``s_last ** (1 / depth)``) or, when the step drafted nothing (depth 0), the rate passed
+    in; an engine that can skip keeps it per request for the next step that drafts nothing."""
 
     tree: VerifyTree
     b_star: torch.Tensor
@@ -88,6 +94,7 @@ class Decision(NamedTuple):
     ngram_survival: torch.Tensor
     next_width: torch.Tensor
     next_depth: torch.Tensor
+    model_rate: Optional[torch.Tensor] = None
 
 
 class DecisionStep:
@@ -97,8 +104,8 @@ class DecisionStep:
     (``ModelCalibration.to(device)``, ``NgramCalibration.to(device)``); the model default is identity scaling on the
     CPU. ``ngram_calibration`` may be None for engines that never pass an ``NgramDraft`` (model-only baselines).
     ``widths``: the verify widths the engine can run (padded verify, see the module docstring); None: ragged verify,
-    the price masks nodes. ``depths``: the model-draft depths the engine can run (adaptive drafting); None: the engine
-    always drafts the same depth.
+    the price masks nodes. ``depths``: the model-draft depths the engine can run (adaptive drafting; 0 = skip the
+    model draft, for engines that can, see the module docstring); None: the engine always drafts the same depth.
     """
 
     def __init__(self, *, mode: str, n_nodes: int, model_calibration: Optional[ModelCalibrationTables] = None,
@@ -115,9 +122,12 @@ class DecisionStep:
         self.ngram_cal = ngram_calibration
         self.widths = None if widths is None else check_buckets(list(widths), self.n_nodes + 1)
         if depths is not None:
-            if not depths or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in depths):
-                raise ValueError(f"depths must be a non-empty list of ints >= 1 (model-draft depths), got {depths!r}")
+            if not depths or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in depths):
+                raise ValueError(f"depths must be a non-empty list of ints >= 0 (model-draft depths, 0 = skip), got "
+                                 f"{depths!r}")
             depths = tuple(sorted(set(depths)))
+            if depths[-1] < 1:
+                raise ValueError(f"depths {depths!r} never draft the model: add a depth >= 1")
         self.depths = depths
         self._constants: dict = {}
 
@@ -133,17 +143,22 @@ class DecisionStep:
             self._constants[key] = torch.tensor(values, dtype=torch.int64, device=device)
         return self._constants[key]
 
-    def _depth_candidates(self, model_c: Candidates, ngram_c: Candidates):
+    def _depth_candidates(self, model_c: Candidates, ngram_c: Candidates, model_rate: Optional[torch.Tensor]):
         """The model chain as each candidate depth would draft it, stacked depth-major over the batch: ``D`` copies of
-        the batch whose model chains are cut to (or extrapolated up to) ``depths[d]``; the n-gram side repeats."""
+        the batch whose model chains are cut to (or extrapolated up to) ``depths[d]``; the n-gram side repeats. Also
+        returns each request's per-position rate (``[B]``): from the chain, or ``model_rate`` when none was drafted."""
         b, s = model_c.tokens.shape
         dev = model_c.tokens.device
         d_max = self.depths[-1]
         nd = len(self.depths)
         j = torch.arange(d_max, device=dev, dtype=torch.int64)
         surv = model_c.survival.to(torch.float32)
-        last = surv[:, s - 1:s].clamp(min=0.0)                                               # [B, 1]
-        rate = last ** (1.0 / s)                                       # per-position acceptance, flat in depth
+        if s > 0:
+            last = surv[:, s - 1:s].clamp(min=0.0)                                           # [B, 1]
+            rate = last ** (1.0 / s)                                   # per-position acceptance, flat in depth
+        else:                                                          # nothing drafted: the rate carried in
+            rate = model_rate.to(torch.float32).clamp(0.0, 1.0)[:, None]
+            last = torch.ones_like(rate)
         beyond = last * rate ** (j[None, :] - (s - 1)).clamp(min=0).to(torch.float32)
         ext_s = torch.cat([surv, beyond[:, s:]], 1) if d_max > s else surv[:, :d_max]
         ext_t = torch.cat([model_c.tokens, (_UNDRAFTED + j[s:])[None, :].expand(b, d_max - s)], 1) \
@@ -155,7 +170,7 @@ class DecisionStep:
         model_s = Candidates.chain(rep(ext_t), rep(ext_s), lengths, Source.MODEL)
         ngram_s = Candidates(rep(ngram_c.tokens), rep(ngram_c.parents), rep(ngram_c.survival), rep(ngram_c.length),
                              Source.NGRAM)
-        return model_s, ngram_s, dt
+        return model_s, ngram_s, dt, rate[:, 0]
 
     def model_survival(self, draft: ModelDraft, check_values: Optional[bool] = None) -> torch.Tensor:
         b, s = draft.tokens.shape
@@ -176,14 +191,17 @@ class DecisionStep:
     def __call__(self, root_tokens: torch.Tensor, model: Optional[ModelDraft] = None,
                  ngram: Optional[NgramDraft] = None, *, cost: Optional[CostTables] = None,
                  batch: Union[int, torch.Tensor, None] = None, check_values: Optional[bool] = None,
-                 width: Optional[int] = None, draft_cost: Optional[CostTables] = None) -> Decision:
+                 width: Optional[int] = None, draft_cost: Optional[CostTables] = None,
+                 model_rate: Optional[torch.Tensor] = None) -> Decision:
         """Decide the verify tree for one decode step.
 
         ``root_tokens [B]``: each request's last committed token. ``cost``: the batch's step-time tables (None: price
         0). ``batch``: the number of requests the price spreads the budget over (default ``B``). ``width`` (padded
         verify only): this step's verify width, one of ``widths`` (default: the widest); the tree has that width.
         ``draft_cost``: time of one model-draft forward by batch size (adaptive drafting; None: drafting is free, so
-        the deepest depth wins). With ``depths`` the model chain must be drafted at one of them.
+        the deepest depth wins). With ``depths`` the model chain must be drafted at one of them; a chain of 0 tokens
+        (depth 0: the engine skipped the model draft) needs ``model_rate [B]``, each request's per-position model
+        acceptance from the last step that drafted (``Decision.model_rate``); it is ignored when a chain was drafted.
         """
         if width is not None:
             if self.widths is None:
@@ -213,7 +231,10 @@ class DecisionStep:
             s_now = model_c.tokens.shape[1]
             if s_now not in self.depths:
                 raise ValueError(f"the model chain has {s_now} tokens but the draft depths are {self.depths}")
-            model_s, ngram_s, dt = self._depth_candidates(model_c, ngram_c)
+            if s_now == 0 and (model_rate is None or tuple(model_rate.shape) != (b,)):
+                raise ValueError(f"a step that drafted no model tokens (depth 0) needs model_rate [{b}]: each "
+                                 "request's Decision.model_rate from the last step that drafted")
+            model_s, ngram_s, dt, rate = self._depth_candidates(model_c, ngram_c, model_rate)
             nd, k = len(self.depths), self.depths.index(s_now)
         if self.widths is not None:
             # padded verify: every eligible node competes for the slots (lambda 0); the width is the price's choice
@@ -231,11 +252,12 @@ class DecisionStep:
                               check_values=check_values)
                 choice = choose_plan(full.survival[None], full.valid[None], buckets, cost, r, cur_depth.reshape(1))
             tree = truncate(full, self.max_width if width is None else width)
-            return Decision(tree, choice.b_star, choice.lam, s_m, s_n, choice.width, choice.depth)
+            return Decision(tree, choice.b_star, choice.lam, s_m, s_n, choice.width, choice.depth,
+                            rate if adaptive else None)
         next_width = torch.full((), self.max_width, dtype=torch.int64, device=dev)
         if adaptive:
             return self._ragged_adaptive(root, model_s, ngram_s, dt, k, r, cost, draft_cost, s_m, s_n, next_width,
-                                         check_values)
+                                         check_values)._replace(model_rate=rate)
         if cost is not None:
             b_star, lam = price_device(torch.cat([s_m, s_n], 1), r, cost, check_values=check_values)
         else:

@@ -114,3 +114,19 @@ def test_training_learns_and_resume_is_deterministic(tiny, tmp_path):
         assert torch.allclose(v, w, atol=1e-6), k
     with pytest.raises(RuntimeError, match="different settings"):
         train(tiny, seqs[:-4], cfg, work=tmp_path / "b", progress=False)
+    # Warm start: training continues from the given head's weights (nothing trained yet: exactly those weights)
+    # and improves on it.
+    warm, _ = train(tiny, seqs[:-3], cfg, work=tmp_path / "c", progress=False, init=head, stop_at=0)
+    for (k, v), (_, w) in zip(head.state_dict().items(), warm.state_dict().items()):
+        assert torch.equal(v, w), k
+    cfg2 = TrainConfig(**{**cfg.__dict__, "steps": 10, "lr": 1e-3})
+    more, _ = train(tiny, seqs[:-3], cfg2, work=tmp_path / "d", progress=False, init=head)
+    assert heldout_top1(more, tiny, seqs[:-3], pad=0) >= after - 0.02
+
+
+def test_training_keeps_the_demo_chat_prompts_out():
+    from sglang_hybrid.reference.prompts import CHAT_PROMPTS_FIRST_RECORD
+    from sglang_hybrid.tools.train_eagle import train_smollm2
+
+    with pytest.raises(ValueError, match=f"reaches ShareGPT record {CHAT_PROMPTS_FIRST_RECORD}"):
+        train_smollm2(n_chat=CHAT_PROMPTS_FIRST_RECORD, heldout=8)

@@ -53,15 +53,45 @@ def test_adaptive_drafting_is_lossless_and_changes_the_depth(pair, mode):
     model, head = pair
     prompts = _prompts()
     ref = [plain_greedy(model, p, 40, eos_token_id=-1) for p in prompts]
+    # SGLang's depths (its floor is 1); the default adds 0, which the random head would take at once (see below)
     loop = ReferenceLoop(model, mode=mode, head=head, cost=COST, eos_token_id=-1, n_nodes=10, eagle_k=4,
-                         draft_cost=CostModel.linear(0.004, 0.0005))
+                         draft_cost=CostModel.linear(0.004, 0.0005), draft_depths=(1, 2, 3, 4))
     assert loop.depths == (1, 2, 3, 4)
+    assert ReferenceLoop(model, mode=mode, head=head, cost=COST, eagle_k=4,
+                         draft_cost=CostModel.linear(0.004, 0.0005)).depths == (0, 1, 2, 3, 4)
     res = loop.generate(prompts, 40)
     assert [r.output for r in res] == ref
     drafted = collections.Counter(s.eagle_len for r in res for s in r.steps)
     assert max(drafted) <= 4 and any(d < 4 for d in drafted if d > 0), drafted
     with pytest.raises(ValueError, match="draft_depths needs draft_cost"):
         ReferenceLoop(model, mode=mode, head=head, cost=COST, draft_depths=(1, 2))
+    with pytest.raises(ValueError, match=r"draft_depths must be in \[0, eagle_k=4\]"):
+        ReferenceLoop(model, mode=mode, head=head, cost=COST, eagle_k=4, draft_depths=(1, 5),
+                      draft_cost=CostModel.linear(0.004, 0.0005))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_skipping_the_model_draft_is_lossless(pair, temperature):
+    """Depth 0: when a model chain cannot pay for its draft forwards (the random head, drafting priced at a third of
+    a verify forward) the loop skips the EAGLE draft, and those steps verify n-gram drafts or the root alone. Greedy
+    output stays equal to plain decoding; sampled output to the same run without adaptive drafting (the seed fixes
+    the uniforms, and skipping changes only the proposals, which exact verification makes irrelevant to the
+    distribution, not to the draws: so this checks determinism and validity, the distribution tests cover the
+    rest)."""
+    model, head = pair
+    prompts = _prompts()
+    loop = ReferenceLoop(model, mode="merge", head=head, cost=COST, eos_token_id=-1, n_nodes=10, eagle_k=4,
+                         temperature=temperature, draft_cost=CostModel.linear(0.004, 0.0))
+    res = loop.generate(prompts, 40)
+    steps = [s for r in res for s in r.steps]
+    skipped = [s for s in steps if s.eagle_len == 0]
+    assert skipped and len(skipped) < len(steps), collections.Counter(s.eagle_len for s in steps)
+    assert all(s.source in ("none", "ngram") for s in skipped)
+    if temperature == 0.0:
+        assert [r.output for r in res] == [plain_greedy(model, p, 40, eos_token_id=-1) for p in prompts]
+    else:
+        assert [r.output for r in res] == [r.output for r in loop.generate(prompts, 40)]
+        assert all(len(r.output) == 40 for r in res)
 
 
 def test_eos_stops_and_is_emitted(pair):

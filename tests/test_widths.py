@@ -262,3 +262,81 @@ def test_ragged_draft_depth_maximises_goodput_by_brute_force(seed):
     for name in want.tree._fields:
         a, b = getattr(d.tree, name), getattr(want.tree, name)
         assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b), name
+
+
+def _at_rate(rate: torch.Tensor, d: int):
+    """The model chain a depth-``d`` draft is scored as after a step that drafted nothing: every position at the
+    request's carried rate (identity calibration: conditional acceptance = draft probability); depth 0: no model."""
+    b = rate.shape[0]
+    if d == 0:
+        return None
+    return ModelDraft((1 << 40) + torch.arange(d)[None].expand(b, d), rate[:, None].expand(b, d).contiguous(),
+                      torch.full((b,), d))
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("padded", [True, False])
+def test_skipped_model_draft_is_scored_at_the_carried_rate_by_brute_force(seed, padded):
+    """Depth 0 (an engine that can skip the model draft): a step that drafted nothing scores every depth with each
+    request's carried rate and picks the best (depth, width) pair, as a brute force over plain steps run with the
+    model chain at that rate does; its tree is the n-gram-only tree and the rate comes back unchanged."""
+    g = torch.Generator().manual_seed(seed)
+    root, _, ngram = _drafts(seed=seed)
+    rate = 0.2 + 0.8 * torch.rand(3, generator=g)
+    cal = dict(model_calibration=ModelCalibration.identity().to(), ngram_calibration=NgramCalibration.load().to())
+    widths, depths = (2, 4, 8, 13), (0, 1, 2, 4)
+    cost, draft = CostModel.linear(0.01, 0.0004), CostModel.linear(0.002, 0.0001)
+    kw = dict(widths=widths[:-1]) if padded else {}
+    step = DecisionStep(mode="merge", n_nodes=12, depths=depths, **kw, **cal)
+    skipped = ModelDraft(torch.zeros((3, 0), dtype=torch.int64), torch.zeros((3, 0)), torch.zeros(3, dtype=torch.int64))
+    d = step(root, skipped, ngram, cost=cost.to(), draft_cost=draft.to(), model_rate=rate,
+             **(dict(width=4) if padded else {}))
+    plain = DecisionStep(mode="merge", n_nodes=12, **kw, **cal)
+    best, best_g = None, -1.0
+    for depth in depths:
+        p = plain(root, _at_rate(rate, depth), ngram, cost=cost.to())
+        t_d = depth * float(draft.step_time_np(3))
+        if padded:
+            for w, gw in zip(widths, _brute_force(p.tree, widths, cost)):
+                e = gw * float(cost.step_time_np(3 * w))
+                gp = e / (float(cost.step_time_np(3 * w)) + t_d)
+                if gp > best_g + 1e-9:
+                    best, best_g = (depth, w), gp
+        else:
+            n = int(p.tree.valid.sum()) - 3
+            gp = (3 + float(p.tree.expected_accepted.sum())) / (float(cost.step_time_np(3 + n)) + t_d)
+            if gp > best_g + 1e-9:
+                best, best_g = (depth, 13), gp
+    assert (int(d.next_depth), int(d.next_width)) == best
+    assert torch.allclose(d.model_rate, rate)
+    want = plain(root, None, ngram, cost=cost.to(), **(dict(width=4) if padded else {})).tree
+    for name in want._fields:
+        a, b = getattr(d.tree, name), getattr(want, name)
+        assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b), name
+
+
+def test_skip_rate_comes_from_the_last_drafted_chain_and_skipping_follows_what_pays():
+    """A drafted chain reports its per-position rate ``(prod of its acceptances) ** (1 / s)``; carried into a skipped
+    step, a weak rate beside a long confident n-gram copy keeps skipping (depth 0), a strong rate with no n-gram
+    proposal drafts again (the model is re-priced every step at its carried rate)."""
+    root, model, ngram = _drafts(b=2)
+    cal = dict(model_calibration=ModelCalibration.identity().to(), ngram_calibration=NgramCalibration.load().to())
+    step = DecisionStep(mode="merge", n_nodes=12, widths=[2, 4, 8], depths=[0, 1, 2, 4], **cal)
+    cost, draft = CostModel.linear(0.01, 0.0001).to(), CostModel.linear(0.003, 0.0).to()
+    conf = torch.tensor([[0.9, 0.8, 0.7, 0.6], [0.5, 0.5, 0.5, 0.5]])
+    drafted = step(root, ModelDraft(model.tokens, conf, torch.full((2,), 4)), ngram, cost=cost, draft_cost=draft)
+    assert torch.allclose(drafted.model_rate, conf.prod(1) ** 0.25)
+    skipped = ModelDraft(torch.zeros((2, 0), dtype=torch.int64), torch.zeros((2, 0)), torch.zeros(2, dtype=torch.int64))
+    long_copy = ngram._replace(tokens=torch.randint(0, 50, (2, 8)), length=torch.tensor([8, 8]),
+                               match_len=torch.full((2, 8), 40), count=torch.full((2, 8), 4),
+                               total=torch.full((2, 8), 4), depth=torch.arange(1, 9).expand(2, 8))
+    none = ngram._replace(length=torch.zeros(2, dtype=torch.int64))
+    weak, strong = torch.full((2,), 0.2), torch.full((2,), 0.95)
+    assert int(step(root, skipped, long_copy, cost=cost, draft_cost=draft, model_rate=weak).next_depth) == 0
+    assert int(step(root, skipped, none, cost=cost, draft_cost=draft, model_rate=strong).next_depth) == 4
+    with pytest.raises(ValueError, match=r"drafted no model tokens \(depth 0\) needs model_rate \[2\]"):
+        step(root, skipped, none, cost=cost, draft_cost=draft)
+    with pytest.raises(ValueError, match="never draft the model"):
+        DecisionStep(mode="merge", n_nodes=12, depths=[0], **cal)
+    with pytest.raises(ValueError, match="ints >= 0"):
+        DecisionStep(mode="merge", n_nodes=12, depths=[-1, 2], **cal)

@@ -119,8 +119,10 @@ class ReferenceLoop:
     `eagle_min_survival` (stop a chain once its cumulative draft probability is below it) only change drafting
     cost and which drafts are proposed, never the output distribution. `draft_cost` (a `CostModel`: seconds of one
     EAGLE chain position for `R` requests) turns on adaptive drafting in the HYBRID modes: each step the core decides
-    how deep the next step's EAGLE chain is (`draft_depths`, default `widths.default_depths(eagle_k)`; see docs/core.md,
-    "Draft depth").
+    how deep the next step's EAGLE chain is (`draft_depths`, default 0 and `widths.default_depths(eagle_k)`; see
+    docs/core.md, "Draft depth"). Depth 0 skips the EAGLE draft for a step: this loop commits accepted tokens to the
+    head (`EagleDrafter.extend`) apart from drafting, so a skipped step saves the chain's lm_head reads and loses
+    nothing else (SGLang's draft extend drafts the first token anyway: its floor is depth 1).
     """
 
     def __init__(self, target, mode: str = "merge", head=None, eagle_k: int = 8, ngram_k: int = 8,
@@ -156,10 +158,10 @@ class ReferenceLoop:
         #: adaptive drafting: HYBRID modes with a draft cost (the core prices each depth's forwards)
         self.depths = None
         if draft_cost is not None and mode in ("choose", "merge"):
-            depths = draft_depths if draft_depths is not None else default_depths(eagle_k)
+            depths = draft_depths if draft_depths is not None else (0, *default_depths(eagle_k))
             self.depths = tuple(sorted(set(depths) | {eagle_k}))
-            if self.depths[0] < 1 or self.depths[-1] > eagle_k:
-                raise ValueError(f"draft_depths must be in [1, eagle_k={eagle_k}], got {draft_depths!r}")
+            if self.depths[0] < 0 or self.depths[-1] > eagle_k:
+                raise ValueError(f"draft_depths must be in [0, eagle_k={eagle_k}] (0 = skip), got {draft_depths!r}")
         elif draft_depths is not None:
             raise ValueError("draft_depths needs draft_cost and a HYBRID mode (choose or merge)")
         self.draft_cost = draft_cost.to("cpu") if self.depths is not None else None
@@ -237,6 +239,8 @@ class ReferenceLoop:
                 ngram.start(i, p)
             reqs.append(r)
         depth = self.eagle_k                  # the EAGLE chain length this step drafts (adaptive drafting changes it)
+        # per request: the model's per-position acceptance at its last drafted step (scores depths on skipped steps)
+        model_rate = torch.zeros(len(prompts), dtype=torch.float32)
         bar = None
         if progress:
             from tqdm import tqdm
@@ -253,9 +257,11 @@ class ReferenceLoop:
             model = ngram_draft = None
             m_tok = torch.zeros(R, 0, dtype=torch.int64)
             m_len = n_len = torch.zeros(R, dtype=torch.int64)
-            if eagle:
+            if eagle and depth > 0:
                 m_tok, m_prob, m_len = eagle.propose(rids, depth)
                 model = ModelDraft(m_tok, m_prob, m_len)
+            elif eagle:                                   # depth 0: the model draft is skipped this step
+                model = ModelDraft(m_tok, torch.zeros(R, 0), m_len)
             if ngram:
                 kn = self.n_nodes if self.ngram_tree else self.ngram_k
                 nd = ngram.propose(rids, kn, tree=self.ngram_tree)
@@ -265,11 +271,13 @@ class ReferenceLoop:
             # 2. the core's decision step: survivals, price (HYBRID modes; single-drafter baselines verify all they
             # draft unless price_single), selection
             priced = self.mode in ("choose", "merge") or (self.price_single and self.mode != "none")
+            rid_index = torch.tensor(rids, dtype=torch.int64)
             decision = self.decide(root, model, ngram_draft, cost=self._batch_cost(R) if priced else None,
-                                   draft_cost=self.draft_cost)
+                                   draft_cost=self.draft_cost, model_rate=model_rate[rid_index])
             tree, lam = decision.tree, decision.lam
             if self.depths is not None:
                 depth = int(decision.next_depth)          # the host reads it: the loop drafts the next step itself
+                model_rate[rid_index] = decision.model_rate
             # 3. target verify forward per request
             W = tree.tokens.shape[1]
             logits = torch.zeros(R, W, V)

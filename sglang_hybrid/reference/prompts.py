@@ -110,7 +110,11 @@ _FALLBACK_CHAT = [
 ]
 
 
-def chat_prompts(n: int = 3, skip: int = 2100, max_chars: int = 400) -> list[Prompt]:
+# The first ShareGPT record the chat prompts may come from; `tools.train_eagle` trains and holds out below it.
+CHAT_PROMPTS_FIRST_RECORD = 2100
+
+
+def chat_prompts(n: int = 3, skip: int = CHAT_PROMPTS_FIRST_RECORD, max_chars: int = 400) -> list[Prompt]:
     """`n` ShareGPT first-turn questions (short ones, after record `skip`), held out from head training."""
     try:
         from sglang_hybrid.reference.corpus import CorpusMissing, iter_sharegpt

@@ -178,15 +178,20 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def train(target, seqs: list[list[int]], cfg: TrainConfig, work: Path | None = None, pad: int = 0,
-          progress: bool = True, heldout: dict | None = None, stop_at: int | None = None):
+          progress: bool = True, heldout: dict | None = None, stop_at: int | None = None,
+          init: eagle_mod.EagleHead | None = None):
     """Train (or resume) a head on token sequences; returns `(head, info)`. Checkpoints go to `work/ckpt.pt`.
-    `stop_at` ends this run early at that step (as an interruption would), keeping the schedule of `cfg.steps`."""
+    `stop_at` ends this run early at that step (as an interruption would), keeping the schedule of `cfg.steps`.
+    `init` warm-starts from a trained head's weights (a fresh optimizer and schedule: a shipped head carries no
+    optimizer state); a checkpoint in `work`, when present, still wins, so a warm-started run resumes like any other."""
     from tqdm import tqdm
 
     torch.manual_seed(cfg.seed)
     for p in target.parameters():
         p.requires_grad_(False)
     head = eagle_mod.new_head(target.config, seed=cfg.seed)
+    if init is not None:
+        head.load_state_dict(init.state_dict())
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     start, elapsed_before = 0, 0.0
     ckpt = work / "ckpt.pt" if work is not None else None
@@ -249,10 +254,21 @@ def train(target, seqs: list[list[int]], cfg: TrainConfig, work: Path | None = N
 
 
 def train_smollm2(out: Path = DEFAULT_OUT, work: Path | None = None, cfg: TrainConfig | None = None,
-                  n_chat: int = 1200, n_code: int = 800, heldout: int = 8, cache_root=None, progress=True) -> dict:
-    """Full pipeline on the real model; writes an SGLang-loadable head to `out` and returns the metrics."""
+                  n_chat: int = 1200, n_code: int = 800, heldout: int = 8, cache_root=None, progress=True,
+                  init: Path | None = None) -> dict:
+    """Full pipeline on the real model; writes an SGLang-loadable head to `out` and returns the metrics.
+
+    With `init` (a head folder) training continues from that head, and the held-out top-1 of the starting head on
+    the same held-out sequences is reported beside the new one (`heldout_top1_<workload>_init`), so a before/after
+    comparison never mixes held-out sets."""
     from sglang_hybrid.reference.models import default_cache_root, load_smollm2
 
+    from sglang_hybrid.reference.prompts import CHAT_PROMPTS_FIRST_RECORD
+
+    if n_chat + heldout > CHAT_PROMPTS_FIRST_RECORD:
+        raise ValueError(f"--chats {n_chat} + --heldout {heldout} reaches ShareGPT record {CHAT_PROMPTS_FIRST_RECORD}, "
+                         "where the demo's and the replay's chat prompts start (reference.prompts.chat_prompts); "
+                         f"use at most {CHAT_PROMPTS_FIRST_RECORD - heldout} chats")
     cfg = cfg or TrainConfig()
     torch.set_num_threads(cfg.threads)
     lm = load_smollm2(cache_root, full_check=False)
@@ -262,7 +278,18 @@ def train_smollm2(out: Path = DEFAULT_OUT, work: Path | None = None, cfg: TrainC
     print(f"[train_eagle] building data: {n_chat} ShareGPT chats + {n_code} stdlib code chunks (seq_len {cfg.seq_len})")
     seqs, held = build_sequences(tok, n_chat, n_code, cfg.seq_len, heldout, cfg.seed)
     work = work or (default_cache_root() / f"eagle_train_seed{cfg.seed}")
-    head, info = train(lm.model, seqs, cfg, work=work, pad=tok.pad_token_id or 0, progress=progress, heldout=held)
+    start = None
+    if init is not None:
+        start = eagle_mod.load_head(init, lm.model.config)
+        before = {name: round(heldout_top1(start, lm.model, hs, tok.pad_token_id or 0), 4) for name, hs in held.items()}
+        print(f"[train_eagle] warm start from {init}: held-out top-1 {before}")
+    head, info = train(lm.model, seqs, cfg, work=work, pad=tok.pad_token_id or 0, progress=progress, heldout=held,
+                       init=start)
+    if init is not None:
+        prior = json.loads((Path(init) / "train_info.json").read_text()) if (Path(init) / "train_info.json").is_file() \
+            else {}
+        info.update({f"heldout_top1_{k}_init": v for k, v in before.items()})
+        info["init"] = {k: prior.get(k) for k in ("steps", "train_seconds", "train_tokens_seen", "data")}
     info.update({"target": lm.name, "data": f"{n_chat} ShareGPT first turns + {n_code} Python stdlib chunks "
                  "(held-out: later ShareGPT records, every 10th stdlib file)", "lr": cfg.lr,
                  "ce_weight": cfg.ce_weight, "noise": cfg.noise})
@@ -290,10 +317,15 @@ def main(argv=None):
     ap.add_argument("--code", type=int, default=800)
     ap.add_argument("--fp32", action="store_true", help="train in float32 (slower; default bfloat16)")
     ap.add_argument("--ckpt-every", type=int, default=TrainConfig.ckpt_every)
+    ap.add_argument("--heldout", type=int, default=8, help="held-out sequences per workload for the top-1 report")
+    ap.add_argument("--init", type=Path, default=None,
+                    help="continue from this head folder (e.g. the shipped sglang_hybrid/data/eagle_smollm2); "
+                         "pair it with a new --work so an old checkpoint is not resumed instead")
     a = ap.parse_args(argv)
     cfg = TrainConfig(steps=a.steps, batch=a.batch, seq_len=a.seq_len, lr=a.lr, seed=a.seed,
                       ckpt_every=a.ckpt_every, minutes=a.minutes, threads=a.threads, bf16=not a.fp32)
-    train_smollm2(out=a.out, work=a.work, cfg=cfg, n_chat=a.chats, n_code=a.code, cache_root=a.cache)
+    train_smollm2(out=a.out, work=a.work, cfg=cfg, n_chat=a.chats, n_code=a.code, cache_root=a.cache,
+                  heldout=a.heldout, init=a.init)
 
 
 if __name__ == "__main__":
