@@ -104,7 +104,7 @@ def test_host_time_interpolates_the_measured_host_path():
     assert replay_engine.host_seconds(128) == pytest.approx(0.819e-3)
     assert replay_engine.host_seconds(80) == pytest.approx(0.359e-3 + (0.819e-3 - 0.359e-3) * 48 / 96)
     eng = replay_engine.EngineConfig()
-    assert (eng.max_depth, eng.proposal_width, eng.buckets()) == (8, 17, (2, 4, 6, 8, 13))
+    assert (eng.max_depth, eng.proposal_width, eng.buckets()) == (8, 17, (2, 4, 6, 7, 8, 13))
 
 
 class _Bank:

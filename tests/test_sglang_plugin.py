@@ -193,9 +193,9 @@ def test_settings_validation_names_the_setting(tmp_path):
     with pytest.raises(HybridConfigError, match="SGLANG_HYBRID_NGRAMK: unknown HYBRID setting"):
         load_settings({"SGLANG_HYBRID_NGRAMK": "4"})
     assert HybridSettings().resolved_verify_widths(4) == (13,)                   # no cost table: the full width
-    assert HybridSettings(cost_table="c.json").resolved_verify_widths(4) == (2, 4, 6, 8, 13)  # n_nodes 12
+    assert HybridSettings(cost_table="c.json").resolved_verify_widths(4) == (2, 4, 6, 7, 8, 13)  # n_nodes 12
     both = HybridSettings(cost_table="c.json", draft_cost_table="d.json")
-    assert both.resolved_shapes(4) == ((1, 2, 3, 4), (2, 4, 6, 8, 13))
+    assert both.resolved_shapes(4) == ((1, 2, 3, 4), (2, 4, 6, 7, 8, 13))
     assert both.resolved_shapes(4, fixed=True) == ((4,), (13,))            # DP attention: one depth, one width
     assert load_settings({"SGLANG_HYBRID_VERIFY_WIDTHS": "[4, 2]"}).resolved_verify_widths(4) == (2, 4, 13)
     assert load_settings({"SGLANG_HYBRID_VERIFY_WIDTHS": "[]"}).resolved_verify_widths(4) == (13,)

@@ -91,8 +91,9 @@ def test_truncate_keeps_a_prefix_closed_tree_of_the_best_nodes():
 
 
 def test_bucket_settings_are_checked():
-    assert default_buckets(13) == (2, 4, 6, 8, 13) and default_buckets(2) == (2,)
-    assert default_buckets(9) == (2, 4, 6, 8, 9) and default_buckets(20) == (2, 4, 6, 8, 16, 20)
+    assert default_buckets(13) == (2, 4, 6, 7, 8, 13) and default_buckets(2) == (2,)
+    assert default_buckets(9) == (2, 4, 6, 7, 8, 9) and default_buckets(20) == (2, 4, 6, 7, 8, 16, 20)
+    assert default_buckets(7) == (2, 4, 6, 7)
 
 
 def test_default_depths_every_small_depth_then_half_and_full():

@@ -56,7 +56,7 @@ class HybridSettings(BaseModel):
                                        "steps + ngram_k in merge mode, max(steps, ngram_k) in choose mode")
     verify_widths: Optional[list[int]] = Field(
         None, description="verify widths the engine captures and picks from each step (the price's choice, one step "
-                          "late; see docs/sglang.md); default with a cost_table: 2, 4, 6, 8, 16, ... up to "
+                          "late; see docs/sglang.md); default with a cost_table: 2, 4, 6, 7, 8, 16, ... up to "
                           "n_nodes + 1, without one: the full width only; [] = always the full width. Each in "
                           "[2, n_nodes + 1]; the full width is always included")
     ngram_calibration: Optional[str] = Field(
