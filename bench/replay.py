@@ -84,6 +84,9 @@ def main(argv=None) -> int:
                     help="HYBRID drafts every EAGLE step every step (no adaptive drafting; the worker without a "
                          "draft_cost_table)")
     rg.add_argument("--no-sweep", action="store_true", help="realistic: the headline point alpha=0.7/0.9 only")
+    rg.add_argument("--hybrid-steps", type=int, nargs="*", default=[6],
+                    help="realistic: EAGLE step counts HYBRID is also run with besides the deployed 4, the best per "
+                         "cell chosen on the first seed as the baselines' k is (none given: the deployed 4 only)")
     rg.add_argument("--real-trace", type=Path, default=Path("out/traces/smollm2_t0_final.jsonl"),
                     help="the real SmolLM2 trace for the 'real, small' row (skipped with a note when absent)")
     rg.add_argument("--plot", type=Path, default=None, help="realistic: ratio-vs-alpha plot (default docs/...png)")
@@ -96,7 +99,7 @@ def main(argv=None) -> int:
         batches = tuple(args.batches)
         cfg = RR.Config(requests=args.requests, out_tokens=args.out_tokens, seeds=tuple(args.seeds),
                         batches=batches, width_lag=args.width_lag, ngram_lag=args.ngram_lag,
-                        adaptive_depth=not args.fixed_depth,
+                        adaptive_depth=not args.fixed_depth, hybrid_steps=tuple(args.hybrid_steps),
                         gpu_context=args.gpu_context, real_trace=args.real_trace, sweep=not args.no_sweep,
                         out=args.out if args.out != Path("out/replay") else Path("out/replay_realistic"),
                         sweep_modes=RR.MODES if args.sweep_ideal else ("as built",),

@@ -360,14 +360,19 @@ class EnginePolicy(P.Policy):
         return prop
 
 
-def engine_policies(core, engine: EngineConfig, model_ks=(2, 4, 6, 8), hybrid_modes=("merge",)) -> list:
-    """HYBRID (deployed configuration) and model-only adaptive at each K in ``model_ks``, under ``engine``."""
+def engine_policies(core, engine: EngineConfig, model_ks=(2, 4, 6, 8), hybrid_modes=("merge",),
+                    hybrid_steps=()) -> list:
+    """HYBRID (deployed configuration) and model-only adaptive at each K in ``model_ks``, under ``engine``.
+    ``hybrid_steps``: further EAGLE step counts for HYBRID (``--speculative-num-steps``, a launch setting a deployment
+    tunes like a baseline's k), named ``hybrid_<mode>_s<steps>``; the deployed count keeps the plain name."""
     out = []
     for mode in hybrid_modes:
-        n_nodes = engine.n_nodes if mode == "merge" else max(engine.num_steps, engine.ngram_k)
-        out.append(EnginePolicy(f"hybrid_{mode}", mode, engine.num_steps, n_nodes, core, engine,
-                                label=f"HYBRID {mode} ({engine.num_steps} EAGLE steps + n-gram k={engine.ngram_k}, "
-                                      f"{n_nodes} nodes, {engine.name})"))
+        for steps in (engine.num_steps, *[s for s in hybrid_steps if s != engine.num_steps]):
+            n_nodes = engine.n_nodes if mode == "merge" else max(steps, engine.ngram_k)
+            name = f"hybrid_{mode}" if steps == engine.num_steps else f"hybrid_{mode}_s{steps}"
+            out.append(EnginePolicy(name, mode, steps, n_nodes, core, engine,
+                                    label=f"HYBRID {mode} ({steps} EAGLE steps + n-gram k={engine.ngram_k}, "
+                                          f"{n_nodes} nodes, {engine.name})"))
     for k in model_ks:
         out.append(EnginePolicy(f"model_adaptive_k{k}", "choose", k, k, core, engine, ngram=False,
                                 label=f"model-only adaptive K={k} ({engine.name})"))

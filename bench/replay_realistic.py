@@ -100,6 +100,9 @@ class Config:
     sweep_cells: tuple = (("code", 4), ("code", 128), ("chat", 32))
     sweep_modes: tuple = ("as built",)
     model_ks: tuple = (2, 4, 8)
+    #: EAGLE step counts HYBRID also runs with besides the deployed one (``EngineConfig.num_steps``, 4); the best per
+    #: cell is chosen on the first seed, as the baselines' k is
+    hybrid_steps: tuple = (6,)
     eagle_ks: tuple = (1, 2, 3, 4, 5, 6, 7, 8)
     width_lag: int = 2
     ngram_lag: int = 1
@@ -134,7 +137,8 @@ class Runner:
             p = P.EagleFixed(k)
             p.name = f"eagle_fixed_k{k}"
             self.eagle.append(p)
-        self.engine_pols = {m: {p.name: p for p in engine_policies(self.core, e, cfg.model_ks)}
+        self.engine_pols = {m: {p.name: p for p in engine_policies(self.core, e, cfg.model_ks,
+                                                                   hybrid_steps=cfg.hybrid_steps)}
                             for m, e in self.engines.items()}
 
     @staticmethod
@@ -195,9 +199,19 @@ class Runner:
                 self.best[(source, m, w, b, "model")] = (best, cands[best])
                 self.best[(source, m, w, b, "ngram")] = (ng_best, (free_src, "-", w, b, ng_best))
                 pol = pols[best] if best in pols else next(p for p in self.eagle if p.name == best)
+                # HYBRID's EAGLE steps, tuned like the baselines (the chosen one is stored as "hybrid_merge")
+                hy = [n for n in pols if n == "hybrid_merge" or n.startswith("hybrid_merge_s")]
+                for n in hy:
+                    self.sim(pols[n], banks[tune], groups[tune][w], b, tune, (source, m, w, b, "tune:" + n, tune))
+                hy_best = max(hy, key=lambda n: self.runs[(source, m, w, b, "tune:" + n, tune)].tok_per_s)
+                self.best[(source, m, w, b, "hybrid")] = pols[hy_best].num_steps
                 for s in seeds:
                     self.sim(pol, banks[s], groups[s][w], b, s, cands[best] + (s,))
-                    self.sim(pols["hybrid_merge"], banks[s], groups[s][w], b, s, (source, m, w, b, "hybrid_merge", s))
+                    key = (source, m, w, b, "hybrid_merge", s)
+                    if s == tune:
+                        self.runs[key] = self.runs[(source, m, w, b, "tune:" + hy_best, tune)]
+                    else:
+                        self.sim(pols[hy_best], banks[s], groups[s][w], b, s, key)
             log(f"  {label(source)} | {w} B={b}: {time.perf_counter() - t0:.1f} s")
 
     # -- aggregation --------------------------------------------------------------------------------------------
@@ -217,7 +231,8 @@ class Runner:
         mo, ng = self.seeds_of(mkey, seeds), self.seeds_of(nkey, seeds)
         ns = self.seeds_of(((nkey[0],) + ("-", w, b, "no_spec")), seeds)
         single = mo if tok_s(mo) >= tok_s(ng) else ng
-        return dict(hybrid=tok_s(hy), model=tok_s(mo), model_name=mname, ngram=tok_s(ng), ngram_name=nname,
+        return dict(hybrid=tok_s(hy), hybrid_steps=self.best.get((source, mode, w, b, "hybrid")),
+                    model=tok_s(mo), model_name=mname, ngram=tok_s(ng), ngram_name=nname,
                     single_name=mname if single is mo else nname, no_spec=tok_s(ns),
                     vs_model=ratio_ci(hy, mo), vs_single=ratio_ci(hy, single), vs_nospec=ratio_ci(hy, ns),
                     seeds=len(hy), stats=[r.stats for r in hy])
@@ -364,12 +379,13 @@ def detail_table(runner: Runner, source, cells) -> list:
                     continue
                 any_ = True
                 val = cc["model"] if what == "model" else cc["hybrid"]
-                tag = "" if what == "hybrid" else " " + cc["model_name"].replace("eagle_fixed_k", "E").replace(
-                    "model_adaptive_k", "A")
+                tag = f" S{cc['hybrid_steps']}" if what == "hybrid" else " " + cc["model_name"].replace(
+                    "eagle_fixed_k", "E").replace("model_adaptive_k", "A")
                 row += f"{f'{val / ns[c]:.2f}x{tag}':>14}"
             if any_:
                 lines.append(row)
-    lines.append("(best model-only: E<k> = fixed EAGLE chain of k, A<K> = model-only adaptive at K)")
+    lines.append("(best model-only: E<k> = fixed EAGLE chain of k, A<K> = model-only adaptive at K; HYBRID S<n>: its "
+                 "EAGLE steps, tuned per cell on the first seed)")
     return lines
 
 

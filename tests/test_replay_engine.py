@@ -3,6 +3,8 @@ hand-computed cases: width lag, padded verify width, draft-forward count, late n
 drafter's calibration, the bootstrap."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -273,3 +275,33 @@ def test_vllm_compare_asks_for_eagle3_with_an_eagle3_head(tmp_path):
     assert V.eagle_method(tmp_path / "missing") == "eagle"
     cfgs = {(e, m): a for e, m, a in V.engine_configs(SimpleNamespace(k=4, draft=str(e3), eagle_method=None))}
     assert json.loads(cfgs[("vllm", "eagle")][1])["method"] == "eagle3"
+
+
+def test_realistic_runner_tunes_hybrids_eagle_steps_like_the_baselines():
+    """The realistic replay runs HYBRID at the deployed 4 EAGLE steps and at each extra step count on the tuning seed,
+    keeps the faster one per cell (as it keeps the best k of fixed EAGLE), and runs that one on every seed: the
+    reported HYBRID run is exactly the chosen policy's."""
+    rng = np.random.default_rng(0)
+    reqs = [dataclasses.replace(one_request_trace(L=60, k=8, output=rng.integers(0, 50, 60), workload=w)[0],
+                                id=f"{w}{i}") for i, w in enumerate(["code", "code", "chat", "chat"])]
+    bank = replay_drafts.DraftBank(reqs, 8, ngram_width=17)
+    bank.ensure("ngram")
+    for kind in ("pld-5-5", "pld-2-5"):
+        bank.ensure(kind)
+    groups = {"code": [0, 1], "chat": [2, 3]}
+    cfg = replay_realistic.Config(requests=2, out_tokens=60, seeds=(0, 1), batches=(4,), eagle_ks=(2, 4),
+                                  model_ks=(2,), hybrid_steps=(6,), sweep=False, decompose=False, plot=None)
+    runner = replay_realistic.Runner(cfg)
+    src = (0.7, 0.9)                                   # a sweep point names the source
+    runner.run_source(src, {0: bank, 1: bank}, {0: groups, 1: groups}, [("code", 4)], [0, 1], ("as built",),
+                      lambda *_: None)
+    tuned = {n: runner.runs[(src, "as built", "code", 4, "tune:" + n, 0)].tok_per_s
+             for n in ("hybrid_merge", "hybrid_merge_s6")}
+    best = max(tuned, key=tuned.get)
+    steps = runner.best[(src, "as built", "code", 4, "hybrid")]
+    assert steps == (4 if best == "hybrid_merge" else 6)
+    assert runner.runs[(src, "as built", "code", 4, "hybrid_merge", 0)].tok_per_s == tuned[best]
+    other = runner.sim(runner.engine_pols["as built"][best], bank, groups["code"], 4, 1,
+                       ("check", "-", "code", 4, best, 1))
+    assert runner.runs[(src, "as built", "code", 4, "hybrid_merge", 1)].tok_per_s == other.tok_per_s
+    assert runner.cell(src, "as built", "code", 4)["hybrid_steps"] == steps
