@@ -476,6 +476,10 @@ def run(cfg: Config, log=print) -> int:
     for a in runner.specs.assumptions:
         log(f"  - {a}")
     log(f"baselines: {runner.suffix_note}")
+    steps = (runner.engines["as built"].num_steps, *[s for s in cfg.hybrid_steps
+                                                     if s != runner.engines["as built"].num_steps])
+    log(f"HYBRID merge: EAGLE steps {' or '.join(map(str, steps))} ({steps[0]} deployed by default), the faster per "
+        "cell on the first seed, as each baseline's k is tuned (S<n> in the per-policy tables)")
     log("calibration: model side identity for HYBRID and model-only alike (the simulated drafter is calibrated by "
         "construction); n-gram side: the shipped NgramCalibration")
 
