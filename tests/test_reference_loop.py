@@ -53,12 +53,9 @@ def test_adaptive_drafting_is_lossless_and_changes_the_depth(pair, mode):
     model, head = pair
     prompts = _prompts()
     ref = [plain_greedy(model, p, 40, eos_token_id=-1) for p in prompts]
-    # SGLang's depths (its floor is 1); the default adds 0, which the random head would take at once (see below)
     loop = ReferenceLoop(model, mode=mode, head=head, cost=COST, eos_token_id=-1, n_nodes=10, eagle_k=4,
-                         draft_cost=CostModel.linear(0.004, 0.0005), draft_depths=(1, 2, 3, 4))
-    assert loop.depths == (1, 2, 3, 4)
-    assert ReferenceLoop(model, mode=mode, head=head, cost=COST, eagle_k=4,
-                         draft_cost=CostModel.linear(0.004, 0.0005)).depths == (0, 1, 2, 3, 4)
+                         draft_cost=CostModel.linear(0.004, 0.0005))
+    assert loop.depths == (1, 2, 3, 4)                         # SGLang's (its floor is 1); 0 is opt-in, see below
     res = loop.generate(prompts, 40)
     assert [r.output for r in res] == ref
     drafted = collections.Counter(s.eagle_len for r in res for s in r.steps)
@@ -81,7 +78,8 @@ def test_skipping_the_model_draft_is_lossless(pair, temperature):
     model, head = pair
     prompts = _prompts()
     loop = ReferenceLoop(model, mode="merge", head=head, cost=COST, eos_token_id=-1, n_nodes=10, eagle_k=4,
-                         temperature=temperature, draft_cost=CostModel.linear(0.004, 0.0))
+                         temperature=temperature, draft_cost=CostModel.linear(0.004, 0.0), draft_depths=(0, 1, 2, 4))
+    assert loop.depths == (0, 1, 2, 4)
     res = loop.generate(prompts, 40)
     steps = [s for r in res for s in r.steps]
     skipped = [s for s in steps if s.eagle_len == 0]

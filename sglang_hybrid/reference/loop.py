@@ -119,10 +119,12 @@ class ReferenceLoop:
     `eagle_min_survival` (stop a chain once its cumulative draft probability is below it) only change drafting
     cost and which drafts are proposed, never the output distribution. `draft_cost` (a `CostModel`: seconds of one
     EAGLE chain position for `R` requests) turns on adaptive drafting in the HYBRID modes: each step the core decides
-    how deep the next step's EAGLE chain is (`draft_depths`, default 0 and `widths.default_depths(eagle_k)`; see
-    docs/core.md, "Draft depth"). Depth 0 skips the EAGLE draft for a step: this loop commits accepted tokens to the
-    head (`EagleDrafter.extend`) apart from drafting, so a skipped step saves the chain's lm_head reads and loses
-    nothing else (SGLang's draft extend drafts the first token anyway: its floor is depth 1).
+    how deep the next step's EAGLE chain is (`draft_depths`, default `widths.default_depths(eagle_k)`; see
+    docs/core.md, "Draft depth"). `draft_depths` may include 0, skipping the EAGLE draft on a step: this loop commits
+    accepted tokens to the head (`EagleDrafter.extend`) apart from drafting, so a skipped step saves the chain's
+    lm_head reads (SGLang's draft extend drafts the first token anyway: its floor is depth 1). Not the default: a
+    skipped model is re-priced at the rate it had when it stopped, which is never refreshed, and on the demo's code
+    edits that kept a better head out (docs/reference.md, "Latest demo results").
     """
 
     def __init__(self, target, mode: str = "merge", head=None, eagle_k: int = 8, ngram_k: int = 8,
@@ -158,7 +160,7 @@ class ReferenceLoop:
         #: adaptive drafting: HYBRID modes with a draft cost (the core prices each depth's forwards)
         self.depths = None
         if draft_cost is not None and mode in ("choose", "merge"):
-            depths = draft_depths if draft_depths is not None else (0, *default_depths(eagle_k))
+            depths = draft_depths if draft_depths is not None else default_depths(eagle_k)
             self.depths = tuple(sorted(set(depths) | {eagle_k}))
             if self.depths[0] < 0 or self.depths[-1] > eagle_k:
                 raise ValueError(f"draft_depths must be in [0, eagle_k={eagle_k}] (0 = skip), got {draft_depths!r}")
