@@ -161,6 +161,10 @@ class Runner:
         self.runs[key] = r
         return r
 
+    def hybrid_candidates(self, mode) -> list:
+        """Names of the HYBRID merge policies tuned per cell in ``mode`` (the deployed EAGLE steps first)."""
+        return [n for n in self.engine_pols[mode] if n == "hybrid_merge" or n.startswith("hybrid_merge_s")]
+
     def adaptive_k(self, source, mode, w, b) -> Optional[str]:
         """The model-only adaptive K that did best on (source, mode, w, b)'s tuning seed."""
         got = [(r.tok_per_s, k[4]) for k, r in self.runs.items()
@@ -200,7 +204,7 @@ class Runner:
                 self.best[(source, m, w, b, "ngram")] = (ng_best, (free_src, "-", w, b, ng_best))
                 pol = pols[best] if best in pols else next(p for p in self.eagle if p.name == best)
                 # HYBRID's EAGLE steps, tuned like the baselines (the chosen one is stored as "hybrid_merge")
-                hy = [n for n in pols if n == "hybrid_merge" or n.startswith("hybrid_merge_s")]
+                hy = self.hybrid_candidates(m)
                 for n in hy:
                     self.sim(pols[n], banks[tune], groups[tune][w], b, tune, (source, m, w, b, "tune:" + n, tune))
                 hy_best = max(hy, key=lambda n: self.runs[(source, m, w, b, "tune:" + n, tune)].tok_per_s)
@@ -476,8 +480,7 @@ def run(cfg: Config, log=print) -> int:
     for a in runner.specs.assumptions:
         log(f"  - {a}")
     log(f"baselines: {runner.suffix_note}")
-    steps = (runner.engines["as built"].num_steps, *[s for s in cfg.hybrid_steps
-                                                     if s != runner.engines["as built"].num_steps])
+    steps = [runner.engine_pols["as built"][n].num_steps for n in runner.hybrid_candidates("as built")]
     log(f"HYBRID merge: EAGLE steps {' or '.join(map(str, steps))} ({steps[0]} deployed by default), the faster per "
         "cell on the first seed, as each baseline's k is tuned (S<n> in the per-policy tables)")
     log("calibration: model side identity for HYBRID and model-only alike (the simulated drafter is calibrated by "

@@ -262,7 +262,6 @@ def train_smollm2(out: Path = DEFAULT_OUT, work: Path | None = None, cfg: TrainC
     the same held-out sequences is reported beside the new one (`heldout_top1_<workload>_init`), so a before/after
     comparison never mixes held-out sets."""
     from sglang_hybrid.reference.models import default_cache_root, load_smollm2
-
     from sglang_hybrid.reference.prompts import CHAT_PROMPTS_FIRST_RECORD
 
     if n_chat + heldout > CHAT_PROMPTS_FIRST_RECORD:
@@ -286,8 +285,8 @@ def train_smollm2(out: Path = DEFAULT_OUT, work: Path | None = None, cfg: TrainC
     head, info = train(lm.model, seqs, cfg, work=work, pad=tok.pad_token_id or 0, progress=progress, heldout=held,
                        init=start)
     if init is not None:
-        prior = json.loads((Path(init) / "train_info.json").read_text()) if (Path(init) / "train_info.json").is_file() \
-            else {}
+        prior_path = Path(init) / "train_info.json"
+        prior = json.loads(prior_path.read_text()) if prior_path.is_file() else {}
         info.update({f"heldout_top1_{k}_init": v for k, v in before.items()})
         info["init"] = {k: prior.get(k) for k in ("steps", "train_seconds", "train_tokens_seen", "data")}
     info.update({"target": lm.name, "data": f"{n_chat} ShareGPT first turns + {n_code} Python stdlib chunks "
