@@ -30,7 +30,10 @@ chain is drafted only as deep as its expected gain over the n-gram alternative p
 token anyway. An engine whose draft model commits accepted tokens apart from drafting (the CPU reference loop) may
 also offer depth 0, skipping the model draft: a step that drafted nothing has no survivals to extrapolate from, so it
 takes each request's rate from the last step that did (``model_rate``, returned in ``Decision.model_rate`` for the
-engine to keep), and the model is re-priced against every step's n-gram alternative at that rate.
+engine to keep), and the model is re-priced against every step's n-gram alternative at that rate. Nothing is observed
+while skipping, so each skipped step moves the carried rate toward 1 (optimism under uncertainty, half-life
+``probe_half_life`` steps): a skipped model is drafted again once its optimistic value pays for the forwards, and
+that draft measures it afresh -- often when it is weak beside a strong copy, at once when the copy stops.
 
 Static shapes, no host sync: CUDA-graph and ``torch.compile(fullgraph=True)`` safe (value checks off).
 """
@@ -85,7 +88,7 @@ class Decision(NamedTuple):
     (with depth candidates: the chosen one; else this step's depth). ``model_rate`` (``[B]`` float32, adaptive
     drafting only, else None): each request's per-position model acceptance the depths were scored with, measured
     from this step's chain (``s_last ** (1 / depth)``) or, when the step drafted nothing (depth 0), the rate passed
-    in; an engine that can skip keeps it per request for the next step that drafts nothing."""
+    in moved toward 1 by one step of probing; an engine that can skip keeps it per request and passes it back."""
 
     tree: VerifyTree
     b_star: torch.Tensor
@@ -106,11 +109,13 @@ class DecisionStep:
     ``widths``: the verify widths the engine can run (padded verify, see the module docstring); None: ragged verify,
     the price masks nodes. ``depths``: the model-draft depths the engine can run (adaptive drafting; 0 = skip the
     model draft, for engines that can, see the module docstring); None: the engine always drafts the same depth.
+    ``probe_half_life`` (depth 0 only): skipped steps after which the unobserved model rate has moved half way to 1
+    (``None``: it stays where drafting stopped, and a model that recovers is never drafted again).
     """
 
     def __init__(self, *, mode: str, n_nodes: int, model_calibration: Optional[ModelCalibrationTables] = None,
                  ngram_calibration: Optional[NgramCalibrationTables] = None, widths: Optional[Sequence[int]] = None,
-                 depths: Optional[Sequence[int]] = None):
+                 depths: Optional[Sequence[int]] = None, probe_half_life: Optional[float] = 8.0):
         if mode not in ("choose", "merge"):
             raise ValueError(f"mode must be 'choose' or 'merge', got {mode!r}")
         for name, tables in (("model_calibration", model_calibration), ("ngram_calibration", ngram_calibration)):
@@ -129,6 +134,11 @@ class DecisionStep:
             if depths[-1] < 1:
                 raise ValueError(f"depths {depths!r} never draft the model: add a depth >= 1")
         self.depths = depths
+        if probe_half_life is not None and not (isinstance(probe_half_life, (int, float))
+                                                and not isinstance(probe_half_life, bool) and probe_half_life > 0):
+            raise ValueError(f"probe_half_life must be a number of steps > 0 or None, got {probe_half_life!r}")
+        #: per skipped step, the carried rate's distance to 1 is multiplied by this (1: no probing)
+        self.probe_keep = 1.0 if probe_half_life is None else 0.5 ** (1.0 / float(probe_half_life))
         self._constants: dict = {}
 
     @property
@@ -146,7 +156,8 @@ class DecisionStep:
     def _depth_candidates(self, model_c: Candidates, ngram_c: Candidates, model_rate: Optional[torch.Tensor]):
         """The model chain as each candidate depth would draft it, stacked depth-major over the batch: ``D`` copies of
         the batch whose model chains are cut to (or extrapolated up to) ``depths[d]``; the n-gram side repeats. Also
-        returns each request's per-position rate (``[B]``): from the chain, or ``model_rate`` when none was drafted."""
+        returns each request's per-position rate (``[B]``): from the chain, or ``model_rate`` moved toward 1 by one
+        skipped step's probing when none was drafted."""
         b, s = model_c.tokens.shape
         dev = model_c.tokens.device
         d_max = self.depths[-1]
@@ -156,8 +167,9 @@ class DecisionStep:
         if s > 0:
             last = surv[:, s - 1:s].clamp(min=0.0)                                           # [B, 1]
             rate = last ** (1.0 / s)                                   # per-position acceptance, flat in depth
-        else:                                                          # nothing drafted: the rate carried in
-            rate = model_rate.to(torch.float32).clamp(0.0, 1.0)[:, None]
+        else:            # nothing drafted: the rate carried in, moved toward 1 because it was not observed (probing)
+            carried = model_rate.to(torch.float32).clamp(0.0, 1.0)[:, None]
+            rate = carried + (1.0 - carried) * (1.0 - self.probe_keep)
             last = torch.ones_like(rate)
         beyond = last * rate ** (j[None, :] - (s - 1)).clamp(min=0).to(torch.float32)
         ext_s = torch.cat([surv, beyond[:, s:]], 1) if d_max > s else surv[:, :d_max]
@@ -201,7 +213,7 @@ class DecisionStep:
         ``draft_cost``: time of one model-draft forward by batch size (adaptive drafting; None: drafting is free, so
         the deepest depth wins). With ``depths`` the model chain must be drafted at one of them; a chain of 0 tokens
         (depth 0: the engine skipped the model draft) needs ``model_rate [B]``, each request's per-position model
-        acceptance from the last step that drafted (``Decision.model_rate``); it is ignored when a chain was drafted.
+        acceptance carried from the previous step (``Decision.model_rate``); it is ignored when a chain was drafted.
         """
         if width is not None:
             if self.widths is None:
@@ -233,7 +245,7 @@ class DecisionStep:
                 raise ValueError(f"the model chain has {s_now} tokens but the draft depths are {self.depths}")
             if s_now == 0 and (model_rate is None or tuple(model_rate.shape) != (b,)):
                 raise ValueError(f"a step that drafted no model tokens (depth 0) needs model_rate [{b}]: each "
-                                 "request's Decision.model_rate from the last step that drafted")
+                                 "request's Decision.model_rate from the previous step")
             model_s, ngram_s, dt, rate = self._depth_candidates(model_c, ngram_c, model_rate)
             nd, k = len(self.depths), self.depths.index(s_now)
         if self.widths is not None:

@@ -178,6 +178,17 @@ def test_default_threads():
     assert demo.default_threads(cores=1, load1=0.0) == 1
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--draft-depths", "0,x"], "--draft-depths must be comma-separated integers, got '0,x'"),
+    (["--probe-half-life", "0"], "--probe-half-life must be a number of steps > 0 or 'none', got '0'"),
+    (["--probe-half-life", "soon"], "--probe-half-life must be a number of steps > 0 or 'none', got 'soon'"),
+])
+def test_bad_adaptive_drafting_options_are_refused_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        demo.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_draft_position_cost_prices_one_chain_position():
     """The loop's adaptive drafting prices a chain position for R requests as one batched lm_head read plus R head
     steps: draft_lm(R) + R * draft_head."""

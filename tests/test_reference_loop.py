@@ -54,8 +54,10 @@ def test_adaptive_drafting_is_lossless_and_changes_the_depth(pair, mode):
     prompts = _prompts()
     ref = [plain_greedy(model, p, 40, eos_token_id=-1) for p in prompts]
     loop = ReferenceLoop(model, mode=mode, head=head, cost=COST, eos_token_id=-1, n_nodes=10, eagle_k=4,
-                         draft_cost=CostModel.linear(0.004, 0.0005))
-    assert loop.depths == (1, 2, 3, 4)                         # SGLang's (its floor is 1); 0 is opt-in, see below
+                         draft_cost=CostModel.linear(0.004, 0.0005), draft_depths=(1, 2, 3, 4))
+    assert loop.depths == (1, 2, 3, 4)                         # SGLang's (its floor is 1); skipping: see below
+    assert ReferenceLoop(model, mode=mode, head=head, cost=COST, eagle_k=4,
+                         draft_cost=CostModel.linear(0.004, 0.0005)).depths == (0, 1, 2, 3, 4)   # this loop can skip
     res = loop.generate(prompts, 40)
     assert [r.output for r in res] == ref
     drafted = collections.Counter(s.eagle_len for r in res for s in r.steps)

@@ -277,20 +277,23 @@ def _at_rate(rate: torch.Tensor, d: int):
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("padded", [True, False])
-def test_skipped_model_draft_is_scored_at_the_carried_rate_by_brute_force(seed, padded):
+@pytest.mark.parametrize("half_life", [None, 4.0])
+def test_skipped_model_draft_is_scored_at_the_carried_rate_by_brute_force(seed, padded, half_life):
     """Depth 0 (an engine that can skip the model draft): a step that drafted nothing scores every depth with each
-    request's carried rate and picks the best (depth, width) pair, as a brute force over plain steps run with the
-    model chain at that rate does; its tree is the n-gram-only tree and the rate comes back unchanged."""
+    request's carried rate, moved toward 1 by one step of probing (``1 - (1 - rate) 2^(-1/half_life)``; without
+    probing the rate itself), and picks the best (depth, width) pair, as a brute force over plain steps run with the
+    model chain at that rate does; its tree is the n-gram-only tree and the scored rate comes back."""
     g = torch.Generator().manual_seed(seed)
     root, _, ngram = _drafts(seed=seed)
-    rate = 0.2 + 0.8 * torch.rand(3, generator=g)
+    carried = 0.2 + 0.8 * torch.rand(3, generator=g)
+    rate = carried if half_life is None else 1.0 - (1.0 - carried) * 0.5 ** (1.0 / half_life)
     cal = dict(model_calibration=ModelCalibration.identity().to(), ngram_calibration=NgramCalibration.load().to())
     widths, depths = (2, 4, 8, 13), (0, 1, 2, 4)
     cost, draft = CostModel.linear(0.01, 0.0004), CostModel.linear(0.002, 0.0001)
     kw = dict(widths=widths[:-1]) if padded else {}
-    step = DecisionStep(mode="merge", n_nodes=12, depths=depths, **kw, **cal)
+    step = DecisionStep(mode="merge", n_nodes=12, depths=depths, probe_half_life=half_life, **kw, **cal)
     skipped = ModelDraft(torch.zeros((3, 0), dtype=torch.int64), torch.zeros((3, 0)), torch.zeros(3, dtype=torch.int64))
-    d = step(root, skipped, ngram, cost=cost.to(), draft_cost=draft.to(), model_rate=rate,
+    d = step(root, skipped, ngram, cost=cost.to(), draft_cost=draft.to(), model_rate=carried,
              **(dict(width=4) if padded else {}))
     plain = DecisionStep(mode="merge", n_nodes=12, **kw, **cal)
     best, best_g = None, -1.0
@@ -316,13 +319,45 @@ def test_skipped_model_draft_is_scored_at_the_carried_rate_by_brute_force(seed, 
         assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b), name
 
 
+def _steps_skipped(half_life, rate: float, steps: int = 200) -> int:
+    """Skipped steps in a row, beside a moderately confident n-gram copy, before a model carried at ``rate`` is
+    drafted again (``steps`` if never): the engine passes each step's ``model_rate`` back, as the reference loop
+    does. (Beside this copy the model pays from a rate of about 0.5; at 0.2 it does not.)"""
+    root, _, ngram = _drafts(b=2)
+    cal = dict(model_calibration=ModelCalibration.identity().to(), ngram_calibration=NgramCalibration.load().to())
+    step = DecisionStep(mode="merge", n_nodes=12, widths=[2, 4, 8], depths=[0, 1, 2, 4], probe_half_life=half_life,
+                        **cal)
+    cost, draft = CostModel.linear(0.01, 0.0001).to(), CostModel.linear(0.003, 0.0).to()
+    copy = ngram._replace(tokens=torch.arange(16).reshape(2, 8), length=torch.tensor([8, 8]),
+                          match_len=torch.full((2, 8), 6), count=torch.full((2, 8), 2), total=torch.full((2, 8), 3),
+                          depth=torch.arange(1, 9).expand(2, 8))
+    skipped = ModelDraft(torch.zeros((2, 0), dtype=torch.int64), torch.zeros((2, 0)), torch.zeros(2, dtype=torch.int64))
+    carried = torch.full((2,), rate)
+    for t in range(steps):
+        d = step(root, skipped, copy, cost=cost, draft_cost=draft, model_rate=carried)
+        if int(d.next_depth) > 0:
+            return t
+        assert (d.model_rate >= carried).all()                 # unobserved: the rate only moves toward 1
+        carried = d.model_rate
+    return steps
+
+
+def test_probing_redrafts_a_skipped_model_sooner_the_shorter_the_half_life():
+    """Without probing a weak model beside a strong copy is skipped for good; with probing it is drafted again after
+    a number of skipped steps that grows with the half-life and shrinks as the carried rate rises."""
+    assert _steps_skipped(None, 0.2) == 200
+    n2, n4, n8 = _steps_skipped(2.0, 0.2), _steps_skipped(4.0, 0.2), _steps_skipped(8.0, 0.2)
+    assert 0 < n2 < n4 < n8 < 200
+    assert _steps_skipped(4.0, 0.4) < n4
+
+
 def test_skip_rate_comes_from_the_last_drafted_chain_and_skipping_follows_what_pays():
     """A drafted chain reports its per-position rate ``(prod of its acceptances) ** (1 / s)``; carried into a skipped
     step, a weak rate beside a long confident n-gram copy keeps skipping (depth 0), a strong rate with no n-gram
     proposal drafts again (the model is re-priced every step at its carried rate)."""
     root, model, ngram = _drafts(b=2)
     cal = dict(model_calibration=ModelCalibration.identity().to(), ngram_calibration=NgramCalibration.load().to())
-    step = DecisionStep(mode="merge", n_nodes=12, widths=[2, 4, 8], depths=[0, 1, 2, 4], **cal)
+    step = DecisionStep(mode="merge", n_nodes=12, widths=[2, 4, 8], depths=[0, 1, 2, 4], probe_half_life=None, **cal)
     cost, draft = CostModel.linear(0.01, 0.0001).to(), CostModel.linear(0.003, 0.0).to()
     conf = torch.tensor([[0.9, 0.8, 0.7, 0.6], [0.5, 0.5, 0.5, 0.5]])
     drafted = step(root, ModelDraft(model.tokens, conf, torch.full((2,), 4)), ngram, cost=cost, draft_cost=draft)
@@ -339,5 +374,8 @@ def test_skip_rate_comes_from_the_last_drafted_chain_and_skipping_follows_what_p
         step(root, skipped, none, cost=cost, draft_cost=draft)
     with pytest.raises(ValueError, match="never draft the model"):
         DecisionStep(mode="merge", n_nodes=12, depths=[0], **cal)
+    for bad in (0, -2.0, True, "8"):
+        with pytest.raises(ValueError, match="probe_half_life must be a number of steps > 0 or None"):
+            DecisionStep(mode="merge", n_nodes=12, depths=[0, 1], probe_half_life=bad, **cal)
     with pytest.raises(ValueError, match="ints >= 0"):
         DecisionStep(mode="merge", n_nodes=12, depths=[-1, 2], **cal)

@@ -119,19 +119,20 @@ class ReferenceLoop:
     `eagle_min_survival` (stop a chain once its cumulative draft probability is below it) only change drafting
     cost and which drafts are proposed, never the output distribution. `draft_cost` (a `CostModel`: seconds of one
     EAGLE chain position for `R` requests) turns on adaptive drafting in the HYBRID modes: each step the core decides
-    how deep the next step's EAGLE chain is (`draft_depths`, default `widths.default_depths(eagle_k)`; see
-    docs/core.md, "Draft depth"). `draft_depths` may include 0, skipping the EAGLE draft on a step: this loop commits
-    accepted tokens to the head (`EagleDrafter.extend`) apart from drafting, so a skipped step saves the chain's
-    lm_head reads (SGLang's draft extend drafts the first token anyway: its floor is depth 1). Not the default: a
-    skipped model is re-priced at the rate it had when it stopped, which is never refreshed, and on the demo's code
-    edits that kept a better head out (docs/reference.md, "Latest demo results").
+    how deep the next step's EAGLE chain is (`draft_depths`, default `(0,) + widths.default_depths(eagle_k)`; see
+    docs/core.md, "Draft depth"). Depth 0 skips the EAGLE draft on a step: this loop commits accepted tokens to the
+    head (`EagleDrafter.extend`) apart from drafting, so a skipped step saves the chain's lm_head reads (SGLang's
+    draft extend drafts the first token anyway: its floor is depth 1, and `draft_depths` without 0 reproduces it).
+    `probe_half_life`: skipped steps after which a skipped model's unobserved rate has moved half way to 1, so that
+    it is drafted, and measured, again (docs/core.md, "Depth 0"; None: never re-drafted unless the price changes).
     """
 
     def __init__(self, target, mode: str = "merge", head=None, eagle_k: int = 8, ngram_k: int = 8,
                  n_nodes: int = 12, temperature: float = 0.0, cost=None, ngram_cal=None, model_cal=None,
                  ngram_tree: bool | None = None, seed: int = 0, eos_token_id: int | None = None,
                  ngram_kwargs: dict | None = None, price_single: bool = False, draft_dtype=None,
-                 eagle_min_survival: float = 0.0, draft_cost=None, draft_depths=None):
+                 eagle_min_survival: float = 0.0, draft_cost=None, draft_depths=None,
+                 probe_half_life: float | None = 8.0):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mode in ("eagle", "choose", "merge") and head is None:
@@ -160,7 +161,7 @@ class ReferenceLoop:
         #: adaptive drafting: HYBRID modes with a draft cost (the core prices each depth's forwards)
         self.depths = None
         if draft_cost is not None and mode in ("choose", "merge"):
-            depths = draft_depths if draft_depths is not None else default_depths(eagle_k)
+            depths = draft_depths if draft_depths is not None else (0, *default_depths(eagle_k))
             self.depths = tuple(sorted(set(depths) | {eagle_k}))
             if self.depths[0] < 0 or self.depths[-1] > eagle_k:
                 raise ValueError(f"draft_depths must be in [0, eagle_k={eagle_k}] (0 = skip), got {draft_depths!r}")
@@ -169,7 +170,7 @@ class ReferenceLoop:
         self.draft_cost = draft_cost.to("cpu") if self.depths is not None else None
         self.decide = DecisionStep(mode="merge" if mode == "merge" else "choose", n_nodes=n_nodes,
                                    model_calibration=self.model_cal, ngram_calibration=self.ngram_cal,
-                                   depths=self.depths)
+                                   depths=self.depths, probe_half_life=probe_half_life)
         self._cost_cache: dict[int, object] = {}
         self._ckw = cache_kw(self.target)
 

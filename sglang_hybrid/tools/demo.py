@@ -219,8 +219,24 @@ def main(argv=None) -> int:
                     help="stop an EAGLE chain once its cumulative draft probability is below this (all modes)")
     ap.add_argument("--draft-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="EAGLE drafting precision (auto: bfloat16 where the CPU has AMX/AVX512-BF16)")
+    ap.add_argument("--draft-depths", default=None,
+                    help="EAGLE depths HYBRID may draft, comma-separated, 0 = skip the draft (default: the reference "
+                         "loop's, 0 then SGLang's; e.g. 1,2,3,4,6 never skips, as in SGLang)")
+    ap.add_argument("--probe-half-life", default="8",
+                    help="skipped steps after which a skipped model's rate has moved half way to 1, so that it is "
+                         "drafted again (depth 0 only; 'none' = never)")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
+    try:
+        depths = None if a.draft_depths is None else tuple(int(x) for x in a.draft_depths.split(",") if x.strip())
+    except ValueError:
+        ap.error(f"--draft-depths must be comma-separated integers, got {a.draft_depths!r}")
+    try:
+        half_life = None if a.probe_half_life.lower() == "none" else float(a.probe_half_life)
+    except ValueError:
+        half_life = -1.0
+    if half_life is not None and not half_life > 0:
+        ap.error(f"--probe-half-life must be a number of steps > 0 or 'none', got {a.probe_half_life!r}")
     if a.quick:
         a.n_chat, a.n_code, a.max_new, a.workloads, a.repeats = 2, 2, 32, "mixed", 1
     if a.long:
@@ -310,7 +326,9 @@ def main(argv=None) -> int:
         loop = ReferenceLoop(target, mode=m, head=head, cost=costs.verify, temperature=a.temperature,
                              eagle_k=a.eagle_k, n_nodes=a.n_nodes, draft_dtype=draft_dtype,
                              eagle_min_survival=a.eagle_min_survival, model_cal=model_cal,
-                             draft_cost=costs.draft_position() if m in ("choose", "merge") else None)
+                             draft_cost=costs.draft_position() if m in ("choose", "merge") else None,
+                             draft_depths=depths if m in ("choose", "merge") else None,
+                             probe_half_life=half_life)
         t0 = time.perf_counter()
         res = loop.generate(ids, a.max_new, ids=[p.id for p in batch], workloads=[p.workload for p in batch],
                             progress=not a.no_progress, desc=f"{w}/{m} #{rep + 1}")
