@@ -11,28 +11,39 @@ from pathlib import Path
 
 
 def code_edit_prompts(n: int):
-    """The reference loop's code-editing prompts, then edits of short held-out standard-library files (real code
-    nobody here wrote; every 10th stdlib file, which the EAGLE head's training excludes)."""
+    """The reference loop's code-editing prompts, then edits of held-out standard-library files (real code nobody
+    here wrote; every 10th stdlib file, which the EAGLE head's training excludes): first renaming the first top-level
+    function of the short files (1200-3500 characters), then, only when more are asked for, the first function or
+    method of the remaining files up to 6000 characters (appended, so the first prompts never change)."""
     import re
 
     from sglang_hybrid.reference import prompts as PR
     from sglang_hybrid.reference.corpus import stdlib_python_files
 
     out = list(PR.CODE_EDITS[:n])
+    sources = []
     for f in stdlib_python_files()[::10]:
-        if len(out) >= n:
-            break
         try:
-            src = f.read_text(encoding="utf-8")
+            sources.append((f, f.read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError):
             continue
-        names = re.findall(r"^def ([a-z_][a-z0-9_]*)\(", src, flags=re.M)
-        if not (1200 <= len(src) <= 3500) or not names:
-            continue
-        fn = names[0]
-        text = (f"Here is the file `{f.name}`:\n```python\n{src}```\nRename the function `{fn}` to "
-                f"`{fn}_renamed` everywhere. Reply with the complete updated file.")
-        out.append(PR.Prompt(f"code-{f.stem}", "code", text))
+    used = set()
+    passes = ((r"^def ([a-z_][a-z0-9_]*)\(", 3500, ""), (r"^(?:    )?def ([a-z_][a-z0-9_]*)\(", 6000, "__"))
+    for pattern, max_chars, skip_prefix in passes:
+        for f, src in sources:
+            if len(out) >= n:
+                return out
+            names = [x for x in re.findall(pattern, src, flags=re.M) if not (skip_prefix and x.startswith(skip_prefix))]
+            if f in used or not (1200 <= len(src) <= max_chars) or not names:
+                continue
+            used.add(f)
+            pid = f"code-{f.stem}"
+            if any(p.id == pid for p in out):          # e.g. two packages' __init__.py: ids key the outputs cache
+                pid = f"code-{f.parent.name}-{f.stem}"
+            fn = names[0]
+            text = (f"Here is the file `{f.name}`:\n```python\n{src}```\nRename the function `{fn}` to "
+                    f"`{fn}_renamed` everywhere. Reply with the complete updated file.")
+            out.append(PR.Prompt(pid, "code", text))
     return out
 
 

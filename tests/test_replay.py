@@ -238,3 +238,22 @@ def test_hybrid_policies_call_the_core_and_merge_at_zero_price_contains_both_cha
         for b in range(4):
             got = set(map(int, m.tokens[b][m.tokens[b] >= 0]))
             assert set(map(int, ng_toks[b][: ng_len[b]])) <= got and set(map(int, e_toks[b])) <= got
+
+
+def test_code_edit_prompts_extend_without_changing_the_first_ones():
+    """Trace recording's code prompts: asking for more appends (the outputs cache and the split into training and
+    held-out requests key on the first ones), ids are unique, and every stdlib file is a held-out one (every 10th
+    file, which the EAGLE head's training excludes)."""
+    from bench.replay_record import code_edit_prompts
+    from sglang_hybrid.reference import prompts as PR
+    from sglang_hybrid.reference.corpus import stdlib_python_files
+
+    many = code_edit_prompts(40)
+    assert len(many) > 10
+    for k in (1, 3, 10, len(many) - 1):
+        assert [(p.id, p.text) for p in code_edit_prompts(k)] == [(p.id, p.text) for p in many[:k]]
+    assert len({p.id for p in many}) == len(many)
+    assert [p.id for p in many[:len(PR.CODE_EDITS)]] == [p.id for p in PR.CODE_EDITS]
+    held = {f.name for f in stdlib_python_files()[::10]}
+    for p in many[len(PR.CODE_EDITS):]:
+        assert p.workload == "code" and p.text.split("`")[1] in held, p.id

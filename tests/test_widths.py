@@ -175,6 +175,27 @@ def test_padded_step_compiles_fullgraph():
         assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b)
 
 
+def test_skipped_adaptive_step_compiles_fullgraph():
+    """Depth 0 with probing (the rate carried in, moved toward 1) stays graph-safe: same decision compiled."""
+    root, _, ngram = _drafts()
+    cal = dict(model_calibration=ModelCalibration.identity().to(), ngram_calibration=NgramCalibration.load().to())
+    step = DecisionStep(mode="merge", n_nodes=12, widths=[2, 4, 8], depths=[0, 1, 2, 4], probe_half_life=4.0, **cal)
+    cost, draft = CostModel.linear(0.01, 0.0005).to(), CostModel.linear(0.002, 0.0001).to()
+    skipped = ModelDraft(torch.zeros((3, 0), dtype=torch.int64), torch.zeros((3, 0)), torch.zeros(3, dtype=torch.int64))
+    rate = torch.tensor([0.2, 0.5, 0.9])
+
+    def run(root, ngram, rate):
+        d = step(root, skipped, ngram, cost=cost, width=4, draft_cost=draft, model_rate=rate, check_values=False)
+        return d.tree.tokens, d.tree.valid, d.next_width, d.next_depth, d.model_rate
+
+    want = run(root, ngram, rate)
+    torch._dynamo.reset()
+    got = torch.compile(run, fullgraph=True, backend="aot_eager")(root, ngram, rate)
+    for a, b in zip(want, got):
+        assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b)
+    assert torch.allclose(want[-1], 1.0 - (1.0 - rate) * 0.5 ** 0.25)
+
+
 def _extended(model: ModelDraft, d: int) -> ModelDraft:
     """``model`` cut to (or extended up to) depth ``d`` as the depth rule scores it: with identity calibration the
     conditional acceptance is the draft probability, so an undrafted position gets the flat-in-depth rate
