@@ -46,6 +46,7 @@ import torch
 from .calibration import ModelCalibration, ModelCalibrationTables, NgramCalibrationTables
 from .cost import CostTables
 from .price import price_device
+from .request_bias import corrected_acceptance
 from .selector import Candidates, Source, VerifyTree, select
 from .survival import chain_survival, tree_survival
 from .widths import check_buckets, choose_plan, truncate
@@ -88,7 +89,9 @@ class Decision(NamedTuple):
     (with depth candidates: the chosen one; else this step's depth). ``model_rate`` (``[B]`` float32, adaptive
     drafting only, else None): each request's per-position model acceptance the depths were scored with, measured
     from this step's chain (``s_last ** (1 / depth)``) or, when the step drafted nothing (depth 0), the rate passed
-    in moved toward 1 by one step of probing; an engine that can skip keeps it per request and passes it back."""
+    in moved toward 1 by one step of probing; an engine that can skip keeps it per request and passes it back.
+    ``model_acceptance`` (``[B, S]`` float32): each model-chain token's conditional acceptance the step priced with
+    (calibrated, then corrected by ``model_bias`` when given), what ``request_bias.update_bias`` learns against."""
 
     tree: VerifyTree
     b_star: torch.Tensor
@@ -98,6 +101,7 @@ class Decision(NamedTuple):
     next_width: torch.Tensor
     next_depth: torch.Tensor
     model_rate: Optional[torch.Tensor] = None
+    model_acceptance: Optional[torch.Tensor] = None
 
 
 class DecisionStep:
@@ -184,12 +188,20 @@ class DecisionStep:
                              Source.NGRAM)
         return model_s, ngram_s, dt, rate[:, 0]
 
-    def model_survival(self, draft: ModelDraft, check_values: Optional[bool] = None) -> torch.Tensor:
+    def model_acceptance(self, draft: ModelDraft, check_values: Optional[bool] = None,
+                         bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Each chain token's conditional acceptance ``[B, S]``: the calibration of its draft probability, shifted by
+        the request's online offset ``bias [B]`` when given (``request_bias.corrected_acceptance``)."""
         b, s = draft.tokens.shape
         depth = torch.arange(1, s + 1, device=draft.tokens.device, dtype=torch.int64).expand(b, s)
         a = self.model_cal.acceptance(draft.confidence.to(torch.float32).clamp(0.0, 1.0), depth,
                                       check_values=check_values)
-        return chain_survival(a, draft.length, check_values=check_values)
+        return a if bias is None else corrected_acceptance(a, bias)
+
+    def model_survival(self, draft: ModelDraft, check_values: Optional[bool] = None,
+                       bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return chain_survival(self.model_acceptance(draft, check_values, bias), draft.length,
+                              check_values=check_values)
 
     def ngram_survival(self, draft: NgramDraft, check_values: Optional[bool] = None) -> torch.Tensor:
         if self.ngram_cal is None:
@@ -204,7 +216,7 @@ class DecisionStep:
                  ngram: Optional[NgramDraft] = None, *, cost: Optional[CostTables] = None,
                  batch: Union[int, torch.Tensor, None] = None, check_values: Optional[bool] = None,
                  width: Optional[int] = None, draft_cost: Optional[CostTables] = None,
-                 model_rate: Optional[torch.Tensor] = None) -> Decision:
+                 model_rate: Optional[torch.Tensor] = None, model_bias: Optional[torch.Tensor] = None) -> Decision:
         """Decide the verify tree for one decode step.
 
         ``root_tokens [B]``: each request's last committed token. ``cost``: the batch's step-time tables (None: price
@@ -214,6 +226,8 @@ class DecisionStep:
         the deepest depth wins). With ``depths`` the model chain must be drafted at one of them; a chain of 0 tokens
         (depth 0: the engine skipped the model draft) needs ``model_rate [B]``, each request's per-position model
         acceptance carried from the previous step (``Decision.model_rate``); it is ignored when a chain was drafted.
+        ``model_bias [B]``: each request's online offset on the model side's calibrated logit (``request_bias``; None:
+        the calibration alone).
         """
         if width is not None:
             if self.widths is None:
@@ -222,12 +236,16 @@ class DecisionStep:
                 raise ValueError(f"width {width!r} is not one of the verify width buckets {self.widths}")
         b = root_tokens.shape[0]
         dev = root_tokens.device
+        if model_bias is not None and tuple(model_bias.shape) != (b,):
+            raise ValueError(f"model_bias must have shape ({b},) (one offset per request), got "
+                             f"{tuple(model_bias.shape)}")
         if model is not None:
-            s_m = self.model_survival(model, check_values)
+            a_m = self.model_acceptance(model, check_values, model_bias)
+            s_m = chain_survival(a_m, model.length, check_values=check_values)
             model_c = Candidates.chain(model.tokens.to(torch.int64), s_m, model.length, Source.MODEL)
         else:
             model_c = Candidates.empty(b, Source.MODEL, dev)
-            s_m = model_c.survival
+            s_m = a_m = model_c.survival
         if ngram is not None:
             s_n = self.ngram_survival(ngram, check_values)
             ngram_c = Candidates(ngram.tokens.to(torch.int64), ngram.parents.to(torch.int64), s_n, ngram.length,
@@ -265,18 +283,18 @@ class DecisionStep:
                 choice = choose_plan(full.survival[None], full.valid[None], buckets, cost, r, cur_depth.reshape(1))
             tree = truncate(full, self.max_width if width is None else width)
             return Decision(tree, choice.b_star, choice.lam, s_m, s_n, choice.width, choice.depth,
-                            rate if adaptive else None)
+                            rate if adaptive else None, a_m)
         next_width = torch.full((), self.max_width, dtype=torch.int64, device=dev)
         if adaptive:
             return self._ragged_adaptive(root, model_s, ngram_s, dt, k, r, cost, draft_cost, s_m, s_n, next_width,
-                                         check_values)._replace(model_rate=rate)
+                                         check_values)._replace(model_rate=rate, model_acceptance=a_m)
         if cost is not None:
             b_star, lam = price_device(torch.cat([s_m, s_n], 1), r, cost, check_values=check_values)
         else:
             b_star = torch.full((), b * (s_m.shape[1] + s_n.shape[1]), dtype=torch.int64, device=dev)
             lam = torch.zeros((), dtype=torch.float32, device=dev)
         tree = select(root, [model_c, ngram_c], lam, mode=self.mode, n_nodes=self.n_nodes, check_values=check_values)
-        return Decision(tree, b_star, lam, s_m, s_n, next_width, cur_depth)
+        return Decision(tree, b_star, lam, s_m, s_n, next_width, cur_depth, None, a_m)
 
     def _ragged_adaptive(self, root, model_s: Candidates, ngram_s: Candidates, dt: torch.Tensor, k: int, r, cost,
                          draft_cost, s_m, s_n, next_width, check_values) -> Decision:

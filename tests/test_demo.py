@@ -182,6 +182,7 @@ def test_default_threads():
     (["--draft-depths", "0,x"], "--draft-depths must be comma-separated integers, got '0,x'"),
     (["--probe-half-life", "0"], "--probe-half-life must be a number of steps > 0 or 'none', got '0'"),
     (["--probe-half-life", "soon"], "--probe-half-life must be a number of steps > 0 or 'none', got 'soon'"),
+    (["--model-bias-eta", "-1"], "--model-bias-eta must be a learning rate > 0 or 'none', got '-1'"),
 ])
 def test_bad_adaptive_drafting_options_are_refused_before_any_work(argv, message, capsys):
     with pytest.raises(SystemExit) as e:

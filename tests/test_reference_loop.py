@@ -64,6 +64,10 @@ def test_adaptive_drafting_is_lossless_and_changes_the_depth(pair, mode):
     assert max(drafted) <= 4 and any(d < 4 for d in drafted if d > 0), drafted
     with pytest.raises(ValueError, match="draft_depths needs draft_cost"):
         ReferenceLoop(model, mode=mode, head=head, cost=COST, draft_depths=(1, 2))
+    with pytest.raises(ValueError, match="model_bias_eta must be a learning rate > 0 or None"):
+        ReferenceLoop(model, mode=mode, head=head, cost=COST, model_bias_eta=0.0)
+    assert ReferenceLoop(model, mode=mode, head=head, cost=COST).model_bias_eta == 0.1
+    assert ReferenceLoop(model, mode="eagle", head=head, cost=COST).model_bias_eta is None   # unpriced baseline
     with pytest.raises(ValueError, match=r"draft_depths must be in \[0, eagle_k=4\]"):
         ReferenceLoop(model, mode=mode, head=head, cost=COST, eagle_k=4, draft_depths=(1, 5),
                       draft_cost=CostModel.linear(0.004, 0.0005))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang_hybrid.reference.drafters import EagleDrafter, NgramSource
+from sglang_hybrid.request_bias import chain_outcome, update_bias
 from sglang_hybrid.selector import Source
 from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
 from sglang_hybrid.widths import default_depths
@@ -125,6 +126,8 @@ class ReferenceLoop:
     draft extend drafts the first token anyway: its floor is depth 1, and `draft_depths` without 0 reproduces it).
     `probe_half_life`: skipped steps after which a skipped model's unobserved rate has moved half way to 1, so that
     it is drafted, and measured, again (docs/core.md, "Depth 0"; None: never re-drafted unless the price changes).
+    `model_bias_eta` (HYBRID modes): learning rate of each request's online offset on the EAGLE side's calibrated
+    logit, learned from the request's own verify outcomes (`sglang_hybrid.request_bias`; None: the calibration alone).
     """
 
     def __init__(self, target, mode: str = "merge", head=None, eagle_k: int = 8, ngram_k: int = 8,
@@ -132,7 +135,7 @@ class ReferenceLoop:
                  ngram_tree: bool | None = None, seed: int = 0, eos_token_id: int | None = None,
                  ngram_kwargs: dict | None = None, price_single: bool = False, draft_dtype=None,
                  eagle_min_survival: float = 0.0, draft_cost=None, draft_depths=None,
-                 probe_half_life: float | None = 8.0):
+                 probe_half_life: float | None = 8.0, model_bias_eta: float | None = 0.1):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mode in ("eagle", "choose", "merge") and head is None:
@@ -154,6 +157,11 @@ class ReferenceLoop:
         self.ngram_kwargs = ngram_kwargs or {}
         self.draft_dtype = draft_dtype
         self.eagle_min_survival = eagle_min_survival
+        if model_bias_eta is not None and not (isinstance(model_bias_eta, (int, float))
+                                               and not isinstance(model_bias_eta, bool) and model_bias_eta > 0):
+            raise ValueError(f"model_bias_eta must be a learning rate > 0 or None, got {model_bias_eta!r}")
+        #: online per-request offset on the EAGLE side's calibrated logit (HYBRID modes, which price the chain)
+        self.model_bias_eta = model_bias_eta if mode in ("choose", "merge") and eagle_k else None
         from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
 
         self.ngram_cal = (ngram_cal or NgramCalibration.load()).to("cpu") if self.ngram_k else None
@@ -244,6 +252,8 @@ class ReferenceLoop:
         depth = self.eagle_k                  # the EAGLE chain length this step drafts (adaptive drafting changes it)
         # per request: the model's per-position acceptance at its last drafted step (scores depths on skipped steps)
         model_rate = torch.zeros(len(prompts), dtype=torch.float32)
+        # per request: the online offset on the EAGLE side's calibrated logit (request_bias), 0 at admission
+        model_bias = torch.zeros(len(prompts), dtype=torch.float32) if self.model_bias_eta else None
         bar = None
         if progress:
             from tqdm import tqdm
@@ -276,7 +286,8 @@ class ReferenceLoop:
             priced = self.mode in ("choose", "merge") or (self.price_single and self.mode != "none")
             rid_index = torch.tensor(rids, dtype=torch.int64)
             decision = self.decide(root, model, ngram_draft, cost=self._batch_cost(R) if priced else None,
-                                   draft_cost=self.draft_cost, model_rate=model_rate[rid_index])
+                                   draft_cost=self.draft_cost, model_rate=model_rate[rid_index],
+                                   model_bias=None if model_bias is None else model_bias[rid_index])
             tree, lam = decision.tree, decision.lam
             if self.depths is not None:
                 depth = int(decision.next_depth)          # the host reads it: the loop drafts the next step itself
@@ -299,6 +310,15 @@ class ReferenceLoop:
             # 5. commit
             acc_nodes, acc_len, bonus = acc.accepted_nodes.tolist(), acc.accept_len.tolist(), acc.bonus.tolist()
             lam_f = float(lam)
+            if model_bias is not None and m_tok.shape[1] > 0:
+                # the request's own outcome: its chain against the tokens this step commits (accepted, then bonus)
+                committed = torch.full((R, max(acc_len) + 1), -1, dtype=torch.int64)
+                for b in range(R):
+                    path = acc_nodes[b][1:1 + acc_len[b]]
+                    committed[b, :acc_len[b] + 1] = torch.cat([tree.tokens[b, path], torch.tensor([bonus[b]])])
+                tested, hit = chain_outcome(m_tok, m_len, committed, torch.tensor(acc_len) + 1)
+                model_bias[rid_index] = update_bias(model_bias[rid_index], decision.model_acceptance, tested, hit,
+                                                    self.model_bias_eta)
             for b, r in enumerate(active):
                 m = acc_len[b]
                 path = acc_nodes[b][:1 + m]

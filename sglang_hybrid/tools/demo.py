@@ -225,6 +225,9 @@ def main(argv=None) -> int:
     ap.add_argument("--probe-half-life", default="8",
                     help="skipped steps after which a skipped model's rate has moved half way to 1, so that it is "
                          "drafted again (depth 0 only; 'none' = never)")
+    ap.add_argument("--model-bias-eta", default="0.1",
+                    help="learning rate of each request's online offset on the EAGLE confidence (HYBRID; 'none' = "
+                         "the calibration alone)")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -237,6 +240,12 @@ def main(argv=None) -> int:
         half_life = -1.0
     if half_life is not None and not half_life > 0:
         ap.error(f"--probe-half-life must be a number of steps > 0 or 'none', got {a.probe_half_life!r}")
+    try:
+        bias_eta = None if a.model_bias_eta.lower() == "none" else float(a.model_bias_eta)
+    except ValueError:
+        bias_eta = -1.0
+    if bias_eta is not None and not bias_eta > 0:
+        ap.error(f"--model-bias-eta must be a learning rate > 0 or 'none', got {a.model_bias_eta!r}")
     if a.quick:
         a.n_chat, a.n_code, a.max_new, a.workloads, a.repeats = 2, 2, 32, "mixed", 1
     if a.long:
@@ -328,7 +337,7 @@ def main(argv=None) -> int:
                              eagle_min_survival=a.eagle_min_survival, model_cal=model_cal,
                              draft_cost=costs.draft_position() if m in ("choose", "merge") else None,
                              draft_depths=depths if m in ("choose", "merge") else None,
-                             probe_half_life=half_life)
+                             probe_half_life=half_life, model_bias_eta=bias_eta)
         t0 = time.perf_counter()
         res = loop.generate(ids, a.max_new, ids=[p.id for p in batch], workloads=[p.workload for p in batch],
                             progress=not a.no_progress, desc=f"{w}/{m} #{rep + 1}")
