@@ -168,11 +168,17 @@ def test_padded_step_compiles_fullgraph():
         d = step(root, model, ngram, cost=cost, width=4, check_values=False)
         return d.tree.tokens, d.tree.valid, d.next_width, d.b_star, d.lam
 
-    want = run(root, model, ngram)
+    _assert_compiles(run, root, model, ngram)
+
+
+def _assert_compiles(run, *args):
+    """``run(*args)`` compiled with ``fullgraph=True`` returns what it returns eagerly; returns the eager result."""
+    want = run(*args)
     torch._dynamo.reset()
-    got = torch.compile(run, fullgraph=True, backend="aot_eager")(root, model, ngram)
+    got = torch.compile(run, fullgraph=True, backend="aot_eager")(*args)
     for a, b in zip(want, got):
         assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b)
+    return want
 
 
 def test_skipped_adaptive_step_compiles_fullgraph():
@@ -188,11 +194,7 @@ def test_skipped_adaptive_step_compiles_fullgraph():
         d = step(root, skipped, ngram, cost=cost, width=4, draft_cost=draft, model_rate=rate, check_values=False)
         return d.tree.tokens, d.tree.valid, d.next_width, d.next_depth, d.model_rate
 
-    want = run(root, ngram, rate)
-    torch._dynamo.reset()
-    got = torch.compile(run, fullgraph=True, backend="aot_eager")(root, ngram, rate)
-    for a, b in zip(want, got):
-        assert torch.equal(a, b) if not a.is_floating_point() else torch.allclose(a, b)
+    want = _assert_compiles(run, root, ngram, rate)
     assert torch.allclose(want[-1], 1.0 - (1.0 - rate) * 0.5 ** 0.25)
 
 

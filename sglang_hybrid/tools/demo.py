@@ -185,6 +185,19 @@ def _load() -> str:
         return "n/a"
 
 
+def _positive_or_none(ap, value: str, flag: str, what: str) -> float | None:
+    """A command-line number that must be > 0, or 'none' (the feature off); anything else is a usage error."""
+    if value.lower() == "none":
+        return None
+    try:
+        x = float(value)
+    except ValueError:
+        x = -1.0
+    if not x > 0:
+        ap.error(f"{flag} must be {what} > 0 or 'none', got {value!r}")
+    return x
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sglang_hybrid.tools.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("out/demo"), help="folder for the table, plot and traces")
@@ -234,18 +247,8 @@ def main(argv=None) -> int:
         depths = None if a.draft_depths is None else tuple(int(x) for x in a.draft_depths.split(",") if x.strip())
     except ValueError:
         ap.error(f"--draft-depths must be comma-separated integers, got {a.draft_depths!r}")
-    try:
-        half_life = None if a.probe_half_life.lower() == "none" else float(a.probe_half_life)
-    except ValueError:
-        half_life = -1.0
-    if half_life is not None and not half_life > 0:
-        ap.error(f"--probe-half-life must be a number of steps > 0 or 'none', got {a.probe_half_life!r}")
-    try:
-        bias_eta = None if a.model_bias_eta.lower() == "none" else float(a.model_bias_eta)
-    except ValueError:
-        bias_eta = -1.0
-    if bias_eta is not None and not bias_eta > 0:
-        ap.error(f"--model-bias-eta must be a learning rate > 0 or 'none', got {a.model_bias_eta!r}")
+    half_life = _positive_or_none(ap, a.probe_half_life, "--probe-half-life", "a number of steps")
+    bias_eta = _positive_or_none(ap, a.model_bias_eta, "--model-bias-eta", "a learning rate")
     if a.quick:
         a.n_chat, a.n_code, a.max_new, a.workloads, a.repeats = 2, 2, 32, "mixed", 1
     if a.long:
