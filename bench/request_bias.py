@@ -34,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-EPS = 1e-6
+from sglang_hybrid.request_bias import EPS
+
 DEFAULT_TRACE = Path("out/traces/cal_t0_heldout.jsonl")
 
 
@@ -84,10 +85,10 @@ def evaluate(requests: list[list[tuple[np.ndarray, np.ndarray]]], etas, lag: int
     and its 90 % request-bootstrap interval."""
     from sglang_hybrid.calibration_metrics import brier, ece
 
-    base = [np.concatenate([a for a, _ in r]) if r else np.zeros(0) for r in requests]
+    base = [np.clip(np.concatenate([a for a, _ in r]), EPS, 1 - EPS) if r else np.zeros(0) for r in requests]
     ys = [np.concatenate([y for _, y in r]) if r else np.zeros(0) for r in requests]
     y = np.concatenate(ys)
-    b = np.clip(np.concatenate(base), EPS, 1 - EPS)
+    b = np.concatenate(base)
     out = {"n": int(len(y)), "requests": len(requests), "hit": float(y.mean()), "calibrated": {
         "brier": brier(b, y), "ece": ece(b, y), "mean": float(b.mean())}, "online": {}}
     rng = np.random.default_rng(seed)
@@ -95,7 +96,7 @@ def evaluate(requests: list[list[tuple[np.ndarray, np.ndarray]]], etas, lag: int
     for eta in etas:
         on = [online_predictions(r, eta, lag) for r in requests]
         o = np.concatenate(on)
-        diff = [((oi - yi) ** 2 - (np.clip(bi, EPS, 1 - EPS) - yi) ** 2) for oi, bi, yi in zip(on, base, ys)]
+        diff = [((oi - yi) ** 2 - (bi - yi) ** 2) for oi, bi, yi in zip(on, base, ys)]
         sums, counts = np.array([d.sum() for d in diff]), np.array([len(d) for d in diff])
         boots = [sums[i].sum() / max(counts[i].sum(), 1) for i in picks]
         out["online"][eta] = {"brier": brier(o, y), "ece": ece(o, y), "mean": float(o.mean()),

@@ -198,10 +198,8 @@ class DecisionStep:
                                       check_values=check_values)
         return a if bias is None else corrected_acceptance(a, bias)
 
-    def model_survival(self, draft: ModelDraft, check_values: Optional[bool] = None,
-                       bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return chain_survival(self.model_acceptance(draft, check_values, bias), draft.length,
-                              check_values=check_values)
+    def model_survival(self, draft: ModelDraft, check_values: Optional[bool] = None) -> torch.Tensor:
+        return chain_survival(self.model_acceptance(draft, check_values), draft.length, check_values=check_values)
 
     def ngram_survival(self, draft: NgramDraft, check_values: Optional[bool] = None) -> torch.Tensor:
         if self.ngram_cal is None:

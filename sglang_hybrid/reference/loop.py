@@ -310,19 +310,20 @@ class ReferenceLoop:
             # 5. commit
             acc_nodes, acc_len, bonus = acc.accepted_nodes.tolist(), acc.accept_len.tolist(), acc.bonus.tolist()
             lam_f = float(lam)
+            # per request, the tokens this step commits after the root: the accepted drafts, then the bonus token
+            emitted_all = [tree.tokens[b, acc_nodes[b][1:1 + acc_len[b]]].tolist() + [bonus[b]] for b in range(R)]
             if model_bias is not None and m_tok.shape[1] > 0:
-                # the request's own outcome: its chain against the tokens this step commits (accepted, then bonus)
+                # the request's own outcome: its chain against the tokens this step commits
                 committed = torch.full((R, max(acc_len) + 1), -1, dtype=torch.int64)
-                for b in range(R):
-                    path = acc_nodes[b][1:1 + acc_len[b]]
-                    committed[b, :acc_len[b] + 1] = torch.cat([tree.tokens[b, path], torch.tensor([bonus[b]])])
+                for b, e in enumerate(emitted_all):
+                    committed[b, :len(e)] = torch.tensor(e, dtype=torch.int64)
                 tested, hit = chain_outcome(m_tok, m_len, committed, torch.tensor(acc_len) + 1)
                 model_bias[rid_index] = update_bias(model_bias[rid_index], decision.model_acceptance, tested, hit,
                                                     self.model_bias_eta)
             for b, r in enumerate(active):
                 m = acc_len[b]
                 path = acc_nodes[b][:1 + m]
-                emitted = tree.tokens[b, path[1:]].tolist() + [bonus[b]]
+                emitted = emitted_all[b]
                 src = tree.source[b, 1:nvalid[b]].tolist()
                 srcs = set(src)
                 source = "none" if not srcs else (SOURCE_LABELS[Source(src[0])] if len(srcs) == 1 else "both")
