@@ -26,6 +26,12 @@ draft forwards     ``d`` per step (``policies.draft_forwards``), ``d``    same
                    width lag; at least 1: a depth is chosen from the
                    previous step's survivals); ``num_steps`` when
                    ``adaptive_depth`` is off
+model offset       each HYBRID request's online offset on the EAGLE       same
+                   side's calibrated logit (the worker's setting
+                   ``model_bias_eta``, ``request_bias``), learned from
+                   its chain against the tokens committed since, before
+                   the next decision (the worker updates it after each
+                   verify, on the device)
 =================  =====================================================  ============================================
 
 Host time: `bench.host_path` measured the worker's whole n-gram host path per decode step (feed new tokens, batched
@@ -87,6 +93,9 @@ class EngineConfig:
     widths: Optional[tuple] = None      # None: sglang_hybrid.widths.default_buckets(n_nodes + 1)
     #: adaptive drafting (the worker with a draft_cost_table): its default depths, ``widths.default_depths``
     adaptive_depth: bool = True
+    #: HYBRID's online offset on the EAGLE side's calibrated logit: the worker's setting ``model_bias_eta`` and its
+    #: default (None: off); the model-only baselines run without it, as the reference loop's do
+    model_bias_eta: Optional[float] = 0.1
 
     @property
     def depths(self) -> Optional[tuple]:
@@ -150,10 +159,12 @@ class EngineConfig:
         return "overlapping the device (step = max)" if self.host_overlaps else "charged (step = device + host)"
 
     def _depth_text(self) -> str:
+        bias = ("; HYBRID's online EAGLE offset off" if self.model_bias_eta is None
+                else f"; HYBRID's online EAGLE offset eta={self.model_bias_eta:g}")
         if self.depths is None:
-            return f"EAGLE depth fixed at {self.num_steps}"
+            return f"EAGLE depth fixed at {self.num_steps}{bias}"
         return (f"EAGLE depth chosen by DecisionStep among {self.depths}, applied {self.depth_lag} step(s) later "
-                "(adaptive drafting)")
+                f"(adaptive drafting){bias}")
 
 
 class LateNgram:
@@ -290,6 +301,7 @@ class EnginePolicy(P.Policy):
                                              ngram_calibration=core.ngram_cal if ngram else None,
                                              widths=self.widths, depths=self.depths)
         self._draft_tables: dict = {}
+        self.bias_eta = engine.model_bias_eta if ngram else None
         self.late = LateNgram(engine.proposal_width, engine.ngram_k, engine.ngram_lag, engine.context_lookup) if (
             ngram and engine.as_built) else None
         self.stats: dict = {}
@@ -305,6 +317,25 @@ class EnginePolicy(P.Policy):
         if self.late is not None:
             self.late.reset(batch)
         self.stats = {}
+        #: per batch slot: the request's online model offset, and what the last step drafted (to learn from)
+        self.model_bias = self.core.torch.zeros(batch, dtype=self.core.torch.float32)
+        self._last_model = None
+
+    def _learn_model_bias(self, view) -> None:
+        """Move each continuing request's offset by its last chain's outcome against the tokens committed since (the
+        trace's, ``view.pos - pos_then`` of them, bonus included); a slot holding a new request starts at 0."""
+        from sglang_hybrid.request_bias import chain_outcome, update_bias
+
+        if self._last_model is None:
+            return
+        t = self.core.torch
+        req0, pos0, model, acceptance, bias = self._last_model
+        cont = (np.asarray(view.req) == req0) & (np.asarray(view.pos) > pos0)
+        n = t.as_tensor(np.where(cont, np.asarray(view.pos) - pos0, 0), dtype=t.int64)
+        committed = t.as_tensor(view.drafts.targets(req0, pos0, max(1, model.tokens.shape[1])), dtype=t.int64)
+        tested, hit = chain_outcome(model.tokens, model.length, committed, n)
+        new = update_bias(bias, acceptance, tested, hit, self.bias_eta)
+        self.model_bias = t.where(t.as_tensor(cont), new, 0.0)
 
     def _draft_cost(self, seconds: float):
         """One EAGLE draft forward at this batch size as the core's cost tables (constant in the batch: the replay
@@ -332,16 +363,22 @@ class EnginePolicy(P.Policy):
         root = c.torch.as_tensor(view.root)
         model = c.model_draft(etoks, eprobs)
         b = len(view.req)
+        bias = None
+        if self.bias_eta is not None:
+            self._learn_model_bias(view)
+            bias = self.model_bias
         if self.widths is None:
-            d = self.decide(root, model, ngram, cost=view.cost, check_values=False, draft_cost=draft_cost)
+            d = self.decide(root, model, ngram, cost=view.cost, check_values=False, draft_cost=draft_cost,
+                            model_bias=bias)
             prop = P._tree_to_proposal(d.tree, P.draft_forwards(depth))
         else:
             width = self.pending.popleft() if self.engine.width_lag > 0 else None
             if width is None:   # lag 0 (a what-if): decide at full width, verify the chosen bucket this step
-                full = self.decide(root, model, ngram, cost=view.cost, check_values=False, draft_cost=draft_cost)
+                full = self.decide(root, model, ngram, cost=view.cost, check_values=False, draft_cost=draft_cost,
+                                   model_bias=bias)
                 width = int(full.next_width)
             d = self.decide(root, model, ngram, cost=view.cost, check_values=False, width=width,
-                            draft_cost=draft_cost)
+                            draft_cost=draft_cost, model_bias=bias)
             if self.engine.width_lag > 0:
                 self.pending.append(int(d.next_width))
             self.width_counts[width] += 1
@@ -352,6 +389,8 @@ class EnginePolicy(P.Policy):
                 prop.host_overlaps = self.engine.host_overlaps
         if self.depths is not None:
             self.depth_pending.append(int(d.next_depth))
+        if bias is not None:
+            self._last_model = (np.array(view.req), np.array(view.pos), model, d.model_acceptance, bias)
         self.last_lambda = float(d.lam)
         st = dict(self.late.stats) if self.late is not None else {}
         st["width_counts"] = dict(self.width_counts)

@@ -305,3 +305,62 @@ def test_realistic_runner_tunes_hybrids_eagle_steps_like_the_baselines():
                        ("check", "-", "code", 4, best, 1))
     assert runner.runs[(src, "as built", "code", 4, "hybrid_merge", 1)].tok_per_s == other.tok_per_s
     assert runner.cell(src, "as built", "code", 4)["hybrid_steps"] == steps
+
+
+@pytest.mark.parametrize("eagle_right", [True, False])
+def test_hybrid_learns_the_workers_online_model_offset(eagle_right):
+    """HYBRID's online EAGLE offset in the replay, against a plain-Python oracle: each step of a continuing request
+    prices its chain with the offset the previous step left, ``b + eta * sum (hit - a')`` over the chain tokens up
+    to the first that differs from the trace's committed tokens (``view.pos`` moved by the emitted count, bonus
+    included); a request admitted to the slot starts at 0 (the one-request stream admits it twice). A right chain
+    under-priced at 0.3 is raised, a wrong one lowered; the model-only baseline has no offset."""
+    import torch
+
+    from sglang_hybrid.request_bias import corrected_acceptance
+
+    core = _core_or_skip()
+    trace = one_request_trace(L=12, k=4, eagle_right=eagle_right)
+    trace[0].eagle_probs[:] = 0.3
+    eng = replay_engine.EngineConfig.ideal(num_steps=4, ngram_k=4, n_nodes=8)
+    bank = replay_drafts.DraftBank(trace, k=4, ngram_width=eng.proposal_width)
+    pol = replay_engine.EnginePolicy("h", "merge", 4, 8, core, eng)
+    assert pol.bias_eta == eng.model_bias_eta == 0.1
+    seen = []                  # per step: (output position, chain, offset priced with, acceptances priced)
+    decide, propose, current = pol.decide, pol.propose, {}
+
+    def decide_recording(root, model, ngram, **kw):
+        d = decide(root, model, ngram, **kw)
+        seen.append((int(current["view"].pos[0]), model.tokens[0].tolist(), float(kw["model_bias"][0]),
+                     d.model_acceptance[0].tolist()))
+        return d
+
+    def propose_recording(view):
+        current["view"] = view
+        return propose(view)
+
+    pol.decide, pol.propose = decide_recording, propose_recording
+    replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05))
+    out = trace[0].output.tolist()
+    calibrated = core.model_cal.acceptance
+    assert seen[0][2] == 0.0
+    for (pos, chain, bias, acc), (pos_next, _, bias_next, _) in zip(seen, seen[1:]):
+        if pos_next <= pos:                            # the request was admitted again: a fresh offset
+            assert bias_next == 0.0
+            continue
+        committed = out[pos:pos_next]
+        g = 0.0
+        for j, tok in enumerate(chain):
+            if j >= len(committed):
+                break
+            g += (tok == committed[j]) - acc[j]
+            if tok != committed[j]:
+                break
+        assert bias_next == pytest.approx(bias + 0.1 * g, abs=1e-6)
+        conf = torch.full((1, len(chain)), 0.3)
+        depth = torch.arange(1, len(chain) + 1)[None]
+        want = corrected_acceptance(calibrated(conf, depth, check_values=False), torch.tensor([bias]))
+        assert acc == pytest.approx(want[0].tolist(), abs=1e-6)
+    biases = [b for _, _, b, _ in seen]
+    assert (max(biases) > 0.1) if eagle_right else (min(biases) < -0.1)
+    baseline = replay_engine.EnginePolicy("m", "choose", 4, 4, core, eng, ngram=False)
+    assert baseline.bias_eta is None

@@ -457,3 +457,48 @@ def test_rows_whose_late_proposal_misaligned_take_the_device_prompt_lookup():
     assert step.context.tokens[1, 12:15].tolist() == [12, 13, 14]
     with pytest.raises(ValueError, match="needs the batch's slots"):
         feeder.stage_batch([req], [3])
+
+
+def test_model_offset_is_learned_per_request_and_reset_with_the_slot():
+    """Each request's online offset on the EAGLE side (``request_bias``) is learned on the device from the tokens its
+    verify committed: a request whose chain was all accepted is priced higher next step, one whose first token was
+    rejected lower, by exactly ``request_bias.update_bias``; a new request in a reused slot (new generation) starts
+    from the calibration alone, and ``model_bias_eta = None`` turns it off."""
+    from sglang_hybrid.request_bias import update_bias
+    from sglang_hybrid.step import ModelDraft
+
+    eta = 0.5
+    step = HybridStep(HybridSettings(mode="choose", ngram_k=K, model_bias_eta=eta), num_steps=3, pool_size=4,
+                      device="cpu")
+    slots, gen, seq = torch.tensor([0, 2]), torch.tensor([0, 0]), torch.tensor([5, 5])
+    chain = torch.tensor([[11, 12, 13], [21, 22, 23]])
+    conf = torch.full((2, 3), 0.6)
+    calibrated = step.decide.model_acceptance(ModelDraft(chain, conf, torch.tensor([3, 3])))
+    d = step.select(torch.tensor([7, 8]), chain, conf, slots, gen, seq)
+    assert torch.equal(d.model_acceptance, calibrated)                    # new requests: the calibration alone
+    # request 0 committed its whole chain and a bonus token; request 1's first drafted token was not the target's
+    emitted = torch.tensor([[11, 12, 13, 14, -1], [99, -1, -1, -1, -1]])
+    step.after_verify(d.tree, slots, seq, emitted, torch.tensor([4, 1]))
+    tested = torch.tensor([[True, True, True], [True, False, False]])
+    hit = torch.tensor([[True, True, True], [False, False, False]])
+    want = update_bias(torch.zeros(2), calibrated, tested, hit, eta)
+    assert want[0] > 0 > want[1]
+    assert torch.allclose(step.model_bias[slots], want) and step.model_bias_gen[slots].tolist() == [0, 0]
+    snap = step.counters.snapshot()                       # the calibration seen live: 4 tested tokens, 3 accepted
+    assert snap["model_tested"] == 4 and snap["model_accepted"] == pytest.approx(0.75)
+    assert snap["model_predicted"] == pytest.approx(float(calibrated[tested].mean()))
+    d2 = step.select(torch.tensor([14, 99]), chain, conf, slots, gen, seq + torch.tensor([4, 1]))
+    assert (d2.model_acceptance[0] > calibrated[0]).all() and (d2.model_acceptance[1] < calibrated[1]).all()
+    # slot 2 taken over by a new request (generation 1): its offset is not inherited
+    d3 = step.select(torch.tensor([8]), chain[1:], conf[1:], torch.tensor([2]), torch.tensor([1]), torch.tensor([3]))
+    assert torch.equal(d3.model_acceptance, calibrated[1:])
+    with pytest.raises(ValueError, match="once per select"):
+        step.after_verify(d3.tree, slots, seq, emitted, torch.tensor([4, 1]))
+    off = HybridStep(HybridSettings(mode="choose", ngram_k=K, model_bias_eta=None), num_steps=3, pool_size=4,
+                     device="cpu")
+    assert off.model_bias is None
+    d_off = off.select(torch.tensor([7, 8]), chain, conf, slots, gen, seq)
+    off.after_verify(d_off.tree, slots, seq, emitted, torch.tensor([4, 1]))
+    assert torch.equal(off.select(torch.tensor([14, 99]), chain, conf, slots, gen, seq + 1).model_acceptance,
+                       calibrated)
+    assert off.counters.snapshot()["model_tested"] == 4  # counted with the correction off too

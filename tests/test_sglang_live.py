@@ -75,6 +75,10 @@ def test_self_check_choose_and_merge_equal_plain_greedy():
     assert choose["chosen_model"] > 0, choose                             # and EAGLE chains elsewhere (chat)
     assert merge["chosen_mixed"] > 0 and merge["mean_accepted_mixed"] > 0, merge
     assert merge["ngram_available"] > 0, merge
+    for counters in (choose, merge):
+        # every verify tested EAGLE chain tokens against the emitted ones (what the online offset learns from)
+        assert counters["model_tested"] > 0 and 0 < counters["model_predicted"] < 1, counters
+        assert 0 < counters["model_accepted"] < 1, counters
     code = [i for i, pid in enumerate(_prompt_ids()) if pid.startswith("code")]
     by_mode = {(r["mode"], r["prompt_index"]): r for r in recs}
     assert max(by_mode[("choose", i)]["accept_length"] for i in code) > 1.5

@@ -9,9 +9,12 @@ at the verify width the host picked for this step, and the EAGLE depth and width
 
 The decision itself is the core's ``DecisionStep``, the same one the reference loop and the replay call; this
 module only adds what is specific to the engine: the n-gram proposals arrive one step late and are aligned on the
-device first, and a row whose proposal did not align takes the device's prompt lookup over its committed tokens
-(``context_lookup``; setting ``context_lookup``). Kept apart from the SGLang worker so it runs (and is tested) on CPU
-tensors with no SGLang objects. Static shapes, no host sync: CUDA-graph and ``torch.compile`` safe.
+device first, a row whose proposal did not align takes the device's prompt lookup over its committed tokens
+(``context_lookup``; setting ``context_lookup``), and each request's online offset on the EAGLE side's calibrated
+acceptance (``request_bias``; setting ``model_bias_eta``) lives in a slot-indexed table, tagged with the slot
+generation it was learned for, so a request that takes over a slot starts from the calibration alone. Kept apart
+from the SGLang worker so it runs (and is tested) on CPU tensors with no SGLang objects. Static shapes, no host
+sync: CUDA-graph and ``torch.compile`` safe.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import torch
 
 from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
 from sglang_hybrid.cost import CostModel
+from sglang_hybrid.request_bias import chain_outcome, update_bias
 from sglang_hybrid.selector import VerifyTree
 from sglang_hybrid.step import Decision, DecisionStep, ModelDraft, NgramDraft
 from sglang_hybrid.survival import chain_parents
@@ -65,6 +69,16 @@ class HybridStep:
         self.context = (context_lookup.alloc_context(pool_size, max_context_len, self.device)
                         if settings.context_lookup and max_context_len else None)
         self.counters = counters if counters is not None else HybridCounters(self.device)
+        #: per slot: the online offset on the EAGLE side's calibrated logit (``request_bias``) and the slot generation
+        #: it was learned for (-1: none yet); None when the setting ``model_bias_eta`` is off
+        self.model_bias_eta = settings.model_bias_eta
+        self.model_bias = (torch.zeros(pool_size, dtype=torch.float32, device=self.device)
+                           if self.model_bias_eta is not None else None)
+        self.model_bias_gen = (torch.full((pool_size,), -1, dtype=torch.int64, device=self.device)
+                               if self.model_bias_eta is not None else None)
+        #: what ``after_verify`` counts and learns from, kept by ``select``: (slots, generations, model chain, offsets
+        #: used or None, acceptances priced)
+        self._model_step: Optional[tuple] = None
 
     def max_depth_at(self, width: int) -> int:
         """Deepest draft path a tree of ``width`` nodes (root included) can hold."""
@@ -93,8 +107,13 @@ class HybridStep:
         k = self.k           # the aligned proposal is up to proposal_width long; the selector sees its first k
         ngram = NgramDraft(ng.tokens[:, :k], chain_parents(b, k, dev), ng.length.clamp(max=k), ng.match_len[:, :k],
                            ng.count[:, :k], ng.total[:, :k], ng.depth[:, :k], ng.source[:, :k])
+        bias = None
+        if self.model_bias is not None:
+            gen = cur_gen.to(torch.int64)
+            bias = torch.where(self.model_bias_gen[slots] == gen, self.model_bias[slots], 0.0)
         d = self.decide(root_tokens, model, ngram, cost=self.cost, check_values=False, width=width,
-                        draft_cost=self.draft_cost)
+                        draft_cost=self.draft_cost, model_bias=bias)
+        self._model_step = (slots, cur_gen.to(torch.int64), model_tokens, bias, d.model_acceptance)
         self.counters.on_select(d.tree, ngram.length, d.lam, d.b_star, depth=s, from_lookup=from_lookup)
         return d
 
@@ -110,10 +129,23 @@ class HybridStep:
     def after_verify(self, tree: VerifyTree, slots: torch.Tensor, seq_lens_before: torch.Tensor,
                      emitted: torch.Tensor, accept_lens: torch.Tensor) -> None:
         """Record emitted tokens (``emitted[b, :accept_lens[b]]``, bonus included) in the ring and the context table;
-        count acceptance."""
+        count acceptance; see how each request's EAGLE chain fared against them (``request_bias.chain_outcome``:
+        known whatever tree was verified), count it, and learn the request's online model offset from it."""
+        model_step, self._model_step = self._model_step, None
+        if model_step is not None and model_step[0].shape != slots.shape:
+            raise ValueError(f"after_verify got {slots.shape[0]} requests but the step selected for "
+                             f"{model_step[0].shape[0]}: call it once per select, with the same batch")
         d = min(emitted.shape[1], self.max_depth + 1)
         alignment.ring_write_emitted(self.buffers, slots, seq_lens_before, emitted[:, :d], accept_lens)
         if self.context is not None:
             context_lookup.write_rows(self.context, slots, seq_lens_before.to(torch.int64) + 1, emitted[:, :d],
                                       accept_lens)
         self.counters.on_accept(tree, accept_lens)
+        if model_step is not None:
+            slots_m, gen, chain, bias, acceptance = model_step
+            length = torch.full_like(accept_lens, chain.shape[1], dtype=torch.int64)
+            tested, hit = chain_outcome(chain, length, emitted, accept_lens.to(torch.int64))
+            self.counters.on_model_outcome(tested, hit, acceptance)
+            if bias is not None:
+                self.model_bias.index_copy_(0, slots_m, update_bias(bias, acceptance, tested, hit, self.model_bias_eta))
+                self.model_bias_gen.index_copy_(0, slots_m, gen)

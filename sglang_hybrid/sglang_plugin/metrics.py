@@ -8,8 +8,10 @@ Per request and step the verify tree is classed by where its draft nodes came fr
 verifying), *model* (EAGLE only), *ngram* (n-gram only), *mixed* (a merged tree, or tokens both drafters proposed).
 Logged: requests per class, mean accepted draft tokens per class, mean price lambda, mean budget b*, how often an
 n-gram proposal existed and how often it came from the device prompt lookup (the host's did not align), mean drafted
-nodes, the share of verify slots that were padding, and how many steps
-ran at each verify width bucket and EAGLE draft depth (host counts: both are chosen on the host).
+nodes, the share of verify slots that were padding, how many steps ran at each verify width bucket and EAGLE draft
+depth (host counts: both are chosen on the host), and the EAGLE side's calibration seen live: over the chain tokens
+each verify tested (``request_bias.chain_outcome``), the mean acceptance HYBRID priced them with against the fraction
+the target accepted (two numbers far apart say the model calibration does not fit this deployment).
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ REQ = {c: 6 + i for i, c in enumerate(CLASSES)}
 ACC = {c: 10 + i for i, c in enumerate(CLASSES)}
 SLOTS = 14          # verify slots paid for: requests x verify width
 NGRAM_LOOKUP = 15   # requests whose n-gram proposal came from the device prompt lookup
-SIZE = 16
+MODEL_TESTED, MODEL_PRED, MODEL_HIT = 16, 17, 18   # EAGLE chain tokens tested; their priced acceptance; hits
+SIZE = 19
 
 
 def tree_class(source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -89,6 +92,13 @@ class HybridCounters:
         acc = (accept_lens.to(torch.float64) - 1).clamp(min=0)
         self.totals[10:14] += torch.zeros(4, dtype=torch.float64, device=acc.device).index_add_(0, cls, acc)
 
+    def on_model_outcome(self, tested: torch.Tensor, hit: torch.Tensor, acceptance: torch.Tensor) -> None:
+        """Count the EAGLE chain tokens a verify tested (``tested [B, S]`` bool), how many the target accepted
+        (``hit``), and the acceptance they were priced with (``acceptance [B, S]``)."""
+        t = tested.to(torch.float64)
+        self.totals[MODEL_TESTED:MODEL_HIT + 1] += torch.stack(
+            [t.sum(), (t * acceptance.to(torch.float64)).sum(), (t * hit.to(torch.float64)).sum()])
+
     def snapshot(self) -> dict:
         """Host dict of the totals (synchronous: for tests and shutdown, not the step)."""
         return summarize(self.totals.detach().cpu(), self.width_steps, self.depth_steps)
@@ -145,6 +155,10 @@ def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: 
         out[f"mean_accepted_{c}"] = v[ACC[c]] / n if n else 0.0
     # verify slots spent on padding: requests verify at the step's width whatever their trees hold
     out["padded_fraction"] = 1.0 - (v[NODES] + v[REQS]) / v[SLOTS] if v[SLOTS] else 0.0
+    tested = v[MODEL_TESTED]
+    out["model_tested"] = int(tested)
+    out["model_predicted"] = v[MODEL_PRED] / tested if tested else 0.0
+    out["model_accepted"] = v[MODEL_HIT] / tested if tested else 0.0
     out["width_steps"] = {str(w): n for w, n in sorted((width_steps or {}).items())}
     out["depth_steps"] = {str(d): n for d, n in sorted((depth_steps or {}).items())}
     return out
@@ -155,6 +169,8 @@ def format_summary(s: dict) -> str:
              f"ngram_avail={s['ngram_available']:.2f}", f"ngram_lookup={s['ngram_from_lookup']:.2f}",
              f"nodes/req={s['mean_nodes']:.2f}"]
     parts.append(f"padded={s['padded_fraction']:.2f}")
+    if s.get("model_tested"):
+        parts.append(f"eagle_priced={s['model_predicted']:.2f} eagle_accepted={s['model_accepted']:.2f}")
     if s.get("width_steps"):
         parts.append("widths=" + ",".join(f"{w}:{n}" for w, n in s["width_steps"].items()))
     if s.get("depth_steps"):
