@@ -35,7 +35,21 @@ from bench import replay_costs, replay_record, replay_traces
 from bench import replay_report as report
 from bench.cost_tables import roofline
 from bench.replay_drafts import DraftBank, DrafterUnavailable
+from bench.replay_engine import EngineConfig
 from bench.replay_sim import RunResult, request_stream, simulate
+
+
+def _eta_or_none(value: str):
+    """``--model-bias-eta``: a learning rate > 0, or 'none' (the online offset off)."""
+    if value.lower() == "none":
+        return None
+    try:
+        eta = float(value)
+    except ValueError:
+        eta = -1.0
+    if not eta > 0:
+        raise argparse.ArgumentTypeError(f"must be a learning rate > 0 or 'none', got {value!r}")
+    return eta
 
 
 def main(argv=None) -> int:
@@ -83,6 +97,9 @@ def main(argv=None) -> int:
     rg.add_argument("--fixed-depth", action="store_true",
                     help="HYBRID drafts every EAGLE step every step (no adaptive drafting; the worker without a "
                          "draft_cost_table)")
+    rg.add_argument("--model-bias-eta", type=_eta_or_none, default=EngineConfig.model_bias_eta, metavar="ETA",
+                    help="learning rate of HYBRID's online EAGLE offset (the worker's setting model_bias_eta; "
+                         "default: as shipped, off)")
     rg.add_argument("--no-sweep", action="store_true", help="realistic: the headline point alpha=0.7/0.9 only")
     rg.add_argument("--hybrid-steps", type=int, nargs="*", default=[6],
                     help="realistic: EAGLE step counts HYBRID is also run with besides the deployed 4, the best per "
@@ -100,7 +117,8 @@ def main(argv=None) -> int:
         cfg = RR.Config(requests=args.requests, out_tokens=args.out_tokens, seeds=tuple(args.seeds),
                         batches=batches, width_lag=args.width_lag, ngram_lag=args.ngram_lag,
                         adaptive_depth=not args.fixed_depth, hybrid_steps=tuple(args.hybrid_steps),
-                        gpu_context=args.gpu_context, real_trace=args.real_trace, sweep=not args.no_sweep,
+                        model_bias_eta=args.model_bias_eta, gpu_context=args.gpu_context, real_trace=args.real_trace,
+                        sweep=not args.no_sweep,
                         out=args.out if args.out != Path("out/replay") else Path("out/replay_realistic"),
                         sweep_modes=RR.MODES if args.sweep_ideal else ("as built",),
                         **({"plot": args.plot} if args.plot else {}))
@@ -129,10 +147,11 @@ def main(argv=None) -> int:
     if not args.ideal and not args.ngram_tree:
         # the engine as built (bench/replay_engine.py): the core-decided policies run with padded width buckets,
         # the width lag, late n-gram proposals through the plugin's alignment and the measured host path
-        from bench.replay_engine import EngineConfig, EnginePolicy
+        from bench.replay_engine import EnginePolicy
 
         engine = EngineConfig(width_lag=args.width_lag, ngram_lag=args.ngram_lag, num_steps=k, ngram_k=k,
-                              n_nodes=merge_nodes, adaptive_depth=not args.fixed_depth)
+                              n_nodes=merge_nodes, adaptive_depth=not args.fixed_depth,
+                              model_bias_eta=args.model_bias_eta)
         for i, pol in enumerate(pols):
             if pol.name in ("model_adaptive", "hybrid_choose", "hybrid_merge"):
                 mode = "merge" if pol.name == "hybrid_merge" else "choose"

@@ -95,7 +95,7 @@ class EngineConfig:
     adaptive_depth: bool = True
     #: HYBRID's online offset on the EAGLE side's calibrated logit: the worker's setting ``model_bias_eta`` and its
     #: default (None: off); the model-only baselines run without it, as the reference loop's do
-    model_bias_eta: Optional[float] = 0.1
+    model_bias_eta: Optional[float] = None
 
     @property
     def depths(self) -> Optional[tuple]:

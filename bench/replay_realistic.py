@@ -107,6 +107,8 @@ class Config:
     width_lag: int = 2
     ngram_lag: int = 1
     adaptive_depth: bool = True
+    #: HYBRID's online EAGLE offset (``EngineConfig.model_bias_eta``; None: off)
+    model_bias_eta: Optional[float] = EngineConfig.model_bias_eta
     gpu_context: int = 2048
     real_trace: Optional[Path] = None
     sweep: bool = True
@@ -121,8 +123,10 @@ class Runner:
         self.runs: dict = {}      # (source, mode, workload, batch, policy, seed) -> RunResult
         self.best: dict = {}      # (source, mode, workload, batch, "model"|"ngram") -> policy name
         self.engines = {"as built": EngineConfig(width_lag=cfg.width_lag, ngram_lag=cfg.ngram_lag,
-                                                 adaptive_depth=cfg.adaptive_depth),
-                        "ideal": EngineConfig.ideal(adaptive_depth=cfg.adaptive_depth)}
+                                                 adaptive_depth=cfg.adaptive_depth,
+                                                 model_bias_eta=cfg.model_bias_eta),
+                        "ideal": EngineConfig.ideal(adaptive_depth=cfg.adaptive_depth,
+                                                    model_bias_eta=cfg.model_bias_eta)}
         self.core = P._Core()
         self.specs = replay_costs.gpu_cost_spec(sorted(set(cfg.batches) | {b for _, b in cfg.sweep_cells}),
                                                 cfg.gpu_context)

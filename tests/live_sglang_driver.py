@@ -55,12 +55,15 @@ def _dear_slots(tmp: Path) -> dict:
 def abort_case(model: str, prompts: list[str]) -> dict:
     """A streaming request aborted after its second chunk; then a code edit and the chat, as one batch of different
     lengths. The engine prices verify slots and draft forwards (``_dear_slots``), so it also switches EAGLE depths and
-    verify widths."""
+    verify widths, and learns each request's online EAGLE offset (``model_bias_eta``, off by default), which a request
+    taking over the aborted one's slot must not inherit."""
+    from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
+
     n_new = 8
     prompts = prompts[:2]
     reference = _reference(model, prompts, n_new)
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_abort_"))
-    env = _dear_slots(tmp)
+    env = {**_dear_slots(tmp), ENV_PREFIX + "MODEL_BIAS_ETA": "0.1"}
     os.environ.update(env)
     eng = _engine(model, hybrid=True)
     try:

@@ -321,10 +321,10 @@ def test_hybrid_learns_the_workers_online_model_offset(eagle_right):
     core = _core_or_skip()
     trace = one_request_trace(L=12, k=4, eagle_right=eagle_right)
     trace[0].eagle_probs[:] = 0.3
-    eng = replay_engine.EngineConfig.ideal(num_steps=4, ngram_k=4, n_nodes=8)
+    eng = replay_engine.EngineConfig.ideal(num_steps=4, ngram_k=4, n_nodes=8, model_bias_eta=0.1)
     bank = replay_drafts.DraftBank(trace, k=4, ngram_width=eng.proposal_width)
     pol = replay_engine.EnginePolicy("h", "merge", 4, 8, core, eng)
-    assert pol.bias_eta == eng.model_bias_eta == 0.1
+    assert pol.bias_eta == 0.1
     seen = []                  # per step: (output position, chain, offset priced with, acceptances priced)
     decide, propose, current = pol.decide, pol.propose, {}
 
@@ -364,3 +364,25 @@ def test_hybrid_learns_the_workers_online_model_offset(eagle_right):
     assert (max(biases) > 0.1) if eagle_right else (min(biases) < -0.1)
     baseline = replay_engine.EnginePolicy("m", "choose", 4, 4, core, eng, ngram=False)
     assert baseline.bias_eta is None
+
+
+def test_model_offset_option_reaches_both_engines_and_bad_values_are_refused(monkeypatch):
+    """``--model-bias-eta`` sets the offset's learning rate of both realistic engines ('none': off; default: the
+    worker's shipped setting); anything not > 0 is a usage error before any work."""
+    from bench import replay
+    from sglang_hybrid.sglang_plugin.config import HybridSettings
+
+    assert replay_engine.EngineConfig().model_bias_eta == HybridSettings().model_bias_eta   # what the worker ships
+    seen = {}
+    monkeypatch.setattr(replay_realistic, "run", lambda cfg: seen.setdefault("cfg", cfg) and 0)
+    for value, want in (("none", None), ("0.3", 0.3)):
+        seen.clear()
+        replay.main(["--realistic", "--model-bias-eta", value])
+        runner = replay_realistic.Runner(seen["cfg"])
+        assert {e.model_bias_eta for e in runner.engines.values()} == {want}
+    seen.clear()
+    replay.main(["--realistic"])
+    assert seen["cfg"].model_bias_eta is None
+    for bad in ("0", "-1", "fast"):
+        with pytest.raises(SystemExit):
+            replay.main(["--realistic", "--model-bias-eta", bad])

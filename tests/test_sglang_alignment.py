@@ -377,15 +377,16 @@ def test_proposals_survive_a_step_that_accepted_everything():
 
 
 def test_decode_step_compiles_fullgraph(tmp_path):
-    """The whole per-step device path (align, calibrate, price with a cost table, select, counters, mask, ring
-    update) traces as one graph: no host sync or data-dependent Python branching."""
+    """The whole per-step device path (align, calibrate with the online EAGLE offset, price with a cost table,
+    select, counters, mask, ring update, the offset's update) traces as one graph: no host sync or data-dependent
+    Python branching."""
     from sglang_hybrid.cost import CostModel
     from sglang_hybrid.sglang_plugin.verify_input import full_mask, tree_links_torch
 
     cost = tmp_path / "cost.json"
     CostModel.linear(0.01, 0.0001).save(cost)
-    step = HybridStep(HybridSettings(mode="merge", ngram_k=K, cost_table=str(cost)), num_steps=3, pool_size=8,
-                      device="cpu")
+    step = HybridStep(HybridSettings(mode="merge", ngram_k=K, cost_table=str(cost), model_bias_eta=0.1), num_steps=3,
+                      pool_size=8, device="cpu")
     _publish(step.buffers, 3, [5, 6, 7], at=9, gen=0)
 
     def decode_step(root, chain, conf, slots, gen, seq, emitted, accept_lens):

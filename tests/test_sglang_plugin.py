@@ -211,7 +211,7 @@ def test_settings_validation_names_the_setting(tmp_path):
         HybridSettings(draft_cost_table="d.json", draft_depths=[0, 5]).resolved_draft_depths(4)
     with pytest.raises(HybridConfigError, match="'draft_depths' = \\[1\\] needs 'draft_cost_table'"):
         HybridSettings(draft_depths=[1]).resolved_draft_depths(4)
-    assert HybridSettings().model_bias_eta == 0.1
+    assert HybridSettings().model_bias_eta is None                              # off unless asked for
     assert load_settings({"SGLANG_HYBRID_MODEL_BIAS_ETA": "none"}).model_bias_eta is None
     assert load_settings({"SGLANG_HYBRID_MODEL_BIAS_ETA": "0.3"}).model_bias_eta == 0.3
     for bad in ("0", "true", "fast"):

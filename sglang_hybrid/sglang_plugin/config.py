@@ -76,10 +76,11 @@ class HybridSettings(BaseModel):
                           "included); default with a draft_cost_table: every depth up to 4, steps // 2, steps "
                           "(widths.default_depths); [] = off")
     model_bias_eta: Optional[float] = Field(
-        0.1, gt=0, le=10, strict=True,
+        None, gt=0, le=10, strict=True,
         description="learning rate of each request's online offset on the EAGLE side's calibrated acceptance, learned "
-                    "on the device from the request's own verify outcomes (sglang_hybrid.request_bias); none = the "
-                    "calibration alone")
+                    "on the device from the request's own verify outcomes (sglang_hybrid.request_bias; 0.03-0.1 "
+                    "sensible); default none: the calibration alone (the offset improves calibration but not the "
+                    "replay's throughput, see docs/sglang.md)")
     context_lookup: bool = Field(
         True, description="rows whose late n-gram proposal did not align (after an edit point, or a step that accepted "
                           "the model chain) take a prompt lookup over the request's committed tokens, done on the "
