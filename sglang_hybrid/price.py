@@ -11,7 +11,8 @@ interval that separates the budget from the rest: at most ``s_(b*)`` (every slot
 and above ``s_(b*+1)`` when that survival is positive (the next slot does not). Ties at the boundary pass together.
 On smooth tables the clamp rarely binds; ``lambda`` stays ``0`` when every positive slot fits the budget.
 
-``price_device`` is sort + cumsum + argmax on the device (no host sync).
+``price_device`` is sort + cumsum + argmax on the device (no host sync); ``price_rows`` prices several candidate
+sets of one batch at once (adaptive drafting prices every candidate depth), the same arithmetic row by row.
 """
 from __future__ import annotations
 
@@ -32,6 +33,17 @@ def price_device(survivals: torch.Tensor, num_requests: Union[int, torch.Tensor]
     ``G`` over ``b = 0..B*K`` (so zero-survival slots never enter the budget unless ``T`` is flat).
     """
     _checks.float_tensor(survivals, "survivals", 2)
+    b_star, lam = price_rows(survivals[None], num_requests, cost, check_values)
+    return b_star.squeeze(0), lam.squeeze(0)
+
+
+def price_rows(survivals: torch.Tensor, num_requests: Union[int, torch.Tensor], cost: CostTables,
+               check_values: Optional[bool] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``price_device`` of each of ``D`` alternative candidate sets of the same batch: ``survivals [D, B, K]`` ->
+    ``(b_star [D] int64, lam [D] float32)``, row ``d`` equal to ``price_device(survivals[d], ...)``. One sort, cumsum
+    and argmax over all rows: why it exists is the per-step cost of adaptive drafting, which prices every candidate
+    depth."""
+    _checks.float_tensor(survivals, "survivals", 3)
     if not isinstance(cost, CostTables):
         raise TypeError("cost must be a CostTables (use CostModel.to(device))")
     if cost.device != survivals.device:
@@ -45,23 +57,24 @@ def price_device(survivals: torch.Tensor, num_requests: Union[int, torch.Tensor]
         raise ValueError(f"num_requests must be a non-negative int, got {num_requests!r}")
     if _checks.want_values(check_values, survivals):
         _checks.probabilities(survivals, "survivals")
-    flat = survivals.reshape(-1).to(torch.float32)
-    srt = torch.sort(flat, descending=True).values
-    csum = torch.cat([torch.zeros(1, dtype=torch.float32, device=flat.device), torch.cumsum(srt, 0)])
-    b = torch.arange(csum.numel(), device=flat.device)
+    d = survivals.shape[0]
+    flat = survivals.reshape(d, -1).to(torch.float32)
+    srt = torch.sort(flat, dim=1, descending=True).values
+    csum = torch.cat([torch.zeros((d, 1), dtype=torch.float32, device=flat.device), torch.cumsum(srt, 1)], 1)
+    b = torch.arange(csum.shape[1], device=flat.device)
     # torch.full (a fill kernel), not as_tensor (a host-to-device copy that CUDA graph capture rejects)
     r = (num_requests.to(torch.float32) if isinstance(num_requests, torch.Tensor)
          else torch.full((), float(num_requests), dtype=torch.float32, device=flat.device))
-    g = (r + csum) / cost.step_time(r + b)
-    b_star = torch.argmax(g)          # first maximum: the smallest optimal budget
-    g_star = g.amax()
+    g = (r + csum) / cost.step_time(r + b)[None, :]
+    b_star = torch.argmax(g, 1)       # first maximum per row: the smallest optimal budget
+    g_star = g.amax(1)
     n_star = r + b_star.to(torch.float32)
     lam = g_star * (cost.step_time(n_star + 1.0) - cost.step_time(n_star))
     # s_(b*) (inf when b* = 0) and s_(b*+1) (0 past the last slot), by one gather on a padded copy.
-    inf = torch.full((1,), float("inf"), dtype=torch.float32, device=flat.device)
-    padded = torch.cat([inf, srt, torch.zeros_like(inf)])
+    inf = torch.full((d, 1), float("inf"), dtype=torch.float32, device=flat.device)
+    padded = torch.cat([inf, srt, torch.zeros_like(inf)], 1)
     # gather, not padded[b_star]: a tensor used as a Python index is data-dependent for torch.compile
-    s_in, s_out = padded.gather(0, torch.stack([b_star, b_star + 1])).unbind(0)
-    lo = torch.where(s_out > 0, torch.nextafter(s_out, inf[0]), torch.zeros_like(s_out))
+    s_in, s_out = padded.gather(1, torch.stack([b_star, b_star + 1], 1)).unbind(1)
+    lo = torch.where(s_out > 0, torch.nextafter(s_out, inf[:, 0]), torch.zeros_like(s_out))
     lam = torch.minimum(torch.maximum(lam, lo), s_in)
     return b_star, lam

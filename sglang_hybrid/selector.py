@@ -170,22 +170,30 @@ def _check_inputs(root_tokens, candidates, lam, mode, n_nodes, check_values):
 def _fold_identical_paths(tok, par, depth, valid, max_depth: int):
     """Merge: fold every node whose token path equals an earlier pool node's path into that node.
 
-    Pool arrays ``[B, P]`` (``par`` = pool index of the parent, ``-1`` for children of the root). Returns
-    ``(rep, same)``: ``rep [B, P]`` the lowest pool index with the same path (the node itself when unique or invalid)
-    and ``same [B, P, P]`` the path-equality relation. Path equality is built from the leaves' token equality by
-    ``max_depth`` rounds of "and the parents are path-equal" (static count: graph safe).
+    Pool arrays ``[B, P]`` (``par`` = pool index of the parent, ``-1`` for children of the root; ``depth`` = the
+    parent's + 1, 1 under the root; no node deeper than ``max_depth``). Returns ``(rep, same)``: ``rep [B, P]`` the
+    lowest pool index with the same path (the node itself when unique or invalid) and ``same [B, P, P]`` the
+    path-equality relation.
+
+    Two nodes have the same path when they are equal (valid, same token, same depth) at every level from themselves
+    up to the root. Built by pointer doubling (why: the decision step's per-step cost is mostly small tensor ops, and
+    this takes ``ceil(log2(max_depth))`` rounds where walking up one level per round took ``max_depth``): after round
+    ``r``, ``same[i, j]`` says the nodes are equal on their ``2^r`` lowest levels (levels above the root count as
+    equal; equal depths mean both run out together), and ``up`` holds each node's ``2^r``-th ancestor. A static
+    round count: graph safe.
     """
     b, p = tok.shape
     dev = tok.device
-    base = valid[:, :, None] & valid[:, None, :] & (tok[:, :, None] == tok[:, None, :]) & \
+    same = valid[:, :, None] & valid[:, None, :] & (tok[:, :, None] == tok[:, None, :]) & \
         (depth[:, :, None] == depth[:, None, :])
-    both_top = (par[:, :, None] < 0) & (par[:, None, :] < 0)
-    pi = par.clamp(min=0)
+    up = par.to(torch.int64)
     bi = torch.arange(b, device=dev)[:, None, None]
-    same = base & both_top
-    for _ in range(max_depth):
-        up = same[bi, pi[:, :, None], pi[:, None, :]]                 # [B, P, P]: parents path-equal
-        same = base & (both_top | up)
+    for _ in range(max(0, max_depth - 1).bit_length()):
+        has = up >= 0
+        ui = up.clamp(min=0)
+        above = same[bi, ui[:, :, None], ui[:, None, :]]             # [B, P, P]: the 2^r-th ancestors' relation
+        same = same & (above | ~(has[:, :, None] & has[:, None, :]))
+        up = torch.where(has, torch.gather(up, 1, ui), up)
     idx = torch.arange(p, device=dev)
     big = torch.full((), p, dtype=torch.int64, device=dev)
     rep = torch.where(same, idx[None, None, :], big).amin(-1)

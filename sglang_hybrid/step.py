@@ -45,7 +45,7 @@ import torch
 
 from .calibration import ModelCalibration, ModelCalibrationTables, NgramCalibrationTables
 from .cost import CostTables
-from .price import price_device
+from .price import price_device, price_rows
 from .request_bias import corrected_acceptance
 from .selector import Candidates, Source, VerifyTree, select
 from .survival import chain_survival, tree_survival
@@ -306,9 +306,7 @@ class DecisionStep:
         model_sv = torch.where(j[None, :] < model_s.length[:, None], model_s.survival, 0.0)   # pricing needs 0 padding
         surv = torch.cat([model_sv, ngram_s.survival.to(torch.float32)], 1).reshape(nd, b, -1)
         if cost is not None:
-            priced = [price_device(surv[i], r, cost, check_values=check_values) for i in range(nd)]
-            b_stars = torch.stack([p[0] for p in priced])
-            lams = torch.stack([p[1] for p in priced])
+            b_stars, lams = price_rows(surv, r, cost, check_values=check_values)
         else:
             b_stars = torch.full((nd,), b * surv.shape[2], dtype=torch.int64, device=dev)
             lams = torch.zeros((nd,), dtype=torch.float32, device=dev)

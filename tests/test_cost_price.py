@@ -8,7 +8,7 @@ import torch
 
 from sglang_hybrid import cost as cost_mod
 from sglang_hybrid.cost import CostFileError, CostModel, cost_from_one_batch, profile
-from sglang_hybrid.price import price_device
+from sglang_hybrid.price import price_device, price_rows
 
 torch.set_num_threads(1)
 
@@ -189,6 +189,25 @@ def test_staircase_price_keeps_the_budget():
     assert int((s >= lam).sum()) == 60
     b_h, lam_h = price_host(s.numpy(), 4, bucket)
     assert b_h == 60 and abs(lam_h - float(lam)) < 1e-6
+
+
+def test_price_rows_equal_pricing_each_candidate_set_alone():
+    """``price_rows`` (adaptive drafting prices every candidate depth in one call) gives exactly ``price_device`` of
+    each row: random survivals with zero padding, flat / linear / staircase tables, batch as int and as tensor."""
+    gen = torch.Generator().manual_seed(3)
+    tables = (CostModel([1, 1024], [0.05, 0.05]).to(), CostModel.linear(0.01, 0.0005, max_tokens=8192).to(),
+              STAIRCASE.to())
+    for ct in tables:
+        for d, b, k in ((1, 1, 1), (3, 4, 6), (6, 16, 20)):
+            s = torch.rand((d, b, k), generator=gen) * (torch.rand((d, b, k), generator=gen) > 0.3)
+            for r in (b, torch.tensor(b)):
+                b_rows, lam_rows = price_rows(s, r, ct)
+                assert b_rows.shape == (d,) and lam_rows.shape == (d,)
+                for i in range(d):
+                    b_one, lam_one = price_device(s[i], r, ct)
+                    assert int(b_rows[i]) == int(b_one) and float(lam_rows[i]) == float(lam_one)
+    with pytest.raises(ValueError, match="survivals must be 3-D"):
+        price_rows(torch.rand(4, 6), 4, STAIRCASE.to())
 
 
 def test_price_bad_input():

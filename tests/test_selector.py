@@ -310,6 +310,66 @@ def test_merge_folds_shared_prefix():
     assert abs(float(t.expected_accepted[0]) - 2.5) < 1e-6
 
 
+@pytest.mark.parametrize("max_depth", [1, 2, 3, 5, 8, 17])
+def test_identical_paths_fold_like_comparing_the_paths(max_depth):
+    """Merge's path folding (pointer doubling) against comparing each pool node's whole token path in Python, on
+    random pools of two to three sources: chains and trees over a small vocabulary (so that paths repeat), depths up
+    to ``max_depth``, some invalid nodes."""
+    from sglang_hybrid.selector import _fold_identical_paths
+
+    rng = np.random.default_rng(max_depth)
+    for _ in range(30):
+        b, tok, par, valid = 3, [], [], []
+        for _row in range(b):
+            t_row, p_row, v_row, d_row = [], [], [], []
+            # the first source: a chain or a tree within max_depth; the others copy it with at most one token changed
+            # at a random node (deep near-identical paths, as drafters that agree on a long prefix produce)
+            n, chain = int(rng.integers(1, max_depth + 1)), rng.random() < 0.5
+            shape, first = [], []
+            for i in range(n):
+                parent = i - 1 if chain else int(rng.integers(-1, i))
+                if parent >= 0 and d_row[parent] >= max_depth:
+                    parent = -1                                  # keep every node within max_depth
+                d_row.append(1 + (d_row[parent] if parent >= 0 else 0))
+                shape.append(parent)
+                first.append(int(rng.integers(0, 3)))
+            for src in range(int(rng.integers(2, 4))):
+                base, toks = len(t_row), list(first)
+                if src and rng.random() < 0.8:
+                    toks[int(rng.integers(0, n))] += 1
+                length = int(rng.integers(0, n + 1))
+                for i in range(n):
+                    t_row.append(toks[i])
+                    p_row.append(base + shape[i] if shape[i] >= 0 else -1)
+                    v_row.append(i < length)
+            tok.append(t_row)
+            par.append(p_row)
+            valid.append(v_row)
+        width = max(len(r) for r in tok)
+        for rows, fill in ((tok, -1), (par, -1), (valid, False)):
+            for r in rows:
+                r.extend([fill] * (width - len(r)))
+        tok_t, par_t, valid_t = torch.tensor(tok), torch.tensor(par), torch.tensor(valid)
+
+        def path(row, i):
+            out = []
+            while i >= 0:
+                out.append(tok[row][i])
+                i = par[row][i]
+            return tuple(reversed(out))
+
+        depth = torch.tensor([[len(path(r, i)) if valid[r][i] else 0 for i in range(width)] for r in range(b)])
+        rep, same = _fold_identical_paths(tok_t, par_t, depth, valid_t, max_depth)
+        for r in range(b):
+            for i in range(width):
+                for j in range(width):
+                    # a valid node's ancestors are valid (prefix-valid sources), so its path is all valid nodes
+                    want = bool(valid[r][i] and valid[r][j] and path(r, i) == path(r, j))
+                    assert bool(same[r, i, j]) == want, (r, i, j)
+                first = min([j for j in range(width) if bool(same[r, i, j])], default=i)
+                assert int(rep[r, i]) == (first if valid[r][i] else i)
+
+
 def test_ancestors_from_parents_matches_walk():
     par = torch.tensor([[-1, 0, 1, 0, 3, -1], [-1, 0, 0, 2, 3, 4]])
     anc = ancestors_from_parents(par)
