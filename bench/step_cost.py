@@ -1,6 +1,6 @@
 """CPU cost of the hybrid core per decode step, against one target forward of a SmolLM2-135M-shaped model.
 
-    python -m bench.step_cost [--threads 1] [--repeats 20] [--model random|smollm2] [--no-model]
+    python -m bench.step_cost [--threads 1] [--repeats 20] [--model random|smollm2] [--no-model] [--depths 0,1,2,3,4,8]
 
 For batch 1/4/32/128 and two modes -- ``chain`` (EAGLE chain of 8 vs n-gram chain of 8, ``choose``, 8 verify nodes)
 and ``tree`` (EAGLE chain of 8 + n-gram tree of 16, ``merge``, 16 verify nodes) -- it times, eagerly on the CPU:
@@ -9,6 +9,10 @@ temperature scaling, survivals, device price, select); ``verify`` = ``greedy_acc
 (dominated by the argmax over the vocabulary, which any decoder pays). The target forward verifies the same ``B x W``
 tokens with an empty KV cache (no context attention), i.e. a *lower bound* on the real verify forward, so the printed
 ratios overstate the core's share.
+
+``--depths``: ``decide`` with adaptive drafting, as the reference loop runs it (``DecisionStep(depths=...)`` and a
+draft cost of 2 ms per chain position: every candidate depth is priced, selected and scored each step; the EAGLE chain
+of 8 must be one of the depths).
 
 ``--model random`` (default) builds a randomly initialised ``LlamaForCausalLM`` with SmolLM2-135M's shapes (hidden 576,
 30 layers, 9 heads / 3 KV heads, vocab 49152): same FLOPs as the real model, no conversion needed. ``--model smollm2``
@@ -76,15 +80,23 @@ def make_step_inputs(batch: int, km: int, kn: int, tree: bool, n_nodes: int, dev
     return x
 
 
-def decision_step(x: dict, mode: str, n_nodes: int) -> DecisionStep:
-    return DecisionStep(mode=mode, n_nodes=n_nodes, model_calibration=x["model_cal"], ngram_calibration=x["ngram_cal"])
+#: one EAGLE chain position's draft cost for ``--depths`` (seconds, whatever the batch)
+DRAFT_COST = CostModel([1, 4096], [0.002, 0.002])
 
 
-def decide(x: dict, mode: str, n_nodes: int, tree: bool):
-    """Everything before the target forward: the core's DecisionStep (acceptance -> survival -> price -> select)."""
+def decision_step(x: dict, mode: str, n_nodes: int, depths=None) -> DecisionStep:
+    return DecisionStep(mode=mode, n_nodes=n_nodes, model_calibration=x["model_cal"], ngram_calibration=x["ngram_cal"],
+                        depths=depths)
+
+
+def decide(x: dict, mode: str, n_nodes: int, tree: bool, depths=None):
+    """Everything before the target forward: the core's DecisionStep (acceptance -> survival -> price -> select);
+    with ``depths``, adaptive drafting (every candidate depth scored)."""
     model = ModelDraft(x["model_tokens"], x["prob"], x["model_len"])
     ngram = NgramDraft(x["ngram_tokens"], x["par"], x["ngram_len"], tree=tree, **x["feats"])
-    d = decision_step(x, mode, n_nodes)(x["root"], model, ngram, cost=x["cost"], batch=x["batch"])
+    draft_cost = DRAFT_COST.to("cpu") if depths else None
+    d = decision_step(x, mode, n_nodes, depths)(x["root"], model, ngram, cost=x["cost"], batch=x["batch"],
+                                                draft_cost=draft_cost)
     return d.b_star, d.lam, d.tree
 
 
@@ -126,12 +138,24 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,4,32,128")
     ap.add_argument("--model", default="random", choices=["random", "smollm2"])
     ap.add_argument("--no-model", action="store_true", help="skip the target forward (core timings only)")
+    ap.add_argument("--depths", default=None,
+                    help="comma-separated EAGLE draft depths (0 = skip, must include 8): time decide with adaptive "
+                         "drafting")
     args = ap.parse_args(argv)
+    depths = None
+    if args.depths:
+        try:
+            depths = tuple(int(d) for d in args.depths.split(","))
+        except ValueError:
+            ap.error(f"--depths must be comma-separated ints, got {args.depths!r}")
+        if 8 not in depths or min(depths) < 0:
+            ap.error(f"--depths must be >= 0 and include 8 (the EAGLE chain drafted), got {args.depths!r}")
     torch.set_num_threads(args.threads)
     model, model_desc = (None, "none") if args.no_model else target_model(args.model)
     batches = [int(b) for b in args.batches.split(",")]
     print(f"torch {torch.__version__}, {args.threads} CPU thread(s); target: {model_desc}; medians of "
-          f"{args.repeats} (core) / {args.model_repeats} (target) runs")
+          f"{args.repeats} (core) / {args.model_repeats} (target) runs"
+          + (f"; decide with adaptive drafting, depths {depths}" if depths else ""))
     hdr = (f"{'batch':>5} {'mode':>6} {'W':>3} {'select ms':>10} {'decide ms':>10} {'verify ms':>10}"
            f" {'target fwd ms':>14} {'decide/fwd':>11} {'verify/fwd':>11}")
     print(hdr)
@@ -147,7 +171,7 @@ def main(argv=None) -> int:
                 s_ng = step.ngram_survival(NgramDraft(x["ngram_tokens"], x["par"], x["ngram_len"], tree=m["tree"],
                                                       **x["feats"]))
                 sel = median_ms(lambda: select_only(x, m["mode"], m["n_nodes"], s_m, s_ng, lam), args.repeats)
-                dec = median_ms(lambda: decide(x, m["mode"], m["n_nodes"], m["tree"]), args.repeats)
+                dec = median_ms(lambda: decide(x, m["mode"], m["n_nodes"], m["tree"], depths), args.repeats)
                 ver = median_ms(lambda: greedy_accept(t, x["logits"]), args.repeats)
                 w = m["n_nodes"] + 1
                 if model is not None and w not in fwd_ms:

@@ -159,3 +159,16 @@ def test_step_compiles_fullgraph():
     got = fn()
     assert torch.equal(got.tree.tokens, want.tree.tokens) and torch.equal(got.b_star, want.b_star)
     assert np.isclose(float(got.lam), float(want.lam))
+
+
+def test_step_cost_times_adaptive_drafting():
+    """``bench.step_cost --depths`` times the decision as the reference loop runs it (every candidate depth scored,
+    the full-width tree of the drafted chain returned); malformed depths are refused before any timing."""
+    from bench import step_cost
+
+    x = step_cost.make_step_inputs(4, 8, 16, True, 16, with_logits=False)
+    b_star, lam, tree = step_cost.decide(x, "merge", 16, True, depths=(0, 1, 2, 3, 4, 8))
+    assert tree.tokens.shape == (4, 17) and b_star.dim() == 0 and lam.dim() == 0
+    for bad in ("1,2", "a,8", "-1,8"):
+        with pytest.raises(SystemExit):
+            step_cost.main(["--no-model", "--batches", "1", "--depths", bad])
