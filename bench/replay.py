@@ -36,20 +36,16 @@ from bench import replay_report as report
 from bench.cost_tables import roofline
 from bench.replay_drafts import DraftBank, DrafterUnavailable
 from bench.replay_engine import EngineConfig
+from sglang_hybrid._checks import positive_or_none
 from bench.replay_sim import RunResult, request_stream, simulate
 
 
 def _eta_or_none(value: str):
     """``--model-bias-eta``: a learning rate > 0, or 'none' (the online offset off)."""
-    if value.lower() == "none":
-        return None
     try:
-        eta = float(value)
+        return positive_or_none(value)
     except ValueError:
-        eta = -1.0
-    if not eta > 0:
-        raise argparse.ArgumentTypeError(f"must be a learning rate > 0 or 'none', got {value!r}")
-    return eta
+        raise argparse.ArgumentTypeError(f"must be a learning rate > 0 or 'none', got {value!r}") from None
 
 
 def main(argv=None) -> int:

@@ -16,6 +16,19 @@ _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def positive_or_none(value: str) -> Optional[float]:
+    """A command-line setting that is a number > 0 or 'none' (the feature off); ValueError otherwise."""
+    if value.lower() == "none":
+        return None
+    try:
+        x = float(value)
+    except ValueError:
+        x = -1.0
+    if not x > 0:
+        raise ValueError(f"must be > 0 or 'none', got {value!r}")
+    return x
+
+
 def read_json(path, error: type[Exception]):
     """Parse a JSON file, turning a syntax error into ``error`` naming the file (a missing file stays an OSError)."""
     try:

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from sglang_hybrid._checks import positive_or_none
+
 MODE_LABELS = {"none": "no speculation", "ngram": "n-gram only", "eagle": "EAGLE only",
                "choose": "HYBRID choose", "merge": "HYBRID merge"}
 DEFAULT_MODEL_CALIBRATION = Path(__file__).resolve().parents[1] / "data" / "model_calibration.json"
@@ -187,15 +189,10 @@ def _load() -> str:
 
 def _positive_or_none(ap, value: str, flag: str, what: str) -> float | None:
     """A command-line number that must be > 0, or 'none' (the feature off); anything else is a usage error."""
-    if value.lower() == "none":
-        return None
     try:
-        x = float(value)
+        return positive_or_none(value)
     except ValueError:
-        x = -1.0
-    if not x > 0:
         ap.error(f"{flag} must be {what} > 0 or 'none', got {value!r}")
-    return x
 
 
 def main(argv=None) -> int:
