@@ -119,6 +119,40 @@ def test_prepare_server_args_with_settings(models, monkeypatch, tmp_path):
     assert v.speculative_num_draft_tokens == 11
 
 
+def test_a_cost_table_short_of_the_widest_step_is_reported_at_start(models, monkeypatch, tmp_path):
+    """A cost table that stops before the widest step the engine can verify (--max-running-requests x n_nodes + 1)
+    is named at start with the size to profile up to; one that covers it is not. (The handler sits on the plugin's
+    logger: SGLang reconfigures the root logger while it resolves arguments, which drops pytest's capture.)"""
+    import logging
+
+    from sglang_hybrid.cost import CostModel
+    from sglang_hybrid.sglang_plugin import server_args
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    short, full = tmp_path / "short.json", tmp_path / "full.json"
+    CostModel([1, 64, 128], [0.01, 0.012, 0.02]).save(short)
+    CostModel([1, 64, 16 * 13], [0.01, 0.012, 0.02]).save(full)
+    for path, warned in ((short, True), (full, False)):
+        monkeypatch.setenv("SGLANG_HYBRID_COST_TABLE", str(path))
+        handler = Lines()
+        server_args.logger.addHandler(handler)
+        try:
+            _resolve(_argv(models, "--max-running-requests", "16"))
+        finally:
+            server_args.logger.removeHandler(handler)
+        lines = [m for m in handler.lines if "covers steps of up to" in m]
+        assert bool(lines) == warned, handler.lines
+        if warned:
+            assert "up to 128 batch tokens" in lines[0] and "profile up to 208 tokens" in lines[0]
+
+
 def test_eagle3_draft_detected(models, monkeypatch):
     monkeypatch.delenv(ENV_EAGLE3, raising=False)
     _resolve(_argv(models, draft="eagle3"))

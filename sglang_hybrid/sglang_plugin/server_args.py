@@ -189,3 +189,19 @@ def handle_server_args(server_args) -> None:
     logger.info("HYBRID: mode=%s eagle_steps=%s n_nodes=%d (verify widths %s) ngram_k=%d cost_table=%s",
                 settings.mode, ",".join(map(str, depths)), n_nodes, ",".join(map(str, widths)), settings.ngram_k,
                 settings.cost_table or "none (price 0)")
+    if settings.cost_table:
+        _warn_if_cost_table_short(settings.cost_table, int(server_args.max_running_requests) * (n_nodes + 1))
+
+
+def _warn_if_cost_table_short(path: str, widest_step: int) -> None:
+    """Say so at start when the cost table stops short of the widest step the engine can verify: past its last size
+    ``T(n)`` continues its last segment's slope, and a table that ends on a flat stretch (inside one CUDA-graph
+    bucket) then prices every wider step as free, so the price would pick wide verifies that cost far more."""
+    from sglang_hybrid.cost import CostModel
+
+    last = int(CostModel.load(path).sizes[-1])
+    if widest_step > last:
+        logger.warning("HYBRID: cost_table %s covers steps of up to %d batch tokens, but a step can verify %d "
+                       "(--max-running-requests x verify width n_nodes + 1); beyond %d the price extrapolates the "
+                       "table's last slope: profile up to %d tokens (docs/sglang.md, 'Fitting for a deployment')",
+                       path, last, widest_step, last, widest_step)
