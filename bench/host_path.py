@@ -1,6 +1,7 @@
 """Host cost of feeding HYBRID's n-gram drafter per decode step: SGLang request objects -> Rust -> staging buffers.
 
     python -m bench.host_path [--batches 1,32,128] [--contexts 1024,32768] [--steps 20] [--accepted 3]
+                              [--proposal-width 17]
 
 What one decode step costs on the host in the SGLang worker (``NgramFeeder.stage_batch`` + ``publish``): read each
 real SGLang ``Req``'s newly committed tokens, extend the Rust automata (one batched call), propose for the batch, and
@@ -8,6 +9,8 @@ copy the proposals into the slot-indexed buffers (the device prompt lookup's con
 only). Requests hold ``context`` tokens of real text (``bench.data``'s
 long stream: code files between releases, then ShareGPT) and commit ``accepted`` new tokens per step (the stream's
 continuation). Admission (the first sight of a request, which copies its whole context once) is timed apart.
+``--proposal-width`` is the tokens proposed per request (the worker's ``ngram_k + max_depth + 1``: 17 as shipped,
+33 with ``ngram_k = 16``, 49 with 24).
 
 Beside it, in the same run, the way the worker fed the drafter before (rebuilding ``origin_input_ids + output_ids``
 as Python lists for every request every step): O(context) per request. The two are interleaved in blocks of
@@ -36,7 +39,7 @@ from sglang_hybrid.sglang_plugin.ngram_host import NgramFeeder
 
 # tokens proposed per request per step in the shipped configuration (merge, ngram_k 8, 4 EAGLE steps): the worker
 # buffers ngram_k + max_depth + 1 = 8 + 8 + 1 so that a proposal survives a step that accepted everything
-K = 17
+SHIPPED_WIDTH = 17
 TARGET_MS = 1.0
 #: steps per block of the interleave (module docstring)
 BLOCK = 5
@@ -65,12 +68,12 @@ def _rebuild_lists(reqs) -> int:
     return n
 
 
-def measure(stream, batch: int, context: int, steps: int, accepted: int) -> dict:
+def measure(stream, batch: int, context: int, steps: int, accepted: int, width: int = SHIPPED_WIDTH) -> dict:
     from sglang_hybrid.ngram import NgramDrafter
 
     reqs, futures = _requests(stream, batch, context, steps, accepted)
-    feeder = NgramFeeder(NgramDrafter(max_draft=K), K, "cpu", max_bs=batch, context=True)
-    buffers = alignment.alloc_buffers(batch, K, 2 * K, "cpu")
+    feeder = NgramFeeder(NgramDrafter(max_draft=width), width, "cpu", max_bs=batch, context=True)
+    buffers = alignment.alloc_buffers(batch, width, 2 * width, "cpu")
     table = context_lookup.alloc_context(batch, context + steps * accepted + 1, "cpu")
     slots = torch.arange(batch)
     slot_list = slots.tolist()
@@ -105,13 +108,18 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", default="1024,32768")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--accepted", type=int, default=3, help="tokens committed per request per step")
+    ap.add_argument("--proposal-width", type=int, default=SHIPPED_WIDTH,
+                    help="n-gram tokens proposed per request (the worker's ngram_k + max_depth + 1; 17 as shipped)")
     args = ap.parse_args(argv)
+    if args.proposal_width < 1:
+        ap.error(f"--proposal-width must be >= 1, got {args.proposal_width}")
     from bench.data import long_context_stream
 
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
     stream = long_context_stream(max(contexts) * 4 + args.steps * args.accepted, seed=0)
-    print(f"host feeding path per decode step (NgramFeeder.stage_batch + publish, CPU tensors), {K} tokens proposed, "
+    print(f"host feeding path per decode step (NgramFeeder.stage_batch + publish, CPU tensors), {args.proposal_width} "
+          "tokens proposed, "
           f"{args.accepted} tokens committed per request per step, medians of {args.steps} steps; real text")
     hdr = (f"{'batch':>5} {'context':>8} {'admission ms':>13} {'step ms':>9} {'cold ms':>9} {'old rebuild ms':>15} "
            f"{'proposals':>9}")
@@ -120,7 +128,7 @@ def main(argv=None) -> int:
     rows = []
     for c in contexts:
         for b in batches:
-            r = measure(stream, b, c, args.steps, args.accepted)
+            r = measure(stream, b, c, args.steps, args.accepted, args.proposal_width)
             rows.append(r)
             print(f"{b:>5} {c:>8} {r['admit_ms']:>13.1f} {r['step_ms']:>9.3f} {r['cold_ms']:>9.3f} "
                   f"{r['rebuild_ms']:>15.3f} {r['proposal_rate']:>9.2f}", flush=True)

@@ -100,6 +100,12 @@ def main(argv=None) -> int:
     rg.add_argument("--hybrid-steps", type=int, nargs="*", default=[6],
                     help="realistic: EAGLE step counts HYBRID is also run with besides the deployed 4, the best per "
                          "cell chosen on the first seed as the baselines' k is (none given: the deployed 4 only)")
+    rg.add_argument("--hybrid-ngram-ks", type=int, nargs="*", default=[24],
+                    help="realistic: n-gram chain lengths (the worker's ngram_k) HYBRID is also run with besides the "
+                         "deployed 8, with each EAGLE step count; the best per cell chosen on the first seed (none "
+                         "given: the deployed 8 only)")
+    rg.add_argument("--ngram-ks", type=int, nargs="+", default=[8, 16, 24],
+                    help="realistic: chain lengths every model-free n-gram baseline is tuned over per cell")
     rg.add_argument("--real-trace", type=Path, default=Path("out/traces/smollm2_t0_final.jsonl"),
                     help="the real SmolLM2 trace for the 'real, small' row (skipped with a note when absent)")
     rg.add_argument("--plot", type=Path, default=None, help="realistic: ratio-vs-alpha plot (default docs/...png)")
@@ -109,10 +115,15 @@ def main(argv=None) -> int:
     if args.realistic:
         from bench import replay_realistic as RR
 
+        for opt, ks in (("--hybrid-ngram-ks", args.hybrid_ngram_ks), ("--ngram-ks", args.ngram_ks)):
+            if any(not 1 <= k <= 32 for k in ks):
+                ap.error(f"{opt} {ks}: each n-gram chain length must be in [1, 32] (the worker's ngram_k range)")
+
         batches = tuple(args.batches)
         cfg = RR.Config(requests=args.requests, out_tokens=args.out_tokens, seeds=tuple(args.seeds),
                         batches=batches, width_lag=args.width_lag, ngram_lag=args.ngram_lag,
                         adaptive_depth=not args.fixed_depth, hybrid_steps=tuple(args.hybrid_steps),
+                        hybrid_ngram_ks=tuple(args.hybrid_ngram_ks), ngram_ks=tuple(args.ngram_ks),
                         model_bias_eta=args.model_bias_eta, gpu_context=args.gpu_context, real_trace=args.real_trace,
                         sweep=not args.no_sweep,
                         out=args.out if args.out != Path("out/replay") else Path("out/replay_realistic"),

@@ -50,9 +50,12 @@ def _batch_cost(sizes, seconds, draft_s, meta=None) -> BatchCost:
     return BatchCost(m, m.to("cpu"), float(draft_s))
 
 
-def gpu_cost_spec(batch_sizes, context: int, buckets: bool = True) -> CostSpec:
+def gpu_cost_spec(batch_sizes, context: int, buckets: bool = True, max_width: int = 17) -> CostSpec:
+    """The roofline's step times for each batch size R, tabulated for R to ``R * max_width`` verified tokens: pass
+    the widest per-request verify of the policies to be charged (past the table the cost model extrapolates its last
+    segment, which inside a CUDA-graph bucket is flat, so a wider step would be charged too little)."""
     roof = roofline.Roofline(context_tokens=context, **({} if buckets else {"graph_buckets": ()}))
-    doc = roofline.build_tables(roof, batch_sizes)
+    doc = roofline.build_tables(roof, batch_sizes, max_width=max_width)
     per = {int(b): _batch_cost(t["tokens"], t["seconds"], t["draft_step_seconds"]) for b, t in doc["tables"].items()}
     return CostSpec("gpu-roofline" if buckets else "gpu-smooth", "simulated", roof.assumptions(), per)
 

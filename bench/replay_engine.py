@@ -400,18 +400,26 @@ class EnginePolicy(P.Policy):
 
 
 def engine_policies(core, engine: EngineConfig, model_ks=(2, 4, 6, 8), hybrid_modes=("merge",),
-                    hybrid_steps=()) -> list:
+                    hybrid_steps=(), ngram_ks=()) -> list:
     """HYBRID (deployed configuration) and model-only adaptive at each K in ``model_ks``, under ``engine``.
-    ``hybrid_steps``: further EAGLE step counts for HYBRID (``--speculative-num-steps``, a launch setting a deployment
-    tunes like a baseline's k), named ``hybrid_<mode>_s<steps>``; the deployed count keeps the plain name."""
+    ``hybrid_steps`` and ``ngram_ks``: further EAGLE step counts (``--speculative-num-steps``) and n-gram chain
+    lengths (the worker's setting ``ngram_k``) for HYBRID, launch settings a deployment tunes like a baseline's k; every
+    combination is a policy, named ``hybrid_<mode>[_s<steps>][_k<ngram_k>]`` (the deployed values keep the plain
+    name). Each has the node budget the worker resolves for it (``HybridSettings.resolved_n_nodes``: steps + ngram_k
+    in merge mode) and the width buckets and n-gram proposal width that follow from it."""
+    from sglang_hybrid.sglang_plugin.config import HybridSettings
+
     out = []
     for mode in hybrid_modes:
         for steps in (engine.num_steps, *[s for s in hybrid_steps if s != engine.num_steps]):
-            n_nodes = engine.n_nodes if mode == "merge" else max(steps, engine.ngram_k)
-            name = f"hybrid_{mode}" if steps == engine.num_steps else f"hybrid_{mode}_s{steps}"
-            out.append(EnginePolicy(name, mode, steps, n_nodes, core, engine,
-                                    label=f"HYBRID {mode} ({steps} EAGLE steps + n-gram k={engine.ngram_k}, "
-                                          f"{n_nodes} nodes, {engine.name})"))
+            for k in (engine.ngram_k, *[k for k in ngram_ks if k != engine.ngram_k]):
+                n_nodes = HybridSettings(mode=mode, ngram_k=k).resolved_n_nodes(steps)
+                eng = engine if k == engine.ngram_k else dataclasses.replace(engine, ngram_k=k, n_nodes=n_nodes)
+                name = (f"hybrid_{mode}" + (f"_s{steps}" if steps != engine.num_steps else "")
+                        + (f"_k{k}" if k != engine.ngram_k else ""))
+                out.append(EnginePolicy(name, mode, steps, n_nodes, core, eng,
+                                        label=f"HYBRID {mode} ({steps} EAGLE steps + n-gram k={k}, {n_nodes} nodes, "
+                                              f"{engine.name})"))
     for k in model_ks:
         out.append(EnginePolicy(f"model_adaptive_k{k}", "choose", k, k, core, engine, ngram=False,
                                 label=f"model-only adaptive K={k} ({engine.name})"))

@@ -103,6 +103,12 @@ class Config:
     #: EAGLE step counts HYBRID also runs with besides the deployed one (``EngineConfig.num_steps``, 4); the best per
     #: cell is chosen on the first seed, as the baselines' k is
     hybrid_steps: tuple = (6,)
+    #: n-gram chain lengths HYBRID also runs with besides the deployed one (``EngineConfig.ngram_k``, 8), each
+    #: combined with each step count; the best per cell is chosen on the first seed, as the baselines' k is
+    hybrid_ngram_ks: tuple = (24,)
+    #: chain lengths every model-free n-gram baseline (ours, vLLM's prompt-lookup rule at 5/5 and 2/5) is tuned over per
+    #: cell on the first seed (vLLM's ``num_speculative_tokens``; our drafter's ``k``)
+    ngram_ks: tuple = (8, 16, 24)
     eagle_ks: tuple = (1, 2, 3, 4, 5, 6, 7, 8)
     width_lag: int = 2
     ngram_lag: int = 1
@@ -128,13 +134,14 @@ class Runner:
                         "ideal": EngineConfig.ideal(adaptive_depth=cfg.adaptive_depth,
                                                     model_bias_eta=cfg.model_bias_eta)}
         self.core = P._Core()
-        self.specs = replay_costs.gpu_cost_spec(sorted(set(cfg.batches) | {b for _, b in cfg.sweep_cells}),
-                                                cfg.gpu_context)
-        self.pw = self.engines["as built"].proposal_width
         self.notes: list = []
-        self.free = [P.NoSpeculation(), P.NgramOurs(8), P.PromptLookup(8, 5, 5, name="vllm_ngram_5_5"),
-                     P.PromptLookup(8, 2, 5, name="vllm_ngram_2_5")]
-        self.free[1].name = "ngram_ours"
+        self.free = [P.NoSpeculation()]
+        for k in cfg.ngram_ks:
+            tag = "" if k == self.engines["as built"].ngram_k else f"_k{k}"     # the deployed k keeps the plain name
+            ours = P.NgramOurs(k)
+            ours.name = "ngram_ours" + tag
+            self.free += [ours, P.PromptLookup(k, 5, 5, name="vllm_ngram_5_5" + tag),
+                          P.PromptLookup(k, 2, 5, name="vllm_ngram_2_5" + tag)]
         self.suffix_note = self._suffix_available()
         self.eagle = []
         for k in cfg.eagle_ks:
@@ -142,8 +149,19 @@ class Runner:
             p.name = f"eagle_fixed_k{k}"
             self.eagle.append(p)
         self.engine_pols = {m: {p.name: p for p in engine_policies(self.core, e, cfg.model_ks,
-                                                                   hybrid_steps=cfg.hybrid_steps)}
+                                                                   hybrid_steps=cfg.hybrid_steps,
+                                                                   ngram_ks=cfg.hybrid_ngram_ks)}
                             for m, e in self.engines.items()}
+        pols = [p for ps in self.engine_pols.values() for p in ps.values()]
+        #: n-gram tokens proposed per request, the widest HYBRID's (the draft banks are computed at this width)
+        self.pw = max(p.engine.proposal_width for p in pols if p.use_ngram)
+        #: chain length of the model-free drafts in the banks (every baseline's k fits)
+        self.bank_k = max(cfg.ngram_ks)
+        #: the widest verify of any policy per request (root included): the step-time tables reach B x this, so no
+        #: step is charged an extrapolated time
+        self.max_width = max([p.n_nodes + 1 for p in pols] + [k + 1 for k in (*cfg.ngram_ks, *cfg.eagle_ks)])
+        self.specs = replay_costs.gpu_cost_spec(sorted(set(cfg.batches) | {b for _, b in cfg.sweep_cells}),
+                                                cfg.gpu_context, max_width=self.max_width)
 
     @staticmethod
     def _suffix_available() -> str:
@@ -167,7 +185,14 @@ class Runner:
 
     def hybrid_candidates(self, mode) -> list:
         """Names of the HYBRID merge policies tuned per cell in ``mode`` (the deployed EAGLE steps first)."""
-        return [n for n in self.engine_pols[mode] if n == "hybrid_merge" or n.startswith("hybrid_merge_s")]
+        return [n for n in self.engine_pols[mode] if n == "hybrid_merge" or n.startswith("hybrid_merge_")]
+
+    def tuned_free(self, free_src, w, b, family: str) -> Optional[str]:
+        """The chain length variant of one model-free baseline family (``ngram_ours``, ``vllm_ngram_5_5``, ...) that was
+        fastest on the cell's tuning seed."""
+        got = {p.name: r.tok_per_s for p in self.free[1:] if p.name == family or p.name.startswith(family + "_k")
+               for r in [self.runs.get((free_src, "-", w, b, p.name, self.cfg.seeds[0]))] if r is not None}
+        return max(got, key=got.get) if got else None              # first maximum: the shortest chain on a tie
 
     def adaptive_k(self, source, mode, w, b) -> Optional[str]:
         """The model-only adaptive K that did best on (source, mode, w, b)'s tuning seed."""
@@ -178,9 +203,10 @@ class Runner:
     def run_source(self, source, banks: dict, groups: dict, cells, seeds, modes, log, adaptive_from=None):
         """Every policy on every cell of one model-drafter source (a sweep point or the real trace).
 
-        ``adaptive_from``: a source whose tuned model-only adaptive K is reused here (the sweep points reuse the
-        headline point's K per cell and mode, to fit the default run's time budget; fixed EAGLE's k is tuned at every
-        point, it is cheap)."""
+        ``adaptive_from``: a source whose tuned model-only adaptive K and HYBRID n-gram chain length are reused here
+        (the sweep points reuse the headline point's per cell and mode, to fit the default run's time budget: the
+        text, which decides how far copies run, is the same at every point; fixed EAGLE's k and HYBRID's EAGLE steps,
+        which follow the simulated drafter's strength, are tuned at every point)."""
         tune = seeds[0]
         for w, b in cells:
             if w not in groups[tune]:
@@ -207,12 +233,16 @@ class Runner:
                 self.best[(source, m, w, b, "model")] = (best, cands[best])
                 self.best[(source, m, w, b, "ngram")] = (ng_best, (free_src, "-", w, b, ng_best))
                 pol = pols[best] if best in pols else next(p for p in self.eagle if p.name == best)
-                # HYBRID's EAGLE steps, tuned like the baselines (the chosen one is stored as "hybrid_merge")
+                # HYBRID's EAGLE steps and n-gram chain length, tuned like the baselines (the chosen one is stored as
+                # "hybrid_merge")
                 hy = self.hybrid_candidates(m)
+                if adaptive_from is not None and (adaptive_from, m, w, b, "hybrid") in self.best:
+                    k_head = self.best[(adaptive_from, m, w, b, "hybrid")][1]
+                    hy = [n for n in hy if pols[n].engine.ngram_k == k_head]
                 for n in hy:
                     self.sim(pols[n], banks[tune], groups[tune][w], b, tune, (source, m, w, b, "tune:" + n, tune))
                 hy_best = max(hy, key=lambda n: self.runs[(source, m, w, b, "tune:" + n, tune)].tok_per_s)
-                self.best[(source, m, w, b, "hybrid")] = pols[hy_best].num_steps
+                self.best[(source, m, w, b, "hybrid")] = (pols[hy_best].num_steps, pols[hy_best].engine.ngram_k)
                 for s in seeds:
                     self.sim(pol, banks[s], groups[s][w], b, s, cands[best] + (s,))
                     key = (source, m, w, b, "hybrid_merge", s)
@@ -239,7 +269,8 @@ class Runner:
         mo, ng = self.seeds_of(mkey, seeds), self.seeds_of(nkey, seeds)
         ns = self.seeds_of(((nkey[0],) + ("-", w, b, "no_spec")), seeds)
         single = mo if tok_s(mo) >= tok_s(ng) else ng
-        return dict(hybrid=tok_s(hy), hybrid_steps=self.best.get((source, mode, w, b, "hybrid")),
+        steps, ngram_k = self.best.get((source, mode, w, b, "hybrid"), (None, None))
+        return dict(hybrid=tok_s(hy), hybrid_steps=steps, hybrid_ngram_k=ngram_k,
                     model=tok_s(mo), model_name=mname, ngram=tok_s(ng), ngram_name=nname,
                     single_name=mname if single is mo else nname, no_spec=tok_s(ns),
                     vs_model=ratio_ci(hy, mo), vs_single=ratio_ci(hy, single), vs_nospec=ratio_ci(hy, ns),
@@ -372,10 +403,14 @@ def detail_table(runner: Runner, source, cells) -> list:
     free_src = "text" if source != "real" else "real"
     ns = {c: tok_s(runner.seeds_of((free_src, "-") + c + ("no_spec",))) for c in cols}
     lines.append(f"{'no_spec (tok/s)':<26}" + "".join(f"{ns[c]:>14.0f}" for c in cols))
-    names = ["ngram_ours", "vllm_ngram_5_5", "vllm_ngram_2_5"]
-    for n in names:
-        lines.append(f"{n:<26}" + "".join(
-            f"{tok_s(runner.seeds_of((free_src, '-') + c + (n,))) / ns[c]:>13.2f}x" for c in cols))
+    for family in ("ngram_ours", "vllm_ngram_5_5", "vllm_ngram_2_5"):
+        row = f"{family:<26}"
+        for c in cols:
+            n = runner.tuned_free(free_src, *c, family)
+            k = next(p.k for p in runner.free if p.name == n)
+            speedup = tok_s(runner.seeds_of((free_src, "-") + c + (n,))) / ns[c]
+            row += f"{f'{speedup:.2f}x K{k}':>14}"
+        lines.append(row)
     for m in MODES:
         for what in ("model", "hybrid"):
             row = f"{(('best model-only' if what == 'model' else 'HYBRID merge') + ' (' + m + ')'):<26}"
@@ -387,13 +422,14 @@ def detail_table(runner: Runner, source, cells) -> list:
                     continue
                 any_ = True
                 val = cc["model"] if what == "model" else cc["hybrid"]
-                tag = f" S{cc['hybrid_steps']}" if what == "hybrid" else " " + cc["model_name"].replace(
-                    "eagle_fixed_k", "E").replace("model_adaptive_k", "A")
+                tag = (f" S{cc['hybrid_steps']}/K{cc['hybrid_ngram_k']}" if what == "hybrid" else " "
+                       + cc["model_name"].replace("eagle_fixed_k", "E").replace("model_adaptive_k", "A"))
                 row += f"{f'{val / ns[c]:.2f}x{tag}':>14}"
             if any_:
                 lines.append(row)
-    lines.append("(best model-only: E<k> = fixed EAGLE chain of k, A<K> = model-only adaptive at K; HYBRID S<n>: its "
-                 "EAGLE steps, tuned per cell on the first seed)")
+    lines.append("(K<k>: n-gram chain length; best model-only: E<k> = fixed EAGLE chain of k, A<K> = model-only "
+                 "adaptive at K; HYBRID S<n>/K<k>: its EAGLE steps and n-gram chain length; all tuned per cell on the "
+                 "first seed)")
     return lines
 
 
@@ -484,9 +520,12 @@ def run(cfg: Config, log=print) -> int:
     for a in runner.specs.assumptions:
         log(f"  - {a}")
     log(f"baselines: {runner.suffix_note}")
-    steps = [runner.engine_pols["as built"][n].num_steps for n in runner.hybrid_candidates("as built")]
-    log(f"HYBRID merge: EAGLE steps {' or '.join(map(str, steps))} ({steps[0]} deployed by default), the faster per "
-        "cell on the first seed, as each baseline's k is tuned (S<n> in the per-policy tables)")
+    cands = [runner.engine_pols["as built"][n] for n in runner.hybrid_candidates("as built")]
+    log(f"HYBRID merge: (EAGLE steps, n-gram chain length) "
+        f"{', '.join(f'({p.num_steps}, {p.engine.ngram_k})' for p in cands)} "
+        f"(({cands[0].num_steps}, {cands[0].engine.ngram_k}) deployed by default), the fastest per cell on the first "
+        "seed, as each baseline's k is tuned (S<n>/K<k> in the per-policy tables; the sweep points reuse the headline "
+        f"point's n-gram chain length per cell); model-free n-gram baselines tuned over k in {list(cfg.ngram_ks)}")
     log("calibration: model side identity for HYBRID and model-only alike (the simulated drafter is calibrated by "
         "construction); n-gram side: the shipped NgramCalibration")
 
@@ -494,7 +533,7 @@ def run(cfg: Config, log=print) -> int:
     t0 = time.perf_counter()
     for s in cfg.seeds:
         reqs, g = replay_synth.real_text_requests(cfg.requests, s, cfg.out_tokens, 8)
-        banks[s] = DraftBank(reqs, 8, ngram_width=runner.pw)
+        banks[s] = DraftBank(reqs, runner.bank_k, ngram_width=runner.pw)
         banks[s].ensure("ngram")
         groups[s] = g
     for kind in ("pld-5-5", "pld-2-5"):
@@ -533,7 +572,7 @@ def run(cfg: Config, log=print) -> int:
 
         tr = replay_traces.read_trace(real)
         reqs = [r for r in tr.requests if len(r.output)]
-        rb = DraftBank(reqs, tr.eagle_k, ngram_width=runner.pw)
+        rb = DraftBank(reqs, max(tr.eagle_k, runner.bank_k), ngram_width=runner.pw)
         g = {w: [i for i, r in enumerate(reqs) if r.workload == w] for w in ("code", "chat")}
         g["mixed"] = list(range(len(reqs)))
         rbanks = {s: rb for s in cfg.seeds}

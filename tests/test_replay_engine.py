@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bench import policies as P
-from bench import replay_drafts, replay_engine, replay_realistic, replay_sim, replay_synth
+from bench import replay_costs, replay_drafts, replay_engine, replay_realistic, replay_sim, replay_synth
 from tests.test_replay import linear_cost, one_request_trace
 
 
@@ -107,6 +107,19 @@ def test_host_time_interpolates_the_measured_host_path():
     assert replay_engine.host_seconds(80) == pytest.approx(0.359e-3 + (0.819e-3 - 0.359e-3) * 48 / 96)
     eng = replay_engine.EngineConfig()
     assert (eng.max_depth, eng.proposal_width, eng.buckets()) == (8, 17, (2, 4, 6, 7, 8, 13))
+
+
+def test_host_path_bench_measures_the_asked_proposal_width(capsys):
+    """``bench.host_path --proposal-width`` feeds the drafter and buffers at that width (the worker's
+    ``ngram_k + max_depth + 1``; the shipped 17 by default, the one the replay charges), and refuses a width < 1."""
+    from bench import host_path
+
+    assert host_path.SHIPPED_WIDTH == replay_engine.EngineConfig().proposal_width
+    assert host_path.main(["--batches", "2", "--contexts", "256", "--steps", "2", "--proposal-width", "33"]) == 0
+    out = capsys.readouterr().out
+    assert "33 tokens proposed" in out and "not measured at these sizes" in out
+    with pytest.raises(SystemExit):
+        host_path.main(["--proposal-width", "0"])
 
 
 class _Bank:
@@ -277,34 +290,56 @@ def test_vllm_compare_asks_for_eagle3_with_an_eagle3_head(tmp_path):
     assert json.loads(cfgs[("vllm", "eagle")][1])["method"] == "eagle3"
 
 
-def test_realistic_runner_tunes_hybrids_eagle_steps_like_the_baselines():
-    """The realistic replay runs HYBRID at the deployed 4 EAGLE steps and at each extra step count on the tuning seed,
-    keeps the faster one per cell (as it keeps the best k of fixed EAGLE), and runs that one on every seed: the
-    reported HYBRID run is exactly the chosen policy's."""
+def test_realistic_runner_tunes_hybrids_launch_settings_like_the_baselines():
+    """The realistic replay runs HYBRID at the deployed 4 EAGLE steps and n-gram chain of 8 and at every combination
+    with the extra step counts and chain lengths on the tuning seed, keeps the fastest per cell (as it keeps the best
+    k of fixed EAGLE and of each n-gram baseline), and runs that one on every seed: the reported HYBRID run is
+    exactly the chosen policy's, with the node budget the worker resolves (steps + ngram_k in merge mode)."""
     rng = np.random.default_rng(0)
     reqs = [dataclasses.replace(one_request_trace(L=60, k=8, output=rng.integers(0, 50, 60), workload=w)[0],
                                 id=f"{w}{i}") for i, w in enumerate(["code", "code", "chat", "chat"])]
-    bank = replay_drafts.DraftBank(reqs, 8, ngram_width=17)
-    bank.ensure("ngram")
-    for kind in ("pld-5-5", "pld-2-5"):
-        bank.ensure(kind)
-    groups = {"code": [0, 1], "chat": [2, 3]}
     cfg = replay_realistic.Config(requests=2, out_tokens=60, seeds=(0, 1), batches=(4,), eagle_ks=(2, 4),
-                                  model_ks=(2,), hybrid_steps=(6,), sweep=False, decompose=False, plot=None)
+                                  model_ks=(2,), hybrid_steps=(6,), hybrid_ngram_ks=(16,), ngram_ks=(8, 16),
+                                  sweep=False, decompose=False, plot=None)
     runner = replay_realistic.Runner(cfg)
+    assert runner.pw == 16 + 16 + 1 and runner.bank_k == 16
+    bank = replay_drafts.DraftBank(reqs, runner.bank_k, ngram_width=runner.pw)
+    groups = {"code": [0, 1], "chat": [2, 3]}
     src = (0.7, 0.9)                                   # a sweep point names the source
     runner.run_source(src, {0: bank, 1: bank}, {0: groups, 1: groups}, [("code", 4)], [0, 1], ("as built",),
                       lambda *_: None)
-    tuned = {n: runner.runs[(src, "as built", "code", 4, "tune:" + n, 0)].tok_per_s
-             for n in ("hybrid_merge", "hybrid_merge_s6")}
+    names = ("hybrid_merge", "hybrid_merge_k16", "hybrid_merge_s6", "hybrid_merge_s6_k16")
+    pols = runner.engine_pols["as built"]
+    assert [(pols[n].num_steps, pols[n].engine.ngram_k, pols[n].n_nodes) for n in names] == [
+        (4, 8, 12), (4, 16, 20), (6, 8, 14), (6, 16, 22)]
+    tuned = {n: runner.runs[(src, "as built", "code", 4, "tune:" + n, 0)].tok_per_s for n in names}
     best = max(tuned, key=tuned.get)
-    steps = runner.best[(src, "as built", "code", 4, "hybrid")]
-    assert steps == (4 if best == "hybrid_merge" else 6)
+    assert runner.best[(src, "as built", "code", 4, "hybrid")] == (pols[best].num_steps, pols[best].engine.ngram_k)
     assert runner.runs[(src, "as built", "code", 4, "hybrid_merge", 0)].tok_per_s == tuned[best]
-    other = runner.sim(runner.engine_pols["as built"][best], bank, groups["code"], 4, 1,
-                       ("check", "-", "code", 4, best, 1))
+    other = runner.sim(pols[best], bank, groups["code"], 4, 1, ("check", "-", "code", 4, best, 1))
     assert runner.runs[(src, "as built", "code", 4, "hybrid_merge", 1)].tok_per_s == other.tok_per_s
-    assert runner.cell(src, "as built", "code", 4)["hybrid_steps"] == steps
+    cell = runner.cell(src, "as built", "code", 4)
+    assert (cell["hybrid_steps"], cell["hybrid_ngram_k"]) == (pols[best].num_steps, pols[best].engine.ngram_k)
+    # each n-gram baseline family is tuned over its chain lengths on the same seed
+    ours = {n: runner.runs[("text", "-", "code", 4, n, 0)].tok_per_s for n in ("ngram_ours", "ngram_ours_k16")}
+    assert runner.tuned_free("text", "code", 4, "ngram_ours") == max(ours, key=ours.get)
+
+
+def test_realistic_step_times_cover_every_policys_widest_verify():
+    """Every policy's widest verify (HYBRID's n_nodes + 1, a model-free chain of k + 1, EAGLE k + 1) lies inside the
+    step-time table of each batch, so no step is charged the cost model's extrapolation (flat past the end of a
+    CUDA-graph bucket: a wider step would be charged too little; the old fixed 17-wide table stopped short of
+    HYBRID with a 24-token n-gram chain)."""
+    cfg = replay_realistic.Config(batches=(4, 32), sweep_cells=(("code", 4),), hybrid_ngram_ks=(24,),
+                                  ngram_ks=(8, 24), sweep=False, decompose=False, plot=None)
+    runner = replay_realistic.Runner(cfg)
+    widest = max(p.n_nodes + 1 for ps in runner.engine_pols.values() for p in ps.values())
+    assert widest == 6 + 24 + 1 and runner.max_width == widest
+    for b in (4, 32):
+        sizes = runner.specs.for_batch(b).model.sizes
+        assert int(sizes[-1]) >= b * widest
+    old = replay_costs.gpu_cost_spec([32], 2048)       # the default 17-wide table
+    assert int(old.for_batch(32).model.sizes[-1]) < 32 * widest
 
 
 @pytest.mark.parametrize("eagle_right", [True, False])
