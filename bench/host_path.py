@@ -99,7 +99,8 @@ def measure(stream, batch: int, context: int, steps: int, accepted: int, width: 
         feeder.finish(r.rid, natural_stop=False)
     return {"batch": batch, "context": context, "admit_ms": admit_ms,
             "step_ms": statistics.median(warm_ms or cold_ms), "cold_ms": statistics.median(cold_ms),
-            "rebuild_ms": statistics.median(rebuild_ms), "proposal_rate": available}
+            "rebuild_ms": statistics.median(rebuild_ms), "proposal_rate": available,
+            "longest_proposal": int(buffers.length.max())}
 
 
 def main(argv=None) -> int:
