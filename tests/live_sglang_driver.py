@@ -116,11 +116,14 @@ def main() -> None:
     from sglang_hybrid.cpu_engine import prepare_environment
 
     prepare_environment()
-    from sglang_hybrid.check import read_prompts
+    from sglang_hybrid.check import load_tokenizer, read_prompts, render
     from sglang_hybrid.reference.models import ensure_converted
 
     model = str(ensure_converted())
-    prompts = read_prompts(prompts_file)
+    # chat-message lines rendered with SmolLM2's chat template (its tokenizer adds no BOS of its own, so the engine
+    # makes the same ids of this text as the self-check sends)
+    tokenizer = load_tokenizer(model)
+    prompts = [render(p, tokenizer) for p in read_prompts(prompts_file)]
     result = {"abort": abort_case, "retract": retract_case}[case](model, prompts)
     print(json.dumps(result), flush=True)
 

@@ -377,20 +377,25 @@ def test_proposals_survive_a_step_that_accepted_everything():
 
 
 def test_decode_step_compiles_fullgraph(tmp_path):
-    """The whole per-step device path (align, calibrate with the online EAGLE offset, price with a cost table,
-    select, counters, mask, ring update, the offset's update) traces as one graph: no host sync or data-dependent
-    Python branching."""
+    """The whole per-step device path (align, the device prompt lookup over the span the host chose, calibrate with
+    the online EAGLE offset, price with a cost table, select, counters, mask, ring and context updates, the offset's
+    update) traces as one graph: no host sync or data-dependent Python branching."""
     from sglang_hybrid.cost import CostModel
+    from sglang_hybrid.sglang_plugin import context_lookup
     from sglang_hybrid.sglang_plugin.verify_input import full_mask, tree_links_torch
 
     cost = tmp_path / "cost.json"
     CostModel.linear(0.01, 0.0001).save(cost)
     step = HybridStep(HybridSettings(mode="merge", ngram_k=K, cost_table=str(cost), model_bias_eta=0.1), num_steps=3,
-                      pool_size=8, device="cpu")
+                      pool_size=8, device="cpu", max_context_len=4096)
     _publish(step.buffers, 3, [5, 6, 7], at=9, gen=0)
+    context_lookup.write_context(step.context, torch.ones(5, dtype=torch.int64), torch.arange(5),
+                                 torch.tensor([4, 7, 2, 3, 9]), torch.tensor([1]), torch.tensor([0]))
+    span = step.lookup_span(9 + 1)
+    assert span == context_lookup.SPAN_MIN
 
     def decode_step(root, chain, conf, slots, gen, seq, emitted, accept_lens):
-        tree = step.select(root, chain, conf, slots, gen, seq).tree
+        tree = step.select(root, chain, conf, slots, gen, seq, lookup_span=span).tree
         mask = full_mask(tree.ancestors, seq, 64)
         links = tree_links_torch(tree.ancestors, seq)
         step.after_verify(tree, slots, seq, emitted, accept_lens)
@@ -402,6 +407,7 @@ def test_decode_step_compiles_fullgraph(tmp_path):
     compiled = torch.compile(decode_step, fullgraph=True, backend="eager")
     got = compiled(*args)
     assert (got[0][1] >= 0).sum() > 3          # the n-gram proposal made it into request 1's tree
+    assert 9 in got[0][0].tolist()             # request 0 (no aligned proposal) copied 2 3 9 after its root 7
 
 
 def test_hybrid_step_drafts_adaptively_with_a_draft_cost_table(tmp_path):
@@ -458,6 +464,32 @@ def test_rows_whose_late_proposal_misaligned_take_the_device_prompt_lookup():
     assert step.context.tokens[1, 12:15].tolist() == [12, 13, 14]
     with pytest.raises(ValueError, match="needs the batch's slots"):
         feeder.stage_batch([req], [3])
+
+
+def test_lookup_memory_bound_through_the_decode_step():
+    """The worker's path: ``lookup_span`` from the host-known longest context, then ``select``. At B=128, a
+    131,072-token table and 2,048-token contexts the whole selection (the prompt lookup for every row, which all lack
+    an aligned proposal, and the decision) allocates at most 64 MB, and decides exactly what the whole-table lookup
+    decides."""
+    from test_context_lookup import LOOKUP_BYTES_BOUND, _big_batch, _bytes_allocated
+
+    table, slots, seq_lens, gens = _big_batch()
+    b = slots.shape[0]
+    step = HybridStep(HybridSettings(mode="merge", ngram_k=8), num_steps=4, pool_size=b, device="cpu",
+                      max_context_len=table.tokens.shape[1] - 1)
+    step.context.tokens.copy_(table.tokens)
+    step.context.gen.copy_(table.gen)
+    root = table.tokens[slots, seq_lens].to(torch.int64)
+    chain, conf = torch.randint(0, 50, (b, 4)), torch.full((b, 4), 0.3)
+    span = step.lookup_span(int(seq_lens.max()) + 1)               # the host's bound (worker: SGLang's CPU seq lens)
+    step.select(root, chain, conf, slots, gens, seq_lens, lookup_span=span)                     # warm-up
+    used, d = _bytes_allocated(lambda: step.select(root, chain, conf, slots, gens, seq_lens, lookup_span=span))
+    assert used <= LOOKUP_BYTES_BOUND, f"{used / 1e6:.1f} MB"
+    want = step.select(root, chain, conf, slots, gens, seq_lens)
+    for name, x, y in zip(type(d.tree)._fields, d.tree, want.tree):
+        assert torch.equal(x, y), name
+    assert (d.tree.source == Source.NGRAM).any(1).float().mean() > 0.5
+    assert step.lookup_span(None) is None and step.lookup_span(10**9) == table.tokens.shape[1] - 1
 
 
 def test_model_offset_is_learned_per_request_and_reset_with_the_slot():

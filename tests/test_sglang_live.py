@@ -72,6 +72,9 @@ def test_self_check_choose_and_merge_equal_plain_greedy():
         if r["mode"] != "none":
             assert r["matches_none"] is True and r["output_ids"] == none[r["prompt_index"]]["output_ids"]
             assert r["verify_steps"] and r["verify_steps"] < 20             # speculation saved target forwards
+            assert r["check"] == "matched", r
+    assert verdict["not_checked"] == [] and verdict["checked_pairs"] == verdict["pairs"] == 6
+    assert [r["input"] for r in recs[:3]] == ["prompt", "messages", "prompt"]   # the chat line through the template
     choose = next(r for r in recs if r["mode"] == "choose")["hybrid_counters_batch"]
     merge = next(r for r in recs if r["mode"] == "merge")["hybrid_counters_batch"]
     # choose: trees made of n-gram tokens only were verified and their tokens accepted

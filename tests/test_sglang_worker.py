@@ -118,6 +118,25 @@ def test_tree_broadcast_replaces_a_diverged_tree_with_rank0s():
     assert not TreeBroadcast(None).enabled
 
 
+def test_lookup_memory_span_from_host_known_lengths():
+    """The worker bounds the prompt lookup by what the host knows without a device read: SGLang's CPU copy of the
+    sequence lengths (exact, plus the root), else the feeder's committed lengths plus what the steps in flight can
+    have committed, else nothing (the whole table). The batch's device lengths are meta tensors: reading their values
+    would fail."""
+    from types import SimpleNamespace
+
+    worker = SimpleNamespace(_host_committed=None, hybrid_step=SimpleNamespace(max_depth=12))
+    batch = SimpleNamespace(seq_lens=torch.empty(3, dtype=torch.int64, device="meta"),
+                            seq_lens_cpu=torch.tensor([5, 2049, 3]))
+    assert hw.HybridWorkerV2._longest_context(worker, batch) == 2050
+    worker._host_committed = 2000
+    assert hw.HybridWorkerV2._longest_context(worker, batch) == 2050          # the exact copy wins
+    batch.seq_lens_cpu = None                                              # e.g. the Triton backend opts out of it
+    assert hw.HybridWorkerV2._longest_context(worker, batch) == 2000 + hw._PLAN_IN_FLIGHT * 13
+    worker._host_committed = None
+    assert hw.HybridWorkerV2._longest_context(worker, batch) is None
+
+
 def test_shipped_head_is_not_tied():
     """A tied EAGLE config makes ``lm_head`` the embedding module and SGLang's ``set_embed_and_head`` fails when the
     draft loads (``del self.lm_head.weight``); the live suite loads the shipped head in SGLang."""

@@ -21,15 +21,25 @@ trash column for writes past ``L``), the size of SGLang's own ``req_to_token`` t
 request's whole context once, when it first decodes in a slot, and tags the row with the slot's generation
 (``write_context``); the device then adds the root and every verify's emitted tokens itself (``write_rows``). A row
 whose tag is not the slot's current generation (a reused slot the host has not written yet) gets no proposal, so a
-request never copies from the previous occupant's tokens. Per step the lookup compares ``[B, L, n_max]`` windows of
-the batch's rows with their tails in a constant number of operators (bool and uint8 intermediates of ``B L n_max``
-bytes: 34 MB each at B=128, L=32k, n_max=8).
+request never copies from the previous occupant's tokens.
+
+Per step the lookup touches each row's real context only: it reads the first ``S`` positions of the batch's rows, the
+span ``S`` a host-known bound on the batch's longest committed context rounded up to a power of two (``context_span``;
+the worker's bound comes from SGLang's CPU sequence lengths, no device read). It reads nothing at or past a row's
+committed tokens, so over any span that covers them it returns exactly what it returns over the whole table; a row
+longer than the span gets no proposal (a bound too low costs proposals, never gives a wrong one). Each span is one
+static shape, so a compiled or captured step has one variant per power of two. The rows are compared reversed, as
+``[B, S, n_max + 1]`` bool windows against their tails (one byte per compared token, and ``argmin`` for the leading
+run of matches), in a constant number of operators: about 43 bytes per row and position in all, measured from the
+allocator's events (tests/test_context_lookup.py): 23 MB at B=128 and contexts of 2,049 committed tokens (span
+4,096), whatever the table's length (131,072 there). Without a span it reads the whole table: 706 MB at
+L=131,072 (3.3 GB before spans, when it compared unreversed int32 windows over the whole table).
 
 All functions are static-shape tensor code without host sync (CUDA-graph and ``torch.compile(fullgraph=True)`` safe).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -41,6 +51,8 @@ N_LONG = 64
 #: shortest match that yields a proposal, as the host drafter's ``min_match``: the calibration prices short matches
 #: low (in the realistic replay 1 beat 2 on code and chat at batch 4 and tied at 128)
 N_MIN = 1
+#: shortest span ``context_span`` picks (short contexts all share one shape)
+SPAN_MIN = 1024
 
 
 class LookupProposals(NamedTuple):
@@ -101,54 +113,107 @@ def write_rows(table: ContextTable, slots: torch.Tensor, start: torch.Tensor, to
     _put(table.tokens, slots[:, None], start.to(torch.int64)[:, None] + j, j < n.to(torch.int64)[:, None], tokens)
 
 
+def context_span(longest: int, max_len: int) -> int:
+    """Columns of the table the lookup reads for a batch whose longest committed context (root included) is
+    ``longest``, a host-known int: the smallest power of two >= ``longest`` (at least ``SPAN_MIN``), capped at the
+    table's context length ``max_len``.
+
+    Why a ladder: each span is one static shape (one CUDA graph or compiled graph per span, about
+    ``log2(max_len / SPAN_MIN) + 1`` of them), while the lookup's work stays within twice the batch's real context
+    instead of following the table's maximum."""
+    return min(max(SPAN_MIN, 1 << max(int(longest) - 1, 0).bit_length()), max_len)
+
+
+def _tail(rows: torch.Tensor, tc: torch.Tensor, n_max: int) -> torch.Tensor:
+    """``[B, n_max + 1]``: column ``i < n_max`` holds ``c[T - 1 - i]`` (-2 before position 0); column ``n_max`` is the
+    sentinel slot ``_match_lengths`` forces to a mismatch (its value is never compared)."""
+    i = torch.arange(n_max + 1, device=rows.device)
+    pos = tc[:, None] - 1 - i[None, :]
+    return torch.where(pos >= 0, torch.gather(rows, 1, pos.clamp(min=0)), -2)
+
+
+def _match_lengths(rows: torch.Tensor, pat: torch.Tensor, tc: torch.Tensor) -> torch.Tensor:
+    """``m(e)`` of every end position, in reversed order: ``[B, S]`` int64 whose column ``x`` is ``m(S - 1 - x)``
+    (0 where no committed token follows ``e``).
+
+    Why reversed: unfolding the reversed rows gives each window's tokens as ``c[e], c[e - 1], ...`` directly, so the
+    comparison with the tail makes the only ``[B, S, n_max + 1]`` intermediate, one bool per token (flipping the
+    unreversed windows copied every window as int32, four times those bytes). With the sentinel column forced False,
+    the leading run of matches is the first mismatch: ``argmin`` (which returns the first minimal index) over the
+    bools viewed as uint8, with no cumulative-product temporaries."""
+    span, width = rows.shape[1], pat.shape[1]
+    rev = rows.flip(1)                                                  # rev[:, x] = c[S - 1 - x]
+    windows = torch.nn.functional.pad(rev, (0, width - 1), value=-3).unfold(1, width, 1)   # token i: c[e - i]
+    eq = windows == pat[:, None, :]                                     # [B, S, n_max + 1] bool
+    eq.select(2, width - 1).zero_()                                     # the sentinel never matches
+    x = torch.arange(span, device=rows.device)[None, :]
+    eq.select(2, 0).logical_and_(x >= span + 1 - tc[:, None])           # e <= T - 2: a committed token follows e
+    return eq.view(torch.uint8).argmin(2)
+
+
 def lookup(table: ContextTable, slots: torch.Tensor, seq_lens: torch.Tensor, cur_gen: torch.Tensor, k: int,
-           n_min: int = N_MIN, n_max: int = N_MAX) -> LookupProposals:
+           n_min: int = N_MIN, n_max: int = N_MAX, span: Optional[int] = None) -> LookupProposals:
     """The prompt-lookup proposal of each batch row (slot ``slots[b]`` at generation ``cur_gen[b]``, root at position
     ``seq_lens[b]``), by the rule in the module docstring. Rows whose context does not fit the table, or whose row
-    was not written for ``cur_gen``, get none."""
+    was not written for ``cur_gen``, get none.
+
+    ``span`` (host int, ``context_span``): read only the first ``span`` positions of each row; a row with more
+    committed tokens gets none (never a proposal from part of its context). The lookup reads nothing at or past a
+    row's committed tokens, so any ``span`` at least the batch's longest context returns exactly what the whole
+    table does. None: the whole table (callers without a host-known bound)."""
     if not 1 <= n_min <= n_max:
         raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {n_max}")
     ctx = table.tokens
-    dev = ctx.device
-    b = slots.shape[0]
-    width = ctx.shape[1]
-    big = width - 1                                                     # the table's context length L
-    rows = ctx.index_select(0, slots.to(torch.int64))                   # [B, L + 1] int32
+    big = ctx.shape[1] - 1                                              # the table's context length L
+    if span is None:
+        span = big
+    elif not 1 <= span <= big:
+        raise ValueError(f"span must be in [1, {big}] (the table's context length), got {span}")
+    idx = slots.to(torch.int64)
+    rows = ctx[:, :span].index_select(0, idx)                           # [B, S] int32
     t = seq_lens.to(torch.int64) + 1                                    # committed tokens, root included
-    fits = (t <= big) & (table.gen.index_select(0, slots.to(torch.int64)) == cur_gen.to(torch.int64))
-    tc = t.clamp(max=big)
-    i = torch.arange(n_max, device=dev)
-    pat_pos = tc[:, None] - 1 - i[None, :]                              # c[T - 1 - i]
-    pat = torch.where(pat_pos >= 0, torch.gather(rows, 1, pat_pos.clamp(min=0)), -2)      # [B, n_max]
-    e = torch.arange(width, device=dev)[None, :]
-    # window e holds c[e - n_max + 1 .. e] (positions before 0 never match); reversed, token s of it is c[e - s]
-    windows = torch.nn.functional.pad(rows, (n_max - 1, 0), value=-3).unfold(1, n_max, 1).flip(-1)  # [B, L+1, n]
-    eq = (windows == pat[:, None, :]).to(torch.uint8)
-    m = eq.cumprod(-1, dtype=torch.uint8).sum(-1, dtype=torch.int64)   # leading run of matches = m(e)
-    m = torch.where(e <= tc[:, None] - 2, m, 0)                         # a committed token must follow e
+    fits = (t <= span) & (table.gen.index_select(0, idx) == cur_gen.to(torch.int64))
+    tc = t.clamp(max=span)
+    m = _match_lengths(rows, _tail(rows, tc, n_max), tc)                # reversed: column x is e = S - 1 - x
     best = m.amax(1)                                                    # [B]
-    e_star = torch.argmax(m * width + e, 1)                             # longest, then latest
-    # the chosen occurrence's full match length, up to N_LONG (one [B, N_LONG] gather): the calibration's feature
-    i_long = torch.arange(N_LONG, device=dev)[None, :]
+    e_star = span - 1 - m.argmax(1)                                     # longest, then latest (first in reverse)
+    return _proposals(rows, m, tc, best, e_star, fits & (best >= n_min), k, n_max)
+
+
+def _long_match(rows: torch.Tensor, tc: torch.Tensor, best: torch.Tensor, e_star: torch.Tensor,
+                n_max: int) -> torch.Tensor:
+    """The calibration's ``match_len`` of token 0: ``best``, or, when that reached ``n_max``, the chosen occurrence's
+    full match length up to ``N_LONG`` (one ``[B, N_LONG]`` gather)."""
+    i_long = torch.arange(N_LONG, device=rows.device)[None, :]
     at_e, at_t = e_star[:, None] - i_long, tc[:, None] - 1 - i_long
     same = (torch.gather(rows, 1, at_e.clamp(min=0)) == torch.gather(rows, 1, at_t.clamp(min=0))) & (at_e >= 0)
-    match = torch.where(best >= n_max, same.to(torch.uint8).cumprod(1, dtype=torch.uint8).sum(1, dtype=torch.int64),
-                        best)
-    ok = fits & (best >= n_min)
+    return torch.where(best >= n_max, same.to(torch.uint8).cumprod(1, dtype=torch.uint8).sum(1, dtype=torch.int64),
+                       best)
+
+
+def _proposals(rows: torch.Tensor, m: torch.Tensor, tc: torch.Tensor, best: torch.Tensor, e_star: torch.Tensor,
+               ok: torch.Tensor, k: int, n_max: int) -> LookupProposals:
+    """The copy after ``e_star`` (rows ``ok``) and its features, from the reversed match lengths ``m``."""
+    dev, span = rows.device, rows.shape[1]
     j = torch.arange(k, device=dev)[None, :]
-    src = e_star[:, None] + 1 + j
     length = torch.where(ok, (tc - 1 - e_star).clamp(min=0, max=k), 0)
     keep = j < length[:, None]
-    tokens = torch.where(keep, torch.gather(rows, 1, src.clamp(max=width - 1)).to(torch.int64), -1)
-    nxt = torch.nn.functional.pad(rows[:, 1:], (0, 1), value=-3)        # c[e + 1]
-    strong = (m >= best[:, None]) & (m > 0)
-    total = strong.sum(1)
-    count = (strong & (nxt == tokens[:, :1])).sum(1)
-    zero = torch.zeros((b, k), dtype=torch.int64, device=dev)
-    return LookupProposals(
+    copied = torch.gather(rows, 1, (e_star[:, None] + 1 + j).clamp(max=span - 1))     # int32, as the table
+    tokens = torch.where(keep, copied.to(torch.int64), -1)
+    # occurrences as long as the chosen one; the successor c[e + 1] of column x >= 1 is c[S - x] (column 0, e = S - 1,
+    # is never one: no committed token follows it inside the span)
+    strong = m == torch.where(best > 0, best, -1)[:, None]
+    # column x - 1: c[S - x] is the first copied token (int32 both: no int64 copy of the rows; unused where no copy)
+    nxt_is_first = (rows[:, 1:] == copied[:, :1]).flip(1)
+    # int32 sums: a bool sum to int64 first copies its input to int64 (8 bytes a position); int32 halves that
+    total = strong.sum(1, dtype=torch.int32)
+    count = (strong[:, 1:] & nxt_is_first).sum(1, dtype=torch.int32)
+    match = _long_match(rows, tc, best, e_star, n_max)
+    zero = torch.zeros((rows.shape[0], k), dtype=torch.int64, device=dev)
+    return LookupProposals(                                             # where(.., zero) widens the counts to int64
         tokens=tokens, length=length, depth=torch.where(keep, j + 1, 0),
-        match_len=torch.where(keep, match[:, None] + j, 0), count=torch.where(keep, count[:, None], 0),
-        total=torch.where(keep, total[:, None], 0), source=zero)
+        match_len=torch.where(keep, match[:, None] + j, 0), count=torch.where(keep, count[:, None], zero),
+        total=torch.where(keep, total[:, None], zero), source=zero)
 
 
 def fill_missing(aligned, got: LookupProposals):
@@ -165,5 +230,5 @@ def fill_missing(aligned, got: LookupProposals):
     return merged, use & (got.length > 0)
 
 
-__all__ = ["ContextTable", "LookupProposals", "N_LONG", "N_MAX", "N_MIN", "alloc_context", "fill_missing", "lookup",
-           "write_context", "write_rows"]
+__all__ = ["ContextTable", "LookupProposals", "N_LONG", "N_MAX", "N_MIN", "SPAN_MIN", "alloc_context", "context_span",
+           "fill_missing", "lookup", "write_context", "write_rows"]

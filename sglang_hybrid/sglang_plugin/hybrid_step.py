@@ -86,7 +86,7 @@ class HybridStep:
 
     def select(self, root_tokens: torch.Tensor, model_tokens: torch.Tensor, model_conf: torch.Tensor,
                slots: torch.Tensor, cur_gen: torch.Tensor, seq_lens: torch.Tensor,
-               width: Optional[int] = None) -> Decision:
+               width: Optional[int] = None, lookup_span: Optional[int] = None) -> Decision:
         """Decide the verify tree for a decode batch; ``Decision.tree`` is ``width`` wide (default: the full width),
         ``Decision.next_width`` / ``next_depth`` the width bucket and EAGLE depth a later step should use.
 
@@ -94,7 +94,9 @@ class HybridStep:
         ``depths``);
         ``model_conf [B, S]``: draft softmax probability of each drafted token; ``slots [B]``: request-pool slots;
         ``cur_gen [B]``: their current generations; ``seq_lens [B]``: committed tokens in the KV cache (root excluded).
-        ``width``: this step's verify width, one of ``widths``.
+        ``width``: this step's verify width, one of ``widths``. ``lookup_span``: positions of each request's context
+        the prompt lookup reads, from ``lookup_span`` on the host (a few static values; a row with more committed
+        tokens gets no lookup proposal); None: the whole table.
         """
         b, s = model_tokens.shape
         dev = model_tokens.device
@@ -102,7 +104,7 @@ class HybridStep:
         ng = alignment.align(self.buffers, slots, cur_gen, seq_lens)
         from_lookup = None
         if self.context is not None:
-            ng, from_lookup = self._fill_from_context(ng, slots, cur_gen, seq_lens, root_tokens)
+            ng, from_lookup = self._fill_from_context(ng, slots, cur_gen, seq_lens, root_tokens, lookup_span)
         model = ModelDraft(model_tokens, model_conf, torch.full((b,), s, dtype=torch.int64, device=dev))
         k = self.k           # the aligned proposal is up to proposal_width long; the selector sees its first k
         ngram = NgramDraft(ng.tokens[:, :k], chain_parents(b, k, dev), ng.length.clamp(max=k), ng.match_len[:, :k],
@@ -117,13 +119,25 @@ class HybridStep:
         self.counters.on_select(d.tree, ngram.length, d.lam, d.b_star, depth=s, from_lookup=from_lookup)
         return d
 
-    def _fill_from_context(self, ng: alignment.AlignedProposals, slots, cur_gen, seq_lens, root_tokens):
+    def lookup_span(self, longest_context: Optional[int]) -> Optional[int]:
+        """Host side, before the step: the span ``select`` should give the prompt lookup for a batch whose committed
+        tokens per request (root included, ``seq_lens + 1``) are at most ``longest_context`` (a host-known int; the
+        worker's comes from SGLang's CPU sequence lengths), rounded up to a power of two
+        (``context_lookup.context_span``: one static shape per power, so a compiled or captured step has a few
+        variants, not one per length). None when unknown or without the lookup (the whole table)."""
+        if self.context is None or longest_context is None:
+            return None
+        return context_lookup.context_span(longest_context, self.context.tokens.shape[1] - 1)
+
+    def _fill_from_context(self, ng: alignment.AlignedProposals, slots, cur_gen, seq_lens, root_tokens,
+                           span: Optional[int]):
         """Rows without an aligned proposal take the prompt lookup's (none where the host has not written the row for
         this slot generation; features in the host drafter's terms, ``context_lookup``). Returns the proposals and
-        the rows the lookup supplied."""
+        the rows the lookup supplied. With ``span`` the lookup reads the batch's real contexts, not the table's whole
+        context length, every step."""
         ones = torch.ones_like(seq_lens, dtype=torch.int64)
         context_lookup.write_rows(self.context, slots, seq_lens, root_tokens.reshape(-1, 1), ones)
-        got = context_lookup.lookup(self.context, slots, seq_lens, cur_gen, ng.tokens.shape[1])
+        got = context_lookup.lookup(self.context, slots, seq_lens, cur_gen, ng.tokens.shape[1], span=span)
         return context_lookup.fill_missing(ng, got)
 
     def after_verify(self, tree: VerifyTree, slots: torch.Tensor, seq_lens_before: torch.Tensor,

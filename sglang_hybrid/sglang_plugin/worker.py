@@ -8,7 +8,8 @@ Decode step (everything on the device except the first bullet, which is host boo
 * ``HybridDraftWorker.draft``: the EAGLE chain (topk = 1, ``num_steps`` tokens; CUDA graph when available) plus the
   softmax probability of every drafted token (``step_conf``, recorded inside ``draft_forward`` so the draft graph
   captures it);
-* ``HybridStep.select``: align n-gram proposals (a row left without one takes the device prompt lookup's), then the
+* ``HybridStep.select``: align n-gram proposals (a row left without one takes the device prompt lookup's, over the
+  batch's real contexts: a span from host-known sequence lengths, ``_longest_context``), then the
   core's ``step.DecisionStep`` (calibrate, survivals, price, choose or merge) -> ``VerifyTree`` at this step's
   verify width, plus the EAGLE depth and width bucket for a later step; under tensor parallelism every rank then
   takes rank 0's tree and plan (``TreeBroadcast``);
@@ -235,6 +236,8 @@ class HybridWorkerV2(EAGLEWorkerV2):
         self.hybrid_step: Optional[HybridStep] = None
         self.feeder: Optional[NgramFeeder] = None
         self._cur_gen: Optional[torch.Tensor] = None
+        #: the decode batch's longest committed context as the host last saw it (``NgramFeeder``'s lengths), or None
+        self._host_committed: Optional[int] = None
         self._last_tree = None
         #: DP ranks' forwards meet in collectives, so under DP attention every step drafts the configured depth and
         #: verifies at the full width
@@ -359,7 +362,8 @@ class HybridWorkerV2(EAGLEWorkerV2):
         cur_gen = self._cur_gen if self._cur_gen is not None else self.hybrid_step.buffers.gen[slots]
         width = self.speculative_num_draft_tokens
         decision = self.hybrid_step.select(draft_input.bonus_tokens, draft_tokens, conf, slots, cur_gen,
-                                           batch.seq_lens, width=width)
+                                           batch.seq_lens, width=width,
+                                           lookup_span=self.hybrid_step.lookup_span(self._longest_context(batch)))
         tree, plan = self.tree_broadcast(decision.tree, torch.stack([decision.next_depth, decision.next_width]))
         self._stage_plan(plan)
         self._last_tree = tree
@@ -370,6 +374,23 @@ class HybridWorkerV2(EAGLEWorkerV2):
         return build_verify_input(tree, batch.seq_lens, num_steps=self.speculative_num_steps,
                                   max_depth=self.hybrid_step.max_depth_at(width), mask_mode=TreeMaskMode.FULL_MASK,
                                   seq_lens_sum=seq_lens_sum, mask_buf=verify_mask_buffer(attn, bs))
+
+    def _longest_context(self, batch) -> Optional[int]:
+        """A host-known bound on the batch's committed tokens per request (root included), read without waiting for
+        the device, so the device prompt lookup reads the batch's real contexts instead of the whole table
+        (``HybridStep.lookup_span``).
+
+        SGLang's CPU copy of the sequence lengths when it keeps one (exact: the root sits at ``seq_len``; SGLang
+        keeps it when an attention backend reads it, FlashInfer does); else the host's committed lengths
+        (``NgramFeeder``, one step late under overlap scheduling) plus what the steps in flight can have committed
+        since; else None (the whole table). A bound too low would only cost proposals: a row longer than the span
+        gets none (``context_lookup.lookup``)."""
+        cpu = getattr(batch, "seq_lens_cpu", None)
+        if cpu is not None and 0 < cpu.numel() == batch.seq_lens.shape[0]:
+            return int(cpu.max()) + 1                   # a host tensor: no device read
+        if self._host_committed is not None:
+            return self._host_committed + _PLAN_IN_FLIGHT * (self.hybrid_step.max_depth + 1)
+        return None
 
     def _stage_plan(self, plan: torch.Tensor) -> None:
         """Start the copy of the chosen (depth, width) to the host (non-blocking on CUDA); ``_switch_plan`` reads it
@@ -401,12 +422,14 @@ class HybridWorkerV2(EAGLEWorkerV2):
                 # Generations are a host tensor in SGLang's pool: one vectorised lookup, no device read.
                 gens = self.req_to_token_pool.req_generation[slots_cpu.to(torch.int64)]
                 staged = self.feeder.stage_batch(reqs, gens, slots_cpu.tolist())
+                at = staged["scalars"][:, 1]                    # committed lengths, pinned host memory: no device read
+                self._host_committed = int(at.max()) if at.numel() else None
                 self._cur_gen = self.feeder.publish(staged, slots, self.hybrid_step.buffers, self.hybrid_step.context)
                 self.feeder.drop_absent({r.rid for r in reqs})
             else:
                 # No host view of this batch's requests: invalidate their proposals (no n-gram candidate this step).
                 self.hybrid_step.buffers.length[slots] = 0
-                self._cur_gen = None
+                self._cur_gen = self._host_committed = None
         out = super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
                                                pp_proxy_tensors=pp_proxy_tensors)
         if decode and self._last_tree is not None and slots is not None:
@@ -414,7 +437,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
             emitted = out.next_token_ids.view(bs, self.speculative_num_draft_tokens).to(torch.int64)
             self.hybrid_step.after_verify(self._last_tree, slots, seq_before, emitted, out.accept_lens)
         self._last_tree = None
-        self._cur_gen = None
+        self._cur_gen = self._host_committed = None
         self.counters.maybe_log()
         return out
 
