@@ -44,6 +44,16 @@ CODE_RELEASES: Sequence[tuple] = (
     ("werkzeug", "3.0.6", "3.1.0"),
 )
 
+#: releases further apart, for the edit-dense workload: more of each changed file differs, so a window that contains a
+#: changed line is less often a verbatim copy of the prompt
+EDIT_DENSE_RELEASES: Sequence[tuple] = (
+    ("requests", "2.25.1", "2.32.0"),
+    ("click", "7.1.2", "8.1.8"),
+    ("flask", "2.0.3", "3.1.0"),
+    ("jinja2", "2.11.3", "3.1.5"),
+    ("werkzeug", "2.0.3", "3.1.0"),
+)
+
 INSTRUCTION = (
     "\n\n# Task: this is `{path}` from {pkg} {old}. Rewrite it as it is in {pkg} {new}. "
     "Output the complete new file and nothing else.\n"
@@ -108,7 +118,7 @@ def _py_sources(wheel: Path) -> dict:
 
 
 @functools.lru_cache(maxsize=4)
-def code_edit_pairs(min_tokens: int = 200, max_tokens: int = 8000) -> tuple:
+def code_edit_pairs(min_tokens: int = 200, max_tokens: int = 8000, releases: tuple = tuple(CODE_RELEASES)) -> tuple:
     """All (pkg, old, new, path, old_text, new_text) whose file changed between the releases, in a fixed order.
 
     Kept: files present in both releases, different, with line similarity in [0.3, 1) (a rewrite from scratch is not
@@ -117,7 +127,7 @@ def code_edit_pairs(min_tokens: int = 200, max_tokens: int = 8000) -> tuple:
     cache = data_dir() / "wheels"
     cache.mkdir(exist_ok=True)
     pairs = []
-    for pkg, old, new in CODE_RELEASES:
+    for pkg, old, new in releases:
         fa = _py_sources(_wheel(pkg, old, cache))
         fb = _py_sources(_wheel(pkg, new, cache))
         for path in sorted(set(fa) & set(fb)):
@@ -262,16 +272,34 @@ def long_context_stream(n_tokens: int, seed: int = 0) -> np.ndarray:
     return np.ascontiguousarray(stream[:n_tokens], dtype=np.int32)
 
 
-def code_edit_windows(n: int, seed: int = 0, out_tokens: int = 192, max_tokens: int = 8000) -> List[Request]:
+def changed_line_starts(old: str, new: str) -> List[int]:
+    """Character offsets in ``new`` of the lines that differ from ``old`` (inserted or replaced, by difflib's line
+    alignment), in order."""
+    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    starts = np.concatenate([[0], np.cumsum([len(x) for x in b])]).astype(np.int64)
+    out: List[int] = []
+    for tag, _, _, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag in ("replace", "insert"):
+            out += [int(starts[j]) for j in range(j1, j2) if b[j].strip()]
+    return out
+
+
+def code_edit_windows(n: int, seed: int = 0, out_tokens: int = 192, max_tokens: int = 8000,
+                      edit_dense: bool = False) -> List[Request]:
     """``n`` code-edit requests of ``out_tokens`` output tokens each, drawn with ``seed`` from `code_edit_pairs`.
 
     There are fewer changed files than a benchmark wants requests (64 with the default releases), and replaying whole
     files is slow, so a request is a window of the decode: the prompt is the old file + the instruction + the new
     file up to a cut, the output the next ``out_tokens`` tokens of the new file (what the model decodes there). Files
-    are visited in a seeded order, round-robin, each window at a cut drawn uniformly (distinct cuts per file)."""
-    pairs = code_edit_pairs(max_tokens=max_tokens)
+    are visited in a seeded order, round-robin, each window at a cut drawn uniformly (distinct cuts per file).
+
+    ``edit_dense``: the file pairs of `EDIT_DENSE_RELEASES` (releases further apart), and every window contains a
+    changed line: a changed line is drawn, and the cut uniformly among the positions whose window holds its first
+    token. Most windows of the default (copy-heavy) workload are verbatim copies of the old file; these are not."""
+    releases = tuple(EDIT_DENSE_RELEASES if edit_dense else CODE_RELEASES)
+    pairs = code_edit_pairs(max_tokens=max_tokens, releases=releases)
     if not pairs:
-        raise DataUnavailable("no changed source files found in CODE_RELEASES")
+        raise DataUnavailable(f"no changed source files found in {releases}")
     rng = random.Random(seed)
     order = list(range(len(pairs)))
     rng.shuffle(order)
@@ -284,16 +312,23 @@ def code_edit_windows(n: int, seed: int = 0, out_tokens: int = 192, max_tokens: 
         i += 1
         pkg, old, new, path, a, b = pairs[j]
         if j not in enc:
-            enc[j] = (encode(a + INSTRUCTION.format(path=path, pkg=pkg, old=old, new=new)), encode(b))
-        prompt, body = enc[j]
-        if len(body) <= out_tokens:
+            enc[j] = (encode(a + INSTRUCTION.format(path=path, pkg=pkg, old=old, new=new)), encode(b),
+                      changed_line_starts(a, b) if edit_dense else [])
+        prompt, body, changed = enc[j]
+        if edit_dense:
+            if not changed:
+                continue
+            at = len(encode(b[:rng.choice(changed)]))             # the changed line's first token
+            lo = max(0, at - out_tokens + 1)
+            cut = rng.randrange(lo, max(lo + 1, min(at + 1, len(body) - out_tokens + 1)))
+        elif len(body) <= out_tokens:
             cut = 0
         else:
             cut = rng.randrange(0, len(body) - out_tokens)
         if cut in used.setdefault(j, set()):
             continue
         used[j].add(cut)
-        out.append(Request(f"code:{pkg}:{path}@{cut}", "code",
+        out.append(Request(f"code:{pkg}:{path}@{cut}", "code-edit" if edit_dense else "code",
                            np.ascontiguousarray(np.concatenate([prompt, body[:cut]]), dtype=np.int32),
                            np.ascontiguousarray(body[cut:cut + out_tokens], dtype=np.int32)))
     return out

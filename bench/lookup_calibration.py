@@ -9,7 +9,7 @@ the shipped calibration then predicts its acceptance as well as it predicts the 
 
 What runs: the realistic replay's real text (``replay_synth.real_text_requests``: code edits between package
 releases, ShareGPT turns; cl100k tokens), every output position of every request; at each, the lookup (the shipped
-code, on CPU tensors) and the host drafter (fresh, as ``bench.replay_drafts`` computes it) propose 8 tokens; token j
+code, on CPU tensors) and the host drafter (fresh, as ``bench.replay.drafts`` computes it) propose 8 tokens; token j
 counts when tokens 0..j-1 of its chain were right (the survival definition: acceptance given the parent was
 accepted), labelled by whether it is the text's next token. Prints, per workload and drafter: tokens, mean predicted
 acceptance, mean actual, ECE (10 bins) and Brier score (``sglang_hybrid.calibration_metrics``).
@@ -62,13 +62,13 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=100, help="requests per workload")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    from bench import replay_synth
-    from bench.replay_drafts import DraftBank
+    from bench.replay import synth as replay_synth
+    from bench.replay.drafts import DraftBank
     from sglang_hybrid.calibration import NgramCalibration
     from sglang_hybrid.calibration_metrics import brier, ece
 
     torch.set_num_threads(1)
-    reqs, groups = replay_synth.real_text_requests(args.requests, args.seed, 128, K)
+    reqs, groups = replay_synth.real_text_requests(args.requests, args.seed, 128, K, edit_dense=False)
     bank = DraftBank(reqs, K, ngram_width=K)
     cal = NgramCalibration.load()
     print(f"n-gram calibration (shipped) on the device prompt lookup's proposals vs the host drafter's; real text, "

@@ -47,7 +47,7 @@ VENV_HELP = """\
 def workload_prompts(tokenizer, n_code: int, n_chat: int):
     """[(id, workload, token ids)]: code-editing prompts (the reference loop's, then stdlib file edits) and ShareGPT
     chat prompts, through the tokenizer's chat template."""
-    from bench.replay_record import code_edit_prompts
+    from bench.replay.record import code_edit_prompts
     from sglang_hybrid.reference import prompts as PR
 
     prs = code_edit_prompts(n_code) + PR.chat_prompts(n_chat)

@@ -41,7 +41,7 @@ def test_cpu_mode_passes_and_says_no_gpu(cpu_run):
 
 
 def test_cpu_mode_outputs(cpu_run):
-    from bench.replay_costs import load_cost_spec
+    from bench.replay.costs import load_cost_spec
 
     _, out = cpu_run
     spec = load_cost_spec(out / "cost_tables.json")

@@ -1,7 +1,8 @@
 """``bench.lookup_calibration``: the records it scores, on a trace whose text repeats (hand-checkable)."""
 from __future__ import annotations
 
-from bench import lookup_calibration, replay_drafts
+from bench import lookup_calibration
+from bench.replay import drafts as replay_drafts
 from sglang_hybrid.calibration import NgramCalibration
 from tests.test_replay import one_request_trace
 

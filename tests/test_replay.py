@@ -1,4 +1,4 @@
-"""Replay benchmark mechanics (bench/replay_*.py, bench/policies.py, bench/cost_tables/roofline.py) on tiny traces."""
+"""Replay benchmark mechanics (the bench/replay/ package, bench/cost_tables/roofline.py) on tiny traces."""
 from __future__ import annotations
 
 import json
@@ -6,9 +6,16 @@ import json
 import numpy as np
 import pytest
 
-from bench import policies as P
-from bench import replay_costs, replay_drafts, replay_report, replay_sim, replay_traces
+from bench.replay import policies as P
+from bench.replay import (
+    costs as replay_costs,
+    drafts as replay_drafts,
+    report as replay_report,
+    sim as replay_sim,
+    traces as replay_traces,
+)
 from bench.cost_tables import roofline
+from bench.replay.host import LaunchCost
 
 
 def one_request_trace(L=30, k=4, eagle_right=True, prompt=None, output=None, workload="code"):
@@ -26,11 +33,13 @@ def one_request_trace(L=30, k=4, eagle_right=True, prompt=None, output=None, wor
     return [replay_traces.TraceRequest("r0", workload, prompt, out, et, ep)]
 
 
-def linear_cost(base=1.0, per_token=0.1, draft=0.05, max_tokens=4096):
+def linear_cost(base=1.0, per_token=0.1, draft=0.05, max_tokens=4096, launch=LaunchCost(0.0, 0.0)):
+    """T(n) = base + per_token * n, ``draft`` s per draft forward; kernel launches free unless ``launch`` says (the
+    by-hand figures of most tests leave them out; `test_decision_launches_are_charged_by_hand` charges them)."""
     from sglang_hybrid.cost import CostModel
 
     m = CostModel.linear(base, per_token, max_tokens)
-    return replay_costs.BatchCost(m, m.to("cpu"), draft)
+    return replay_costs.BatchCost(m, m.to("cpu"), draft, launch=launch)
 
 
 class ExactDrafts(P.Policy):
@@ -162,9 +171,10 @@ def test_trace_roundtrip_and_bad_input(tmp_path):
 
 
 def test_roofline_is_memory_bound_then_compute_bound_and_states_assumptions():
+    hard = roofline.Roofline(knee_p=None)
+    t4 = [hard.target_step_s(n, 4) for n in (4, 8, 36)]
+    assert t4[0] == t4[1] == t4[2]  # hard max, small batch: weights dominate, extra verified tokens are free
     roof = roofline.Roofline()
-    t4 = [roof.target_step_s(n, 4) for n in (4, 8, 36)]
-    assert t4[0] == t4[1] == t4[2]  # small batch: weights dominate, extra verified tokens are free
     t128 = [roof.target_step_s(n, 128) for n in (128, 640, 1152, 2176)]
     assert all(a <= b for a, b in zip(t128, t128[1:])) and t128[-1] > 1.5 * t128[0]
     text = "\n".join(roof.assumptions())
@@ -172,6 +182,42 @@ def test_roofline_is_memory_bound_then_compute_bound_and_states_assumptions():
         assert needle in text
     with pytest.raises(ValueError):
         roof.target_step_s(3, 4)
+
+
+def test_roofline_smooth_knee_charges_every_token_and_stays_between_max_and_sum():
+    smooth, hard = roofline.Roofline(), roofline.Roofline(knee_p=None)
+    assert smooth.knee_p == 3.0     # the default: the smooth knee
+    t = [smooth.target_step_s(n, 4) for n in range(4, 200, 8)]
+    assert all(a < b for a, b in zip(t, t[1:]))   # no verified token is free, even at batch 4
+    # the figure the review quoted: a 29-token verify per request at batch 4 costs about 1.14x a plain step
+    assert smooth.target_step_s(4 * 29, 4) / smooth.target_step_s(4, 4) == pytest.approx(1.136, abs=0.002)
+    for n, r in ((4, 4), (116, 4), (640, 128), (2176, 128)):
+        t_mem_flop_sum = hard.target_step_s(n, r) - hard.step_overhead_s
+        got = smooth.target_step_s(n, r) - smooth.step_overhead_s
+        assert t_mem_flop_sum - 1e-12 <= got <= 2 * t_mem_flop_sum   # max <= p-norm <= sum (<= 2 max)
+    assert "smooth knee, p-norm p=3" in "\n".join(smooth.assumptions())
+    assert "hard max" in "\n".join(hard.assumptions())
+
+
+def test_roofline_charges_the_batch_real_contexts():
+    roof = roofline.Roofline()
+    base = roof.target_step_s(32, 4)
+    assert roof.target_step_s(32, 4, 4 * roof.context_tokens) == pytest.approx(base)
+    longer = roof.target_step_s(32, 4, 4 * 4042)      # the code prompts' median context
+    assert longer > base
+    # the KV bytes it adds: 4 x (4042 - 2048) tokens of 128 KiB at the achieved bandwidth (memory-bound regime)
+    extra = 4 * (4042 - 2048) * roof.kv_bytes_per_token / (roof.hbm_bytes_per_s * roof.hbm_efficiency)
+    assert extra * 0.9 < longer - base < extra * 1.1
+    assert roof.draft_step_s(4, 4 * 4042) > roof.draft_step_s(4)
+    spec = replay_costs.gpu_cost_spec((4,), roof.context_tokens, max_width=3)
+    cost = spec.for_batch(4)
+    assert cost.step_time(8) == pytest.approx(roof.target_step_s(8, 4))
+    assert cost.step_time(8, 4 * 4042) == pytest.approx(roof.target_step_s(8, 4, 4 * 4042))
+    assert cost.draft_time(4 * 4042) == pytest.approx(roof.draft_step_s(4, 4 * 4042))
+    assert [s.name for s in replay_costs.cost_specs(["gpu", "gpu-hardmax", "gpu-unpadded"], (4,), 2048)] == [
+        "gpu", "gpu-hardmax", "gpu-unpadded"]
+    with pytest.raises(ValueError, match="unknown GPU cost variant"):
+        replay_costs.gpu_cost_spec((4,), 2048, "gpu-smooth")
 
 
 def test_cost_spec_loading(tmp_path):
@@ -244,7 +290,7 @@ def test_code_edit_prompts_extend_without_changing_the_first_ones():
     """Trace recording's code prompts: asking for more appends (the outputs cache and the split into training and
     held-out requests key on the first ones), ids are unique, and every stdlib file is a held-out one (every 10th
     file, which the EAGLE head's training excludes)."""
-    from bench.replay_record import code_edit_prompts
+    from bench.replay.record import code_edit_prompts
     from sglang_hybrid.reference import prompts as PR
     from sglang_hybrid.reference.corpus import stdlib_python_files
 
@@ -257,3 +303,32 @@ def test_code_edit_prompts_extend_without_changing_the_first_ones():
     held = {f.name for f in stdlib_python_files()[::10]}
     for p in many[len(PR.CODE_EDITS):]:
         assert p.workload == "code" and p.text.split("`")[1] in held, p.id
+
+
+def test_changed_line_starts_names_the_inserted_and_replaced_lines():
+    from bench.data import changed_line_starts
+
+    old = "a = 1\nb = 2\nc = 3\n"
+    new = "a = 1\nb = 20\nc = 3\nd = 4\n\n"
+    starts = changed_line_starts(old, new)
+    assert [new[s:].split("\n", 1)[0] for s in starts] == ["b = 20", "d = 4"]   # blank lines are not edits
+
+
+def test_edit_dense_windows_each_hold_a_changed_line_and_copy_heavy_ones_mostly_do_not():
+    """The edit-dense workload (releases further apart): every window's output holds the first token of a line that
+    changed between the releases, so few are verbatim runs of their prompt (a moved line can still be one); the
+    copy-heavy workload's windows mostly are. The workload measures what the copy-heavy one hides (issue 28)."""
+    from bench import data
+    from bench.replay import synth as replay_synth
+
+    dense = data.code_edit_windows(12, seed=3, out_tokens=64, edit_dense=True)
+    pairs = {f"code:{p[0]}:{p[3]}": p for p in data.code_edit_pairs(releases=tuple(data.EDIT_DENSE_RELEASES))}
+    for r in dense:
+        assert r.workload == "code-edit"
+        key, cut = r.id.rsplit("@", 1)
+        _, _, _, _, a, b = pairs[key]
+        firsts = {len(data.encode(b[:c])) for c in data.changed_line_starts(a, b)}
+        assert any(int(cut) <= t < int(cut) + len(r.output) for t in firsts), r.id
+    assert sum(replay_synth.verbatim_in_prompt(r.prompt, r.output) for r in dense) <= 3
+    copy = data.code_edit_windows(12, seed=3, out_tokens=64)
+    assert sum(replay_synth.verbatim_in_prompt(r.prompt, r.output) for r in copy) >= 6

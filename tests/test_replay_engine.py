@@ -1,4 +1,4 @@
-"""The realistic replay's engine mechanics (bench/replay_engine.py, replay_synth.py, replay_realistic.py) against
+"""The realistic replay's engine mechanics (bench/replay/engine.py, replay_synth.py, replay_realistic.py) against
 hand-computed cases: width lag, padded verify width, draft-forward count, late n-gram alignment, the simulated
 drafter's calibration, the bootstrap."""
 from __future__ import annotations
@@ -8,8 +8,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from bench import policies as P
-from bench import replay_costs, replay_drafts, replay_engine, replay_realistic, replay_sim, replay_synth
+from bench.replay import policies as P
+from bench.replay import (
+    costs as replay_costs,
+    drafts as replay_drafts,
+    engine as replay_engine,
+    realistic as replay_realistic,
+    sim as replay_sim,
+    synth as replay_synth,
+)
 from tests.test_replay import linear_cost, one_request_trace
 
 
@@ -98,6 +105,54 @@ def test_host_time_adds_without_overlap_and_hides_under_the_device_with_it(monke
     assert pol.widths == (2,)
     res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05))
     assert res.seconds == pytest.approx(res.steps * per_step)
+
+
+@pytest.mark.parametrize("width_lag,host_us", [(1, 1000.0), (2, 1000.0), (2, 2000.0)])
+def test_decision_launches_are_charged_by_hand(monkeypatch, width_lag, host_us):
+    """The as-built HYBRID step is charged the worker's operator count (``bench.step_launches``, counted for this
+    configuration: no width or depth plan) at ``gpu_us`` on the device and ``host_us`` on the host: summed without
+    overlap scheduling, max(device, host) with it (here host-bound at 2 ms a launch, device-bound at 1 ms)."""
+    from bench import step_launches
+    from bench.replay.host import LaunchCost
+
+    core = _core_or_skip()
+    monkeypatch.setattr(replay_engine, "host_seconds", lambda b: 0.2)
+    eng = replay_engine.EngineConfig(num_steps=1, ngram_k=1, n_nodes=1, width_lag=width_lag,
+                                     ngram_lag=width_lag - 1, adaptive_depth=False)
+    bank = replay_drafts.DraftBank(one_request_trace(L=10, k=1, eagle_right=False), k=1,
+                                   ngram_width=eng.proposal_width)
+    pol = replay_engine.EnginePolicy("h", "merge", 1, 1, core, eng)
+    n = step_launches.hybrid_launches(1, "merge", 1, 1, width_plan=False, depth_plan=False)
+    assert pol.launches(1) == n and n > 100          # the torch path: hundreds of operators
+    launch = LaunchCost(host_us=host_us, gpu_us=100.0)
+    res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05,
+                                                                       launch=launch))
+    device, host = 1.2 + 0.05 + n * 100e-6, 0.2 + n * host_us * 1e-6
+    per_step = max(device, host) if width_lag == 2 else device + host
+    assert res.seconds == pytest.approx(res.steps * per_step)
+    # the ideal engine charges the fused target; the model-only baseline its own (smaller) count
+    assert replay_engine.EnginePolicy("i", "merge", 1, 1, core, replay_engine.EngineConfig.ideal()).launches(4) == \
+        step_launches.TARGET
+    mo = replay_engine.EnginePolicy("m", "choose", 4, 4, core, replay_engine.EngineConfig(), ngram=False)
+    assert mo.launches(4) == step_launches.model_only_launches(4, 4) < step_launches.hybrid_launches(4)
+
+
+def test_model_free_baselines_pay_their_host_scan():
+    """Our n-gram drafter alone pays the worker's measured host path (overlapped, as HYBRID's); vLLM's prompt lookup
+    its measured per-request scan at each request's context, not overlapped (bench.replay.host)."""
+    from bench.replay.host import PROMPT_LOOKUP_MEASURED, host_seconds, prompt_lookup_seconds
+
+    assert prompt_lookup_seconds([1024, 8192]) == pytest.approx(11.7e-6 + 18.9e-6)
+    assert prompt_lookup_seconds([4608]) == pytest.approx((11.7e-6 + 18.9e-6) / 2)
+    assert prompt_lookup_seconds([10]) == pytest.approx(PROMPT_LOOKUP_MEASURED[0][1])
+    bank = replay_drafts.DraftBank(one_request_trace(L=12, k=4), k=4)
+    ctx = np.array([4000, 100])
+    view = P.StepView(np.array([0, 0]), np.array([0, 3]), bank.roots(np.array([0, 0]), np.array([0, 3])), bank,
+                      None, 2, context=ctx)
+    ours = P.NgramOurs(4).propose(view)
+    assert (ours.host_s, ours.host_overlaps) == (host_seconds(2), True)
+    pld = P.PromptLookup(4, 2, 5).propose(view)
+    assert (pld.host_s, pld.host_overlaps) == (pytest.approx(prompt_lookup_seconds(ctx)), False)
 
 
 def test_host_time_interpolates_the_measured_host_path():
@@ -254,14 +309,37 @@ def test_simulated_drafter_is_flat_and_calibrated():
         assert r[m].mean() == pytest.approx(c[m].mean(), abs=0.04)
 
 
+def _run(tokens, seconds, ids):
+    r = replay_sim.RunResult("a", "a", "w", 4, "c", 1, int(sum(tokens)), float(sum(seconds)), 1, 0, 0, 1, 0, 0.0,
+                             0.0)
+    r.per_request = (np.array(tokens, float), np.array(seconds, float))
+    r.request_ids = list(ids)
+    return r
+
+
 def test_bootstrap_ratio_is_exact_for_identical_runs_and_brackets_the_point():
-    r = replay_sim.RunResult("a", "a", "w", 4, "c", 1, 30, 3.0, 1, 0, 0, 1, 0, 0.0, 0.0)
-    r.per_request = (np.array([10.0, 10.0, 10.0]), np.array([1.0, 1.0, 1.0]))
+    ids = ["chat:1", "chat:2", "chat:3"]
+    r = _run([10, 10, 10], [1, 1, 1], ids)
     assert replay_realistic.ratio_ci([r], [r]) == (1.0, 1.0, 1.0)
-    s = replay_sim.RunResult("b", "b", "w", 4, "c", 1, 30, 6.0, 1, 0, 0, 1, 0, 0.0, 0.0)
-    s.per_request = (np.array([10.0, 10.0, 10.0]), np.array([1.0, 2.0, 3.0]))
+    s = _run([10, 10, 10], [1, 2, 3], ids)
     pt, lo, hi = replay_realistic.ratio_ci([r], [s])
     assert pt == pytest.approx(2.0) and lo <= pt <= hi
+
+
+def test_bootstrap_resamples_source_files_not_windows():
+    """Windows of one code file (``code:pkg:path@cut``) are one cluster, pooled across seeds: two files, one where
+    the contender is 3x faster, one where it is level. Resampling whole files, the interval spans what the two files
+    give alone (about 1x to 3x); had the windows been independent it would be much narrower."""
+    assert replay_realistic.cluster_of("code:flask:flask/app.py@120") == "code:flask:flask/app.py"
+    assert replay_realistic.cluster_of("chat:abc") == "chat:abc"
+    ids = [f"code:p:a.py@{i}" for i in range(20)] + [f"code:p:b.py@{i}" for i in range(20)]
+    fast = _run([10] * 40, [1] * 20 + [1] * 20, ids)
+    slow = _run([10] * 40, [3] * 20 + [1] * 20, ids)
+    keys, tok, sec = replay_realistic.pooled([slow, slow])      # two seeds drawing the same files
+    assert keys == ["code:p:a.py", "code:p:b.py"] and tok.tolist() == [400, 400] and sec.tolist() == [120, 40]
+    pt, lo, hi = replay_realistic.ratio_ci([fast], [slow])
+    assert pt == pytest.approx(2.0)
+    assert lo < 1.1 and hi > 2.9                  # two clusters: the interval reaches both files' own ratios
 
 
 def test_prompt_lookup_index_matches_the_scan():
@@ -319,14 +397,51 @@ def test_realistic_runner_tunes_hybrids_launch_settings_like_the_baselines():
     tuned = {n: runner.runs[(src, "as built", "code", 4, "tune:" + n, 0)].tok_per_s for n in names}
     best = max(tuned, key=tuned.get)
     assert runner.best[(src, "as built", "code", 4, "hybrid")] == (pols[best].num_steps, pols[best].engine.ngram_k)
-    assert runner.runs[(src, "as built", "code", 4, "hybrid_merge", 0)].tok_per_s == tuned[best]
+    # the chosen one runs on the evaluation seed only: the tuning seed never enters a ratio
+    assert (src, "as built", "code", 4, "hybrid_merge", 0) not in runner.runs
     other = runner.sim(pols[best], bank, groups["code"], 4, 1, ("check", "-", "code", 4, best, 1))
     assert runner.runs[(src, "as built", "code", 4, "hybrid_merge", 1)].tok_per_s == other.tok_per_s
     cell = runner.cell(src, "as built", "code", 4)
     assert (cell["hybrid_steps"], cell["hybrid_ngram_k"]) == (pols[best].num_steps, pols[best].engine.ngram_k)
+    assert cell["seeds"] == 1 and cell["oracle"] == runner.runs[(src, "-", "code", 4, "oracle", 1)].tok_per_s
+    # the rule "n-gram if it matches, else EAGLE" runs at the cell's best fixed EAGLE k, tuned over the chain length
+    ke = max(runner.eagle, key=lambda p: runner.runs[(src, "-", "code", 4, p.name, 0)].tok_per_s).k
+    rules = {f"ngram_else_eagle_n{k}_e{ke}": runner.runs[(src, "-", "code", 4, f"ngram_else_eagle_n{k}_e{ke}", 0)]
+             for k in (8, 16)}
+    assert cell["rule_name"] == max(rules, key=lambda n: rules[n].tok_per_s)
+    # model-only adaptive runs ragged with fresh chains (the ideal engine), whatever HYBRID's mode
+    assert all(not p.engine.as_built for p in runner.adaptive.values())
     # each n-gram baseline family is tuned over its chain lengths on the same seed
     ours = {n: runner.runs[("text", "-", "code", 4, n, 0)].tok_per_s for n in ("ngram_ours", "ngram_ours_k16")}
     assert runner.tuned_free("text", "code", 4, "ngram_ours") == max(ours, key=ours.get)
+
+
+@pytest.mark.parametrize("eagle_right", [True, False])
+def test_oracle_verifies_exactly_the_accepted_tokens_of_the_better_drafter(eagle_right):
+    """The oracle's proposal holds the better chain's accepted prefix and nothing else (every node it verifies is
+    accepted), drafts EAGLE only as deep as that prefix, and no policy over the same drafts emits more per step
+    at a lower cost: it beats fixed EAGLE and n-gram alone under a cost that charges every verified token."""
+    trace = one_request_trace(L=40, k=8, eagle_right=eagle_right, output=np.tile(np.arange(10, 20), 4))
+    bank = replay_drafts.DraftBank(trace, k=8)
+    oracle = P.Oracle(8, 8)
+    for p in range(0, 30, 3):
+        req, pos = np.array([0]), np.array([p])
+        view = P.StepView(req, pos, bank.roots(req, pos), bank, None, 1)
+        prop = oracle.propose(view)
+        targets = bank.targets(req, pos, 8)[0]
+        etoks, _ = bank.eagle(req, pos, 8)
+        ntoks, nlens = bank.chain("ngram", req, pos, 8)
+        acc_e = P.accepted_prefix(etoks, targets[None])[0]
+        acc_n = P.accepted_prefix(P.mask_chain(ntoks, nlens), targets[None])[0]
+        n = (prop.tokens[0] >= 0).sum()
+        assert n == max(acc_e, acc_n)
+        assert prop.tokens[0, :n].tolist() == targets[:n].tolist()
+        assert prop.model_steps == (acc_e if acc_e > acc_n else 0)
+        assert prop.verify_tokens is None and prop.launches == 0
+    cost = linear_cost(base=1.0, per_token=0.1, draft=0.05)
+    got = {pol.name: replay_sim.simulate(pol, bank, [0], 1, cost).tok_per_s
+           for pol in (oracle, P.EagleFixed(4), P.NgramOurs(8))}
+    assert got["oracle"] >= max(got["eagle_fixed"], got["ngram_ours"])
 
 
 def test_realistic_step_times_cover_every_policys_widest_verify():
@@ -408,7 +523,7 @@ def test_hybrid_learns_the_workers_online_model_offset(eagle_right):
 def test_model_offset_option_reaches_both_engines_and_bad_values_are_refused(monkeypatch):
     """``--model-bias-eta`` sets the offset's learning rate of both realistic engines ('none': off; default: the
     worker's shipped setting); anything not > 0 is a usage error before any work."""
-    from bench import replay
+    from bench.replay import cli as replay
     from sglang_hybrid.sglang_plugin.config import HybridSettings
 
     assert replay_engine.EngineConfig().model_bias_eta == HybridSettings().model_bias_eta   # what the worker ships

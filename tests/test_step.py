@@ -115,7 +115,7 @@ def test_worker_reference_loop_and_replay_decide_the_same_tree(mode, tmp_path):
     assert isinstance(loop.decide, DecisionStep)
     loop_d = loop.decide(root, model, ngram, cost=cost.to("cpu"))
 
-    from bench.policies import _Core
+    from bench.replay.policies import _Core
 
     core = _Core()
     feats = {k: getattr(ngram, k).numpy() for k in ("tokens", "match_len", "count", "total", "depth", "source")}

@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
+from typing import Optional
 
 FORMAT = "hybrid-spark-cost-tables"
 
@@ -47,6 +48,10 @@ class Roofline:
     draft_step_overhead_s: float = 0.05e-3   # per draft step inside the draft CUDA graph
     graph_buckets: tuple = tuple(list(range(8, 257, 8)) + list(range(272, 513, 16))
                                  + list(range(544, 1025, 32)) + list(range(1088, 2049, 64)))
+    #: how the memory and compute times combine: a p-norm ``(t_mem^p + t_flop^p)^(1/p)`` with this p (the smooth
+    #: knee: near the ridge point a step is neither purely memory- nor compute-bound, so tokens are never free),
+    #: or ``None`` for the hard ``max(t_mem, t_flop)`` of the textbook roofline
+    knee_p: Optional[float] = 3.0
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -62,26 +67,45 @@ class Roofline:
                 return b, True
         return n, False
 
-    def target_step_s(self, n: int, requests: int) -> float:
-        """One target forward over n batch tokens for `requests` requests (each reading its KV prefix once)."""
+    def combine(self, t_mem: float, t_flop: float) -> float:
+        """Memory and compute time of one forward combined by the knee (``knee_p``; None: the hard max)."""
+        if self.knee_p is None:
+            return max(t_mem, t_flop)
+        p = float(self.knee_p)
+        return (t_mem ** p + t_flop ** p) ** (1.0 / p)
+
+    def target_step_s(self, n: int, requests: int, context_total: Optional[float] = None) -> float:
+        """One target forward over n batch tokens for `requests` requests (each reading its KV prefix once).
+
+        ``context_total``: the KV tokens of the whole batch (the sum of each request's real context length); None
+        assumes ``context_tokens`` per request. Attention FLOPs use the batch's mean context per verified token."""
         if n < requests:
             raise ValueError(f"n={n} tokens cannot be fewer than requests={requests} (1 token per request)")
+        ctx_total = requests * self.context_tokens if context_total is None else float(context_total)
         padded, graphed = self.bucket(n)
         bw = self.hbm_bytes_per_s * self.hbm_efficiency
-        kv_bytes = requests * self.context_tokens * self.kv_bytes_per_token
+        kv_bytes = ctx_total * self.kv_bytes_per_token
         mem_bytes = (self.weight_bytes - self.embedding_bytes) + kv_bytes
-        attn_flops_per_token = 4.0 * self.context_tokens * self.hidden * self.n_layers
+        attn_flops_per_token = 4.0 * (ctx_total / requests) * self.hidden * self.n_layers
         flops = padded * (2.0 * self.linear_params + attn_flops_per_token)
-        t = max(mem_bytes / bw, flops / (self.bf16_flops * self.flops_efficiency)) + self.step_overhead_s
+        t = self.combine(mem_bytes / bw, flops / (self.bf16_flops * self.flops_efficiency)) + self.step_overhead_s
         return t + (0.0 if graphed else self.eager_overhead_s)
 
-    def draft_step_s(self, requests: int) -> float:
-        """One EAGLE draft step (one token per request) for `requests` requests."""
+    def draft_step_s(self, requests: int, context_total: Optional[float] = None) -> float:
+        """One EAGLE draft step (one token per request) for `requests` requests (``context_total`` as in
+        `target_step_s`)."""
+        ctx_total = requests * self.context_tokens if context_total is None else float(context_total)
         bw = self.hbm_bytes_per_s * self.hbm_efficiency
         draft_kv = 2 * self.n_kv_heads * self.head_dim * 2  # one layer
-        mem = 2.0 * self.draft_params + requests * self.context_tokens * draft_kv
+        mem = 2.0 * self.draft_params + ctx_total * draft_kv
         flops = requests * 2.0 * self.draft_params
-        return max(mem / bw, flops / (self.bf16_flops * self.flops_efficiency)) + self.draft_step_overhead_s
+        return self.combine(mem / bw, flops / (self.bf16_flops * self.flops_efficiency)) + self.draft_step_overhead_s
+
+    def _knee_text(self) -> str:
+        if self.knee_p is None:
+            return "hard max (textbook roofline: verified tokens are free up to the ridge point)"
+        return (f"smooth knee, p-norm p={self.knee_p:g}, (t_mem^p + t_flop^p)^(1/p) (near the ridge point both "
+                "costs show)")
 
     def _bucket_text(self) -> str:
         ragged = "Verify is ragged (n = sum over requests of 1 + verified draft nodes, as in DSpark's compact mode)"
@@ -100,19 +124,20 @@ class Roofline:
             f"Target: {a.model}; weights {a.weight_bytes / 1e9:.2f} GB read per step (minus the "
             f"{a.embedding_bytes / 1e9:.2f} GB input embedding); {2 * a.linear_params / 1e9:.1f} GFLOP/token in GEMMs",
             f"KV cache: {a.n_layers} layers x {a.n_kv_heads} KV heads x {a.head_dim} dims bf16 = "
-            f"{a.kv_bytes_per_token / 1024:.0f} KiB/token; every request has {a.context_tokens} context tokens, "
-            f"its prefix read once per step (tree-verify kernel tiles all of a request's queries together)",
+            f"{a.kv_bytes_per_token / 1024:.0f} KiB/token; each request's prefix read once per step (tree-verify "
+            f"kernel tiles all of a request's queries together); the tables (the price's input) assume "
+            f"{a.context_tokens} context tokens per request, a replay step is charged at its requests' real contexts",
             f"Attention: {4 * a.context_tokens * a.hidden * a.n_layers / 1e9:.2f} GFLOP per verified token at that "
             "context",
-            "Step time = max(bytes / achieved bandwidth, FLOPs on the padded token count / achieved FLOP/s) "
-            f"+ {a.step_overhead_s * 1e3:.2f} ms fixed per step",
+            f"Step time = {a._knee_text()} of (bytes / achieved bandwidth, FLOPs on the padded token count / achieved "
+            f"FLOP/s) + {a.step_overhead_s * 1e3:.2f} ms fixed per step",
             self._bucket_text(),
             f"EAGLE draft step: EAGLE-3-style head ({a.draft_params / 1e9:.2f} B params: 1 layer + fc + 32k-vocab "
             f"lm_head) + its 1-layer KV at the same context, same roofline, +{a.draft_step_overhead_s * 1e3:.2f} ms; "
             "a policy that drafts k model tokens pays k draft steps, as SGLang 0.5.23 runs them (the draft-extend "
-            "after verify + k - 1 draft decodes; bench.policies.draft_forwards)",
-            "n-gram / prompt-lookup / suffix drafting cost is not charged here (host-side); the as-built HYBRID engine "
-            "of the realistic replay adds the worker's measured host path (bench.replay_engine.host_seconds)",
+            "after verify + k - 1 draft decodes; bench.replay.policies.draft_forwards)",
+            "Host-side drafting (n-gram, prompt lookup) and each engine's own per-step kernel launches are not in "
+            "these tables: the replay charges them per policy (bench.replay.host)",
         ]
 
 

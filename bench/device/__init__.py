@@ -7,7 +7,7 @@ Jobs (one module each, run in this order by ``python -m bench.device``):
 
   cost_table  step time of a Llama-3.1-8B-shaped bf16 target (random weights, a compact PyTorch decoder -- NOT
               SGLang) verifying B x W tree tokens over a 2k context, CUDA graphs, plus an EAGLE-3-shaped one-layer
-              draft step; written as a replay cost table (``bench/replay.py --cost-table``) and a plot
+              draft step; written as a replay cost table (``bench/replay/cli.py --cost-table``) and a plot
   selection   ``HybridStep.select`` + the SGLang-free verify-input build (tree links, FULL_MASK) at the deployed
               shapes, captured in a CUDA graph, replayed under ``set_sync_debug_mode("error")``, equal to the eager
               CPU result; latency per batch beside the measured target step

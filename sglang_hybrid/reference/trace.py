@@ -13,7 +13,7 @@ tokens, so a replay recomputes them.
 
 Extra per-request keys (e.g. the loop's per-step statistics) are allowed and ignored by readers.
 
-This module is the project's only trace reader and writer (the replay benchmark, bench/replay_traces.py, converts its
+This module is the project's only trace reader and writer (the replay benchmark, bench/replay/traces.py, converts its
 records to arrays).
 """
 

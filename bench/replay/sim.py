@@ -1,13 +1,16 @@
 """The replay's simulation: continuous batching of one policy over a draft bank under one cost model.
 
 Replay rule (per step, continuous batching at a fixed concurrency B):
-  * every active request gets draft nodes from the policy (bench/policies.py);
+  * every active request gets draft nodes from the policy (bench/replay/policies.py);
   * accepted = the deepest draft node whose whole path equals the trace's output (greedy acceptance);
     emitted = accepted + 1 (the bonus token), capped at what is left of the output;
   * the step verifies n = sum over requests of (1 + draft nodes) tokens (ragged verify; a policy that models a
     padded engine says how many it verifies, `Proposal.verify_tokens`, e.g. B x W) and costs T(n) + (EAGLE draft
-    forwards) x t_draft from the cost model, plus any host time the policy reports (`Proposal.host_s`), or the larger
-    of the two when that host time overlaps the device (`Proposal.host_overlaps`: overlap scheduling);
+    forwards) x t_draft from the cost model (a roofline model charges both at the batch's real context lengths,
+    prompt + output so far), plus the GPU time of the kernels the policy's own work launches
+    (`Proposal.launches`); the host time the policy reports (`Proposal.host_s`, plus the dispatch of those launches)
+    adds to that, or the step takes the larger of the two when the host time overlaps the device
+    (`Proposal.host_overlaps`: overlap scheduling);
   * finished requests are replaced by the next one from a seeded stream (whole permutations of the workload);
     the run stops at the first step after which a slot cannot be refilled, so throughput is measured with the batch
     full (no tail where a few long requests run alone).
@@ -24,9 +27,9 @@ import numpy as np
 
 from sglang_hybrid.selector import Source
 
-from bench import policies as P
-from bench.replay_costs import BatchCost
-from bench.replay_drafts import DraftBank
+from bench.replay import policies as P
+from bench.replay.costs import BatchCost
+from bench.replay.drafts import DraftBank
 
 
 def greedy_tree_accept(tokens: np.ndarray, parents: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -107,13 +110,15 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
     n_req = len(bank.lengths)
     req_tokens = np.zeros(n_req, np.float64)   # per request of the bank: tokens emitted, and its share of the time
     req_seconds = np.zeros(n_req, np.float64)  # (each step's time split evenly over the B slots): for the bootstrap
+    prompt_len = np.array([len(r.prompt) for r in bank.requests], np.int64)
     req = stream[:batch].astype(np.int64)
     pos = np.zeros(batch, np.int64)
     nxt = batch
     tot = dict(steps=0, tokens=0, seconds=0.0, rs=0, acc=0, nodes=0, done=0, msteps=0, ng=0, lam=0.0)
     while True:
+        context = prompt_len[req] + pos
         view = P.StepView(req=req, pos=pos, root=bank.roots(req, pos), drafts=bank,
-                          cost=cost.tables, requests=batch, draft_step_s=cost.draft_step_s)
+                          cost=cost.tables, requests=batch, draft_step_s=cost.draft_step_s, context=context)
         prop = policy.propose(view)
         toks, par = np.asarray(prop.tokens, np.int64), np.asarray(prop.parents, np.int64)
         n_nodes = (toks >= 0).sum(axis=1)
@@ -121,8 +126,11 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
         remaining = bank.lengths[req] - pos
         emitted = np.minimum(accepted + 1, remaining)
         n_tokens = batch + int(n_nodes.sum()) if prop.verify_tokens is None else int(prop.verify_tokens)
-        device_s = cost.step_time(n_tokens) + prop.model_steps * cost.draft_step_s
-        dt = max(device_s, float(prop.host_s)) if prop.host_overlaps else device_s + float(prop.host_s)
+        ctx = float(context.sum())
+        device_s = (cost.step_time(n_tokens, ctx) + prop.model_steps * cost.draft_time(ctx)
+                    + cost.launch.device_s(prop.launches))
+        host_s = float(prop.host_s) + cost.launch.host_s(prop.launches)
+        dt = max(device_s, host_s) if prop.host_overlaps else device_s + host_s
         tot["seconds"] += dt
         np.add.at(req_tokens, req, emitted)
         np.add.at(req_seconds, req, dt / batch)
@@ -151,5 +159,6 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
                     tot["seconds"], tot["rs"], tot["acc"], tot["nodes"], tot["done"], tot["msteps"],
                     tot["ng"] / max(1, tot["nodes"]), tot["lam"] / max(1, tot["steps"]))
     res.per_request = (req_tokens, req_seconds)     # not dataclass fields: kept out of the JSON dump
+    res.request_ids = [str(r.id) for r in bank.requests]
     res.stats = dict(getattr(policy, "stats", {}) or {})
     return res

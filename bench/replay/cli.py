@@ -1,27 +1,5 @@
-"""Policy replay: the paper's throughput table, reproduced from per-position traces under a cost model.
-
-Why replay instead of running engines: a trace recorded once by the CPU reference loop (target outputs + the EAGLE
-chain drafted at every output position) determines what any policy would have accepted, because greedy decoding is
-lossless -- the committed text is the same whatever was drafted -- and both drafters are deterministic functions of
-the committed tokens. So we can simulate every policy at batch 4, 32 and 128 under any step-time model (measured on
-this CPU, or GPU-shaped from a stated roofline) in seconds, with exactly the same requests and seeds.
-
-This module is the command line; the pieces, one job each:
-  bench.replay_traces  traces as arrays (read/written by sglang_hybrid.reference.trace), synthetic traces, workloads
-  bench.replay_record  recording a real trace (--make-trace)
-  bench.replay_drafts  the draft bank: every drafter's proposal at every output position
-  bench.replay_costs   step-time models (GPU roofline, measured CPU table, your cost files)
-  bench.replay_sim     the continuous-batching simulation (the replay rule) and its result
-  bench.replay_report  tables, the paper's layout, targets met or missed, plots
-  bench.policies       the policies compared
-  bench.replay_engine  the engine mechanics: as built (width buckets + lag, late n-gram proposals through the
-                       plugin's alignment, measured host path) or ideal (ragged, fresh)
-  bench.replay_synth   the SIMULATED model drafter and the real-text workloads
-  bench.replay_realistic  the headline run (--realistic): sweep, tuned baselines, bootstrap CIs, targets
-
-Run: ``python -m bench.replay --realistic`` (the headline); ``python -m bench.replay --trace T.jsonl [...]`` (see
---help; engine as built unless --ideal); ``--synthetic`` runs on generated traces.
-"""
+"""The replay's command line: ``python -m bench.replay --realistic`` (the headline run), ``--trace T.jsonl``,
+``--synthetic`` or ``--make-trace FILE`` (the package docstring, `bench.replay`, lists the modules behind it)."""
 from __future__ import annotations
 
 import argparse
@@ -30,14 +8,15 @@ import json
 import time
 from pathlib import Path
 
-from bench import policies as P
-from bench import replay_costs, replay_record, replay_traces
-from bench import replay_report as report
+from bench.replay import policies as P
+from bench.replay import costs as replay_costs, record as replay_record, traces as replay_traces
+from bench.replay import report as report
 from bench.cost_tables import roofline
-from bench.replay_drafts import DraftBank, DrafterUnavailable
-from bench.replay_engine import EngineConfig
+from bench.replay.drafts import DraftBank, DrafterUnavailable
+from bench.replay.engine import EngineConfig
+from bench.replay.host import LaunchCost
 from sglang_hybrid._checks import positive_or_none
-from bench.replay_sim import RunResult, request_stream, simulate
+from bench.replay.sim import RunResult, request_stream, simulate
 
 
 def _eta_or_none(value: str):
@@ -48,19 +27,38 @@ def _eta_or_none(value: str):
         raise argparse.ArgumentTypeError(f"must be a learning rate > 0 or 'none', got {value!r}") from None
 
 
+def _positive_or_zero(value: str) -> float:
+    """A cost in microseconds: a number >= 0."""
+    try:
+        x = float(value)
+    except ValueError:
+        x = -1.0
+    if not x >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be a number of microseconds >= 0, got {value!r}")
+    return x
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Replay speculation policies over per-position traces "
-                                             "(the paper's HYBRID vs model-only adaptive table).")
+    ap = argparse.ArgumentParser(prog="python -m bench.replay",
+                                 description="Replay speculation policies over per-position traces (the paper's "
+                                             "HYBRID vs model-only adaptive table).")
     ap.add_argument("--trace", nargs="*", default=[], help="trace files (JSON Lines, docs/ARCHITECTURE.md)")
     ap.add_argument("--synthetic", action="store_true", help="use a generated synthetic trace (mechanics demo only)")
     ap.add_argument("--batches", type=int, nargs="+", default=[4, 32, 128])
     ap.add_argument("--policies", nargs="+", default=list(P.ALL_POLICIES))
     ap.add_argument("--cost", nargs="+", default=["gpu", "cpu"],
-                    help="'gpu' (roofline with CUDA-graph buckets, simulated), 'gpu-smooth' (same without bucket "
+                    help="'gpu' (roofline with a smooth knee and CUDA-graph buckets, simulated), 'gpu-hardmax' (the "
+                         "hard-max knee), 'gpu-unpadded' (no bucket "
                          "padding), 'cpu' (measured SmolLM2 table) and/or cost JSON files")
     ap.add_argument("--cost-table", nargs="*", default=[], help="extra cost table files (yours, profiled on a GPU)")
     ap.add_argument("--gpu-context", type=int, default=roofline.Roofline.context_tokens,
-                    help="context tokens per request assumed by the GPU roofline")
+                    help="context tokens per request of the GPU roofline's tables (the price's input); every step is "
+                         "charged at its requests' real contexts")
+    ap.add_argument("--launch-host-us", type=_positive_or_zero, default=LaunchCost.host_us,
+                    help="host dispatch per kernel launch of an engine's own per-step work, microseconds "
+                         "(bench.replay.host)")
+    ap.add_argument("--launch-gpu-us", type=_positive_or_zero, default=LaunchCost.gpu_us,
+                    help="GPU time per kernel launch of an engine's own per-step work, microseconds")
     ap.add_argument("--k", type=int, default=None, help="max draft length (default: the trace's eagle_k)")
     ap.add_argument("--eagle-k", type=int, default=4, help="EAGLE fixed-chain length")
     ap.add_argument("--merge-nodes", type=int, default=None, help="HYBRID merge node budget (default 2k)")
@@ -76,7 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n-chat", type=int, default=8, help="--make-trace: chat prompts")
     ap.add_argument("--max-new", type=int, default=320, help="--make-trace: max new tokens per request")
     ap.add_argument("--head", default=None, help="--make-trace: EAGLE head folder (default: the shipped one)")
-    rg = ap.add_argument_group("realistic replay (--realistic: the headline run; bench/replay_realistic.py)")
+    rg = ap.add_argument_group("realistic replay (--realistic: the headline run; bench/replay/realistic.py)")
     rg.add_argument("--realistic", action="store_true",
                     help="real-text workloads, SIMULATED model-drafter sweep, engine as built and --ideal side by side")
     rg.add_argument("--ideal", action="store_true",
@@ -112,8 +110,9 @@ def main(argv=None) -> int:
     rg.add_argument("--sweep-ideal", action="store_true",
                     help="realistic: run the ideal engine at every sweep point too (default: headline point only)")
     args = ap.parse_args(argv)
+    launch = LaunchCost(host_us=args.launch_host_us, gpu_us=args.launch_gpu_us)
     if args.realistic:
-        from bench import replay_realistic as RR
+        from bench.replay import realistic as RR
 
         for opt, ks in (("--hybrid-ngram-ks", args.hybrid_ngram_ks), ("--ngram-ks", args.ngram_ks)):
             if any(not 1 <= k <= 32 for k in ks):
@@ -125,6 +124,7 @@ def main(argv=None) -> int:
                         adaptive_depth=not args.fixed_depth, hybrid_steps=tuple(args.hybrid_steps),
                         hybrid_ngram_ks=tuple(args.hybrid_ngram_ks), ngram_ks=tuple(args.ngram_ks),
                         model_bias_eta=args.model_bias_eta, gpu_context=args.gpu_context, real_trace=args.real_trace,
+                        launch=launch,
                         sweep=not args.no_sweep,
                         out=args.out if args.out != Path("out/replay") else Path("out/replay_realistic"),
                         sweep_modes=RR.MODES if args.sweep_ideal else ("as built",),
@@ -144,7 +144,8 @@ def main(argv=None) -> int:
     merge_nodes = args.merge_nodes or 2 * k
     args.out.mkdir(parents=True, exist_ok=True)
 
-    specs = replay_costs.cost_specs(args.cost + args.cost_table, args.batches, args.gpu_context)
+    specs = [s.with_launch_cost(launch)
+             for s in replay_costs.cost_specs(args.cost + args.cost_table, args.batches, args.gpu_context)]
 
     def core_factory():
         return P._Core(args.model_calibration, args.ngram_calibration)
@@ -152,9 +153,9 @@ def main(argv=None) -> int:
     pols = P.build_policies(args.policies, k, args.eagle_k, merge_nodes, core_factory, args.ngram_tree)
     engine = None
     if not args.ideal and not args.ngram_tree:
-        # the engine as built (bench/replay_engine.py): the core-decided policies run with padded width buckets,
+        # the engine as built (bench/replay/engine.py): the core-decided policies run with padded width buckets,
         # the width lag, late n-gram proposals through the plugin's alignment and the measured host path
-        from bench.replay_engine import EnginePolicy
+        from bench.replay.engine import EnginePolicy
 
         engine = EngineConfig(width_lag=args.width_lag, ngram_lag=args.ngram_lag, num_steps=k, ngram_k=k,
                               n_nodes=merge_nodes, adaptive_depth=not args.fixed_depth,

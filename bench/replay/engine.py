@@ -1,7 +1,7 @@
 """The replay's engine mechanics: HYBRID (and the model-only baseline) run as the SGLang plugin runs them, or ideally.
 
-Why a separate module: `bench.policies` states *what* each policy drafts; this module states *how the engine we ship
-executes it*, so the gap between the two modes is exactly the engine's to-do list. Both modes call the core's
+Why a separate module: `bench.replay.policies` states *what* each policy drafts; this module states *how the engine we
+ship executes it*, so the gap between the two modes is exactly the engine's to-do list. Both modes call the core's
 ``sglang_hybrid.step.DecisionStep`` (the worker's decision code); they differ only in the mechanics around it:
 
 =================  =====================================================  ============================================
@@ -19,6 +19,10 @@ n-gram proposals   computed on the host ``ngram_lag`` steps late, ``k +   fresh,
 host time          the worker's measured host path per step (below),      0
                    overlapping the device's previous step when the lags
                    are overlap scheduling's (``width_lag >= 2``)
+decision launches  the worker's eager operators, counted by              the fused decision's target,
+                   ``bench.step_launches`` for the policy's               ``step_launches.TARGET`` (12)
+                   configuration; GPU time on the device, dispatch on
+                   the host (``replay_host.LaunchCost``)
 draft forwards     ``d`` per step (``policies.draft_forwards``), ``d``    same
                    the EAGLE depth the core chose (adaptive drafting,
                    ``DecisionStep(depths=...)`` with the cost model's
@@ -34,16 +38,16 @@ model offset       each HYBRID request's online offset on the EAGLE       same
                    verify, on the device)
 =================  =====================================================  ============================================
 
-Host time: `bench.host_path` measured the worker's whole n-gram host path per decode step (feed new tokens, batched
-Rust propose of 17 tokens, publish) on this 2-core machine, 2026-11-30 22:10, context 1k tokens (docs/benchmarks.md
-section 3): 0.114 ms at batch 1, 0.359 ms at 32, 0.819 ms at 128. `host_seconds` interpolates linearly in the batch
-size. Where it goes: the worker runs it at the start of ``forward_batch_generation``, before launching the step's
-kernels. Without overlap scheduling (the CPU engine, ``width_lag`` 1) the device is idle then, so the step costs device
-time + host time. With overlap scheduling (``width_lag`` 2, the GPU default) the scheduler launches step t + 1 while
-the device still runs step t, so the host path runs under step t and the step costs max(device time, host time). That
-assumes SGLang's own per-step scheduling work leaves the host path room under the device step (its overlap scheduler
-exists to hide that work; at 0.82 ms for B=128 against a simulated device step of ~20 ms it does here);
-``EngineConfig(host_overlap=False)`` charges the sum instead.
+Host time and launches: what each costs, and where it was measured, is in ``bench.replay.host``. The worker runs its
+n-gram host path at the start of ``forward_batch_generation``, before launching the step's kernels, and then launches
+its decision eagerly, operator by operator (``bench.step_launches`` counts them for the policy's configuration and
+batch size). Without overlap scheduling (the CPU engine, ``width_lag`` 1) the device is idle while the host works, so
+the step costs device time + host time. With overlap scheduling (``width_lag`` 2, the GPU default) the scheduler
+launches step t + 1 while the device still runs step t, so the host work runs under step t and the step costs
+max(device time, host time); the decision's kernels still add their GPU time to the device. That assumes SGLang's own
+per-step scheduling work leaves the host room under the device step (its overlap scheduler exists to hide that work);
+``EngineConfig(host_overlap=False)`` charges the sum instead. The ideal engine charges no host time and the fused
+decision's target launch count (``bench.step_launches.TARGET``).
 """
 from __future__ import annotations
 
@@ -53,22 +57,10 @@ from typing import Optional
 
 import numpy as np
 
-from bench import policies as P
+from bench.replay import policies as P
+from bench import step_launches
+from bench.replay.host import host_seconds
 from sglang_hybrid.widths import default_depths, start_width
-
-#: (batch, seconds per decode step) of the worker's n-gram host path, measured by bench.host_path (context 1k)
-HOST_PATH_MEASURED = ((1, 0.114e-3), (32, 0.359e-3), (128, 0.819e-3))
-
-
-def host_seconds(batch: int) -> float:
-    """The n-gram host path's seconds per decode step at ``batch`` requests (linear in the measured points, extended
-    linearly past 128)."""
-    bs, ts = zip(*HOST_PATH_MEASURED)
-    if batch <= bs[-1]:
-        return float(np.interp(batch, bs, ts))
-    slope = (ts[-1] - ts[-2]) / (bs[-1] - bs[-2])
-    return float(ts[-1] + slope * (batch - bs[-1]))
-
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
@@ -96,6 +88,9 @@ class EngineConfig:
     #: HYBRID's online offset on the EAGLE side's calibrated logit: the worker's setting ``model_bias_eta`` and its
     #: default (None: off); the model-only baselines run without it, as the reference loop's do
     model_bias_eta: Optional[float] = None
+    #: kernel launches of the decision per step; None: counted from the worker's code for the policy's configuration
+    #: and batch size (``bench.step_launches``)
+    launches: Optional[int] = None
 
     @property
     def depths(self) -> Optional[tuple]:
@@ -117,7 +112,8 @@ class EngineConfig:
 
     @classmethod
     def ideal(cls, **kw) -> "EngineConfig":
-        return cls(as_built=False, width_lag=0, ngram_lag=0, host_time=False, **kw)
+        return cls(as_built=False, width_lag=0, ngram_lag=0, host_time=False, host_overlap=True,
+                   launches=step_launches.TARGET, **kw)
 
     @property
     def name(self) -> str:
@@ -144,14 +140,16 @@ class EngineConfig:
     def describe(self) -> str:
         if not self.as_built:
             return ("ideal: ragged verify (price masks nodes, cost = valid nodes), fresh n-gram proposals at the exact "
-                    f"position, no host time; {self.num_steps} EAGLE steps, n-gram k={self.ngram_k}, "
+                    f"position, no host time, {self.launches} decision launches (fused); {self.num_steps} EAGLE steps, "
+                    f"n-gram k={self.ngram_k}, "
                     f"n_nodes={self.n_nodes}; {self._depth_text()}")
+        launches = "counted from the worker (bench.step_launches)" if self.launches is None else self.launches
         return (f"as built: padded verify at width buckets {self.buckets()} chosen by DecisionStep, applied "
                 f"{self.width_lag} step(s) later; n-gram proposals {self.ngram_lag} step(s) late, "
                 f"{self.proposal_width} tokens wide, aligned by sglang_plugin.alignment.align, first {self.ngram_k} "
                 f"used; host path {self._host_text()} "
-                f"({host_seconds(4) * 1e3:.3f} ms at B=4, {host_seconds(128) * 1e3:.3f} ms at B=128); "
-                f"{self.num_steps} EAGLE steps, n_nodes={self.n_nodes}; {self._depth_text()}")
+                f"({host_seconds(4) * 1e3:.3f} ms at B=4, {host_seconds(128) * 1e3:.3f} ms at B=128); decision "
+                f"launches {launches}; {self.num_steps} EAGLE steps, n_nodes={self.n_nodes}; {self._depth_text()}")
 
     def _host_text(self) -> str:
         if not self.host_time:
@@ -307,6 +305,16 @@ class EnginePolicy(P.Policy):
         self.stats: dict = {}
         self.reset(1)
 
+    def launches(self, batch: int) -> int:
+        """Kernel launches of this policy's decision per step at ``batch`` requests (``EngineConfig.launches``)."""
+        if self.engine.launches is not None:
+            return int(self.engine.launches)
+        if not self.use_ngram:
+            return step_launches.model_only_launches(batch, self.num_steps)
+        return step_launches.hybrid_launches(batch, self.mode, self.num_steps, self.engine.ngram_k,
+                                             width_plan=self.widths is not None and len(self.widths) > 1,
+                                             depth_plan=self.depths is not None)
+
     def reset(self, batch: int):
         self.batch = batch
         start = start_width(self.widths, self.num_steps) if self.widths is not None else self.n_nodes + 1
@@ -386,7 +394,9 @@ class EnginePolicy(P.Policy):
             prop.verify_tokens = b * width
             if self.engine.host_time and self.use_ngram:
                 prop.host_s = host_seconds(b)
-                prop.host_overlaps = self.engine.host_overlaps
+        # the host work (n-gram path, the decision's dispatch) overlaps the device as the engine's scheduling allows
+        prop.host_overlaps = self.engine.host_overlaps
+        prop.launches = self.launches(b)
         if self.depths is not None:
             self.depth_pending.append(int(d.next_depth))
         if bias is not None:

@@ -2,7 +2,7 @@
 
 Reading and writing go through `sglang_hybrid.reference.trace`, the project's only trace reader and writer (format in
 docs/ARCHITECTURE.md, "Per-position traces"); this module only converts its records into the numpy arrays the replay
-indexes, and back. Recording a real trace is `bench.replay_record`.
+indexes, and back. Recording a real trace is `bench.replay.record`.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def read_trace(path) -> Trace:
 
 def write_trace(trace: Trace, path) -> None:
     """Write a trace with `sglang_hybrid.reference.trace.write_trace` (used for synthetic traces; real ones come from
-    the reference loop or `bench.replay_record`); probabilities are rounded to 5 decimals."""
+    the reference loop or `bench.replay.record`); probabilities are rounded to 5 decimals."""
     records = [TR.TraceRecord(r.id, r.workload, r.prompt.tolist(), r.output.tolist(), r.eagle_tokens.tolist(),
                               np.round(r.eagle_probs.astype(float), 5).tolist()) for r in trace.requests]
     TR.write_trace(path, trace.header, records)

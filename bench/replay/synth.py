@@ -25,27 +25,49 @@ from typing import List
 import numpy as np
 
 from bench import data
-from bench.replay_traces import Trace, TraceRequest
+from bench.replay.traces import Trace, TraceRequest
 
 KAPPA = 6.0          # Beta concentration of the simulated confidences
 COPY_MATCH = 4       # "long" n-gram match: at least this many context tokens matched
 VOCAB = 100_277      # cl100k
 
 
-def real_text_requests(n: int, seed: int, out_tokens: int, k: int) -> tuple:
-    """(requests as `TraceRequest` with empty EAGLE rows, {workload: indices}): ``n`` code-edit windows, ``n``
-    ShareGPT assistant turns (outputs cut at ``out_tokens``) and a mixed workload of the first n/2 of each."""
+def real_text_requests(n: int, seed: int, out_tokens: int, k: int, edit_dense: bool = True) -> tuple:
+    """(requests as `TraceRequest` with empty EAGLE rows, {workload: indices}): ``n`` code-edit windows ("code",
+    copy-heavy: most are verbatim copies of the old file), ``n`` edit-dense code windows ("code-edit": each holds a
+    changed line, from releases further apart; with ``edit_dense``), ``n`` ShareGPT assistant turns (outputs cut at
+    ``out_tokens``) and a mixed workload of the first n/2 of the copy-heavy code and of the chats."""
     code = data.code_edit_windows(n, seed=seed, out_tokens=out_tokens)
+    dense = data.code_edit_windows(n, seed=seed, out_tokens=out_tokens, edit_dense=True) if edit_dense else []
     chat = data.chat_requests(n, seed=seed, max_output=out_tokens)
     reqs: List[TraceRequest] = []
-    for r in code + chat:
+    for r in code + dense + chat:
         L = len(r.output)
         reqs.append(TraceRequest(r.id, r.workload, np.asarray(r.prompt, np.int32), np.asarray(r.output, np.int32),
                                  np.zeros((L, k), np.int32), np.zeros((L, k), np.float32)))
-    nc, nh = len(code), len(chat)
-    groups = {"code": list(range(nc)), "chat": list(range(nc, nc + nh)),
-              "mixed": list(range(nc // 2)) + list(range(nc, nc + nh // 2))}
+    nc, nd, nh = len(code), len(dense), len(chat)
+    groups = {"code": list(range(nc)), "chat": list(range(nc + nd, nc + nd + nh)),
+              "mixed": list(range(nc // 2)) + list(range(nc + nd, nc + nd + nh // 2))}
+    if nd:
+        groups["code-edit"] = list(range(nc, nc + nd))
     return reqs, groups
+
+
+def verbatim_in_prompt(prompt: np.ndarray, output: np.ndarray) -> bool:
+    """Whether ``output`` occurs as a contiguous run of tokens in ``prompt``."""
+    p, o = np.ascontiguousarray(prompt, np.int32).tobytes(), np.ascontiguousarray(output, np.int32).tobytes()
+    i = p.find(o)
+    while i >= 0 and i % 4:                     # token-aligned matches only
+        i = p.find(o, i + 1)
+    return i >= 0
+
+
+def edit_density(bank, flags: np.ndarray, idx) -> tuple:
+    """(share of copy positions, share of requests whose whole output is a verbatim run of their prompt) over the
+    requests ``idx`` of ``bank`` (`copy_flags` rows): how much of a workload a copying drafter could draft."""
+    rows = np.concatenate([np.arange(bank.offset[i], bank.offset[i] + bank.lengths[i]) for i in idx])
+    verbatim = np.mean([verbatim_in_prompt(bank.requests[i].prompt, bank.requests[i].output) for i in idx])
+    return float(flags[rows].mean()), float(verbatim)
 
 
 def copy_flags(bank) -> np.ndarray:
@@ -96,5 +118,5 @@ def as_trace(bank, tokens, probs, alpha, alpha_copy) -> Trace:
         reqs.append(TraceRequest(r.id, r.workload, r.prompt, r.output, tokens[sl].astype(np.int32), probs[sl]))
     header = TR.TraceHeader(model="real text (cl100k tokens; no target model run)",
                             draft_model=f"SIMULATED drafter alpha={alpha:g} alpha_copy={alpha_copy:g}",
-                            temperature=0.0, eagle_k=int(tokens.shape[1]), created="bench.replay_synth")
+                            temperature=0.0, eagle_k=int(tokens.shape[1]), created="bench.replay.synth")
     return Trace(header, reqs)

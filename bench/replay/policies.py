@@ -1,7 +1,7 @@
 """The speculation policies the replay benchmark compares, one small class each.
 
 Why classes over one big switch: each policy states in one place what it drafts, how much it verifies and which
-drafting cost it pays, so the replay loop (bench/replay_sim.py) stays policy-agnostic and a reader can check each rule
+drafting cost it pays, so the replay loop (bench/replay/sim.py) stays policy-agnostic and a reader can check each rule
 against its description. Every policy sees the same `StepView` (which requests are active, at which output position,
 the precomputed drafts of every drafter at that position) and returns a `Proposal`: the draft nodes to verify as a
 tree (chains are trees whose node j has parent j - 1), plus the number of EAGLE draft forwards it ran this step.
@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from bench.replay.host import host_seconds, prompt_lookup_seconds
 from sglang_hybrid.selector import Source
 
 
@@ -32,6 +33,9 @@ class Proposal:
     host_s: host seconds the step adds that the cost table does not hold (e.g. the n-gram drafter's host path)
     host_overlaps: the host time runs while the device executes the previous step (overlap scheduling), so the step
       takes max(device time, host_s) instead of their sum
+    launches: kernel launches the policy's own per-step engine work dispatches eagerly between the draft and the
+      verify forward (beyond the engine's fixed per-step work the cost table holds); each costs the cost model's GPU
+      time per launch on the device and its host dispatch time on the host (``replay_costs.LaunchCost``)
     """
 
     tokens: np.ndarray
@@ -41,6 +45,7 @@ class Proposal:
     verify_tokens: Optional[int] = None
     host_s: float = 0.0
     host_overlaps: bool = False
+    launches: int = 0
 
 
 def draft_forwards(k: int) -> int:
@@ -67,6 +72,7 @@ class StepView:
     cost: "object"
     requests: int
     draft_step_s: float = 0.0      # one EAGLE draft forward at this batch size (the adaptive-depth price input)
+    context: Optional[np.ndarray] = None
 
 
 def chain_parents_np(b: int, k: int) -> np.ndarray:
@@ -130,10 +136,16 @@ class _ChainDrafter(Policy):
     def __init__(self, k: int):
         self.k = int(k)
 
+    def host(self, view) -> tuple:
+        """(host seconds of this step's drafting, whether they overlap the device): none by default."""
+        return 0.0, False
+
     def propose(self, view):
         toks, lens = view.drafts.chain(self.kind, view.req, view.pos, self.k)
         toks = mask_chain(toks, lens)
-        return Proposal(toks, chain_parents_np(len(view.req), toks.shape[1]), 0, np.ones(toks.shape, np.int8))
+        host_s, overlaps = self.host(view)
+        return Proposal(toks, chain_parents_np(len(view.req), toks.shape[1]), 0, np.ones(toks.shape, np.int8),
+                        host_s=host_s, host_overlaps=overlaps)
 
 
 class NgramOurs(_ChainDrafter):
@@ -146,6 +158,10 @@ class NgramOurs(_ChainDrafter):
     def __init__(self, k):
         super().__init__(k)
         self.label = f"n-gram only, ours (suffix automaton, k={self.k})"
+
+    def host(self, view):
+        """The worker's measured n-gram host path, hidden under the device step as HYBRID's is (bench.replay.host)."""
+        return host_seconds(len(view.req)), True
 
 
 class PromptLookup(_ChainDrafter):
@@ -165,6 +181,12 @@ class PromptLookup(_ChainDrafter):
             self.name = name
         self.label = f"vLLM-style prompt lookup (min_n={self.min_n}, max_n={self.max_n}, k={self.k})"
 
+    def host(self, view):
+        """vLLM's measured CPU scan per request at its context, after the step (not overlapped; bench.replay.host)."""
+        if view.context is None:
+            return 0.0, False
+        return prompt_lookup_seconds(view.context), False
+
 
 class SuffixDecoding(_ChainDrafter):
     """Arctic Inference's SuffixDecodingCache (suffix decoding), chain mode as vLLM uses it, verified in full."""
@@ -181,7 +203,8 @@ class SuffixDecoding(_ChainDrafter):
 class NgramElseEagle(Policy):
     """vLLM's ngram-eagle rule: the n-gram chain when the drafter has one, else the EAGLE chain of fixed length.
 
-    EAGLE drafting is charged only on steps where at least one request of the batch falls back to it.
+    EAGLE drafting is charged only on steps where at least one request of the batch falls back to it; the n-gram
+    drafter's host path every step, as our n-gram drafter alone pays it.
     """
 
     name = "ngram_else_eagle"
@@ -204,7 +227,50 @@ class NgramElseEagle(Policy):
         toks[~use_ng, : self.k_eagle] = etoks[~use_ng]
         src[~use_ng, : self.k_eagle] = Source.MODEL
         steps = draft_forwards(self.k_eagle) if (~use_ng).any() else 0
-        return Proposal(toks, chain_parents_np(b, width), steps, src)
+        # our n-gram drafter's host path, overlapping the device as HYBRID's does (bench.replay.host)
+        return Proposal(toks, chain_parents_np(b, width), steps, src, host_s=host_seconds(b), host_overlaps=True)
+
+
+def accepted_prefix(tokens: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Per row, how many leading chain tokens equal the targets (-1 tokens never do)."""
+    hit = (tokens >= 0) & (tokens == targets[:, : tokens.shape[1]])
+    return np.cumprod(hit, axis=1).sum(axis=1)
+
+
+class Oracle(Policy):
+    """The limit of any selector over the two drafters: it knows in advance how many tokens each drafter's proposal
+    would get accepted, takes per request the drafter with more (the n-gram one on a tie: it costs no draft forward),
+    drafts only what gets accepted and verifies exactly that plus the bonus (ragged, no wasted slot).
+
+    The EAGLE draft runs as deep as the deepest accepted EAGLE prefix it takes this step (none when it takes none);
+    the n-gram drafter's host path is paid as HYBRID's is (overlapping the device). No decision launches: the oracle
+    decides nothing on the device."""
+
+    name = "oracle"
+    needs = ("eagle", "ngram")
+
+    def __init__(self, k_eagle: int, k_ngram: int):
+        self.k_eagle, self.k_ngram = int(k_eagle), int(k_ngram)
+        self.label = f"oracle (knows each drafter's accepted length; EAGLE <= {self.k_eagle}, n-gram <= {self.k_ngram})"
+
+    def propose(self, view):
+        b = len(view.req)
+        width = max(self.k_eagle, self.k_ngram)
+        targets = view.drafts.targets(view.req, view.pos, width)
+        etoks, _ = view.drafts.eagle(view.req, view.pos, self.k_eagle)
+        ntoks, nlens = view.drafts.chain("ngram", view.req, view.pos, self.k_ngram)
+        ntoks = mask_chain(ntoks, nlens)
+        acc_e, acc_n = accepted_prefix(etoks, targets), accepted_prefix(ntoks, targets)
+        use_e = acc_e > acc_n
+        acc = np.where(use_e, acc_e, acc_n)
+        toks = np.full((b, width), -1, np.int64)
+        toks[:, : self.k_eagle][use_e] = etoks[use_e]
+        toks[:, : self.k_ngram][~use_e] = ntoks[~use_e]
+        toks[np.arange(width)[None, :] >= acc[:, None]] = -1
+        src = np.where(use_e[:, None], np.int8(Source.MODEL), np.int8(Source.NGRAM)).repeat(width, axis=1)
+        depth = int(acc_e[use_e].max(initial=0))
+        return Proposal(toks, chain_parents_np(b, width), draft_forwards(depth), src, host_s=host_seconds(b),
+                        host_overlaps=True)
 
 
 class _Core:

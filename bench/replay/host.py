@@ -1,0 +1,73 @@
+"""What the replay charges each engine for its own per-step work beyond the cost table: host time and kernel launches.
+
+Why a module of its own: a step's price in the replay is the target forward and the draft forwards (the cost table),
+plus whatever each engine does around them. That work differs by policy and decides close calls (half a millisecond a
+step moves code batch 4 by 10 %), so every number sits here, with where it was measured:
+
+* **Our n-gram drafter's host path** (HYBRID, and our n-gram drafter alone): feed the committed tokens, batched Rust
+  propose, publish. `bench.host_path` measured the worker's whole path on this 2-core machine, 2026-11-30 22:10,
+  context 1k tokens (docs/benchmarks.md section 3): 0.114 ms at batch 1, 0.359 ms at 32, 0.819 ms at 128;
+  `host_seconds` interpolates linearly in the batch size. It runs before the step's launches; with overlap scheduling
+  it hides under the device's previous step (the engine's ``host_overlaps``).
+* **vLLM's prompt lookup** (the n-gram proposer of vLLM v1: a numba scan of each request's tokens on the CPU), from
+  `bench.drafters` (docs/bench_drafters.md, per-step cost of one request at k = 8, median of propose + update:
+  11.7 us at a 1,024-token context, 18.9 us at 8,192, 39.7 us at 32,768); `prompt_lookup_seconds` sums it over the
+  batch, interpolated in each request's context. vLLM runs the proposer after the sampled tokens reach the host, so
+  it does not overlap the device (charged device + host).
+* **Kernel launches of the decision** (`LaunchCost`): HYBRID's worker runs its decision eagerly between the EAGLE
+  draft and the verify forward; `bench.step_launches` counts its ATen operators (one launch each on a GPU). Each
+  launch costs ``host_us`` of host dispatch and ``gpu_us`` of GPU time. Defaults at the low end of published ranges
+  (so they favour HYBRID): PyTorch's eager dispatch of a small operator costs about 5-10 us of CPU time, and a tiny
+  CUDA kernel launched back to back occupies the GPU for about 2-3 us (NVIDIA Technical Blog, "Getting Started with
+  CUDA Graphs", 2019; PyTorch blog, "Accelerating PyTorch with CUDA Graphs", 2021: CUDA graphs exist because of these
+  costs). The GPU time lies on the critical path between draft and verify; the host dispatch runs on the host with
+  the rest of the step's host work (overlapping the device's previous step where the engine overlaps).
+  SGLang's own EAGLE per-step work (its tree build and verify kernels) is inside the cost table's fixed per-step
+  overhead, for EAGLE and HYBRID alike: HYBRID's count includes its own tree links and mask, so it pays twice for
+  that part (a few launches; against HYBRID).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+#: (batch, seconds per decode step) of the worker's n-gram host path, measured by bench.host_path (context 1k)
+HOST_PATH_MEASURED = ((1, 0.114e-3), (32, 0.359e-3), (128, 0.819e-3))
+#: (context tokens, seconds per request and step) of vLLM's prompt lookup at k = 8, measured by bench.drafters
+PROMPT_LOOKUP_MEASURED = ((1024, 11.7e-6), (8192, 18.9e-6), (32768, 39.7e-6))
+
+
+def host_seconds(batch: int) -> float:
+    """The n-gram host path's seconds per decode step at ``batch`` requests (linear in the measured points, extended
+    linearly past 128)."""
+    bs, ts = zip(*HOST_PATH_MEASURED)
+    if batch <= bs[-1]:
+        return float(np.interp(batch, bs, ts))
+    slope = (ts[-1] - ts[-2]) / (bs[-1] - bs[-2])
+    return float(ts[-1] + slope * (batch - bs[-1]))
+
+
+def prompt_lookup_seconds(context) -> float:
+    """vLLM prompt lookup's host seconds for one step over requests with these context lengths (tokens each;
+    interpolated in the measured points, held at the ends)."""
+    cs, ts = zip(*PROMPT_LOOKUP_MEASURED)
+    return float(np.interp(np.asarray(context, np.float64), cs, ts).sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchCost:
+    """Cost of one eagerly launched kernel (module docstring): host dispatch and GPU time, in microseconds."""
+
+    host_us: float = 5.0
+    gpu_us: float = 2.0
+
+    def device_s(self, launches: int) -> float:
+        return launches * self.gpu_us * 1e-6
+
+    def host_s(self, launches: int) -> float:
+        return launches * self.host_us * 1e-6
+
+    def describe(self) -> str:
+        return (f"decision kernel launches: {self.host_us:g} us host dispatch + {self.gpu_us:g} us GPU each "
+                "(bench.replay.host; counts from bench.step_launches)")
