@@ -535,3 +535,31 @@ def test_model_offset_is_learned_per_request_and_reset_with_the_slot():
     assert torch.equal(off.select(torch.tensor([14, 99]), chain, conf, slots, gen, seq + 1).model_acceptance,
                        calibrated)
     assert off.counters.snapshot()["model_tested"] == 4  # counted with the correction off too
+
+
+def test_graph_outputs_poisoned_after_select_change_nothing_after_verify():
+    """The EAGLE chain and confidences a step reads come from the draft's CUDA graph, whose outputs SGLang overwrites
+    at the next replay (draft-extend replays before ``after_verify``): overwriting ("poisoning") them right after
+    ``select`` must leave the counters and each request's learned model offset exactly as without it."""
+    def run(poison: bool):
+        step = HybridStep(HybridSettings(mode="merge", ngram_k=K, model_bias_eta=0.5), num_steps=3, pool_size=4,
+                          device="cpu")
+        slots, gen, seq = torch.tensor([0, 2]), torch.tensor([0, 0]), torch.tensor([5, 5])
+        root = torch.tensor([7, 8])
+        emitted = torch.tensor([[11, 12, 13, 14, -1], [99, -1, -1, -1, -1]])
+        for i in range(3):
+            chain = torch.tensor([[11, 12, 13], [21, 22, 23]]) + i
+            conf = torch.full((2, 3), 0.6)
+            d = step.select(root, chain, conf, slots, gen, seq)
+            if poison:                                    # the next graph replay writes its own outputs here
+                chain.fill_(-7)
+                conf.fill_(0.01)
+                root.fill_(-3)
+            step.after_verify(d.tree, slots, seq, emitted, torch.tensor([4, 1]))
+            root = torch.tensor([7, 8])
+            seq = seq + torch.tensor([4, 1])
+        return step.counters.snapshot(), step.model_bias.clone()
+
+    clean, poisoned = run(False), run(True)
+    assert poisoned[0] == clean[0]
+    assert torch.equal(poisoned[1], clean[1]) and clean[1].abs().sum() > 0     # the offsets were learned

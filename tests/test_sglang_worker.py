@@ -145,3 +145,187 @@ def test_shipped_head_is_not_tied():
     from sglang_hybrid.reference.eagle import head_config
 
     assert head_config(dict(cfg, tie_word_embeddings=True))["tie_word_embeddings"] is False
+
+
+# -- no silent fallbacks: each is counted (fallback_<cause>) and logged once per worker and cause ---------------------
+
+def _fallback_logs(caplog, cause):
+    return [r for r in caplog.records if r.name == hw.logger.name and f"HYBRID fallback {cause}:" in r.getMessage()]
+
+
+def test_fallback_counts_on_the_device_without_reading_it():
+    """``on_fallback`` adds a host int into the device vector: on meta tensors (no values at all) it still runs, so it
+    never reads the device; the count reaches the summary and the periodic log line under ``fallback_<cause>``."""
+    from sglang_hybrid.sglang_plugin.metrics import FALLBACKS, HybridCounters, format_summary
+
+    meta = HybridCounters("meta")
+    meta.on_fallback("no_host_view", 3)
+    assert meta.totals.is_meta
+    counters = HybridCounters("cpu", log_interval=1)
+    counters.on_fallback("conf_placeholder", 2)
+    counters.on_fallback("plan_missing")
+    out = counters.maybe_log()
+    assert {f"fallback_{c}" for c in FALLBACKS} <= out.keys()
+    assert out["fallback_conf_placeholder"] == 2 and out["fallback_plan_missing"] == 1
+    assert out["fallback_no_host_view"] == 0 and out["fallback_lookup_whole_table"] == 0
+    line = format_summary(out)
+    assert "fallback_conf_placeholder=2" in line and "fallback_no_host_view=0" in line
+    counters.on_fallback("conf_placeholder", 1)
+    assert counters.maybe_log()["fallback_conf_placeholder"] == 1          # the interval's count
+    assert counters.snapshot()["fallback_conf_placeholder"] == 3           # cumulative (the self-check's file)
+    with pytest.raises(KeyError):
+        counters.on_fallback("no_such_cause")
+
+
+def test_fallback_conf_placeholder_is_counted_and_logged_once(caplog):
+    """EAGLE's topk=1 draft extend reports the placeholder 1.0 as the next step's first-token confidence; the draft
+    worker replaces it with the drafted token's softmax probability from the extend's logits (SGLang's real
+    ``LogitsProcessorOutput`` and ``EagleDraftInput``). When the logits do not fit (row count) or none were captured
+    the placeholder stays: counted per request, logged once over repeated steps."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    from sglang_hybrid.sglang_plugin.metrics import HybridCounters
+
+    counters = HybridCounters("cpu")
+    draft_worker = SimpleNamespace(hybrid_owner=SimpleNamespace(fallbacks=hw.Fallbacks(counters)))
+    batch = SimpleNamespace(seq_lens=torch.tensor([5, 9]))
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 1.0]])
+
+    def draft_input():
+        index = torch.tensor([[0], [2]])
+        return EagleDraftInput(topk_p=torch.ones(2, 1), topk_index=index)
+
+    nd = draft_input()
+    with caplog.at_level("WARNING", logger=hw.logger.name):
+        hw.HybridDraftWorker._first_token_confidence(draft_worker, batch, nd, [LogitsProcessorOutput(logits)])
+    want = torch.softmax(logits, -1).gather(-1, torch.tensor([[0], [2]]))
+    assert torch.allclose(nd.topk_p, want) and nd.topk_p[0, 0] < 1
+    assert counters.snapshot()["fallback_conf_placeholder"] == 0 and not _fallback_logs(caplog, "conf_placeholder")
+
+    padded = LogitsProcessorOutput(torch.cat([logits, logits[:1]]))      # 3 rows for 2 requests
+    with caplog.at_level("WARNING", logger=hw.logger.name):
+        for captured in ([padded], [padded], []):                        # no logits captured at all: also counted
+            nd = draft_input()
+            hw.HybridDraftWorker._first_token_confidence(draft_worker, batch, nd, captured)
+            assert torch.equal(nd.topk_p, torch.ones(2, 1))              # the placeholder stayed
+    assert counters.snapshot()["fallback_conf_placeholder"] == 6
+    logs = _fallback_logs(caplog, "conf_placeholder")
+    assert len(logs) == 1 and logs[0].levelname == "WARNING"
+    assert "3 rows for 2 requests" in logs[0].getMessage() and "placeholder confidence 1.0" in logs[0].getMessage()
+    # an idle batch (DP attention) has nothing to fix and nothing to count
+    empty = EagleDraftInput(topk_p=torch.ones(0, 1), topk_index=torch.zeros(0, 1, dtype=torch.int64))
+    assert hw.first_token_confidence(None, empty) is None
+    hw.HybridDraftWorker._first_token_confidence(draft_worker, SimpleNamespace(seq_lens=torch.zeros(0)),
+                                                 EagleDraftInput(topk_p=torch.ones(0, 1)), [])
+    assert counters.snapshot()["fallback_conf_placeholder"] == 6
+
+
+def _host_worker(counters, **kw):
+    """The worker state ``_publish_host_proposals`` and ``_lookup_span`` use, with HYBRID's real step, the Rust
+    drafter behind the real feeder, and SGLang's pool generations (a host tensor)."""
+    from types import SimpleNamespace
+
+    from sglang_hybrid.ngram import NgramDrafter
+    from sglang_hybrid.sglang_plugin.config import HybridSettings
+    from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
+    from sglang_hybrid.sglang_plugin.ngram_host import NgramFeeder
+
+    step = HybridStep(HybridSettings(mode="merge", ngram_k=4), num_steps=3, pool_size=4, device="cpu",
+                      counters=counters, max_context_len=256)
+    feeder = NgramFeeder(NgramDrafter(max_draft=step.proposal_width), step.proposal_width, "cpu", max_bs=4,
+                         context=step.context is not None)
+    worker = SimpleNamespace(hybrid_step=step, feeder=feeder, fallbacks=hw.Fallbacks(counters), _cur_gen=None,
+                             _host_committed=None, req_to_token_pool=SimpleNamespace(req_generation=torch.ones(4,
+                                                                                     dtype=torch.int64)), **kw)
+    worker._longest_context = lambda batch: hw.HybridWorkerV2._longest_context(worker, batch)
+    return worker
+
+
+def test_fallback_no_host_view_is_counted_and_logged_once(caplog):
+    """A decode batch without a host view of its requests (no request list, or no host copy of its slots) gets its
+    host n-gram proposals invalidated for the step: counted per request, logged once over repeated steps."""
+    from types import SimpleNamespace
+
+    from sglang_hybrid.sglang_plugin.metrics import HybridCounters
+    from test_sglang_alignment import _req
+
+    counters = HybridCounters("cpu")
+    worker = _host_worker(counters)
+    phrase = [101, 102, 103, 104, 105, 106, 107, 108]
+    reqs = [_req("a", phrase * 3, phrase[:2], 2), _req("b", phrase * 2, phrase[:1], 0)]
+    slots = torch.tensor([2, 0])
+    batch = SimpleNamespace(reqs=reqs, req_pool_indices=slots, req_pool_indices_cpu=slots.clone(),
+                            seq_lens=torch.tensor([25, 16]), seq_lens_cpu=None)
+    assert hw.missing_host_view(batch, 2) is None
+    with caplog.at_level("WARNING", logger=hw.logger.name):
+        hw.HybridWorkerV2._publish_host_proposals(worker, batch, slots)
+    buffers = worker.hybrid_step.buffers
+    assert (buffers.length[slots] > 0).all() and worker._host_committed == 26 and worker._cur_gen is not None
+    assert counters.snapshot()["fallback_no_host_view"] == 0 and not _fallback_logs(caplog, "no_host_view")
+
+    no_slots = SimpleNamespace(reqs=reqs, req_pool_indices=slots, req_pool_indices_cpu=None)
+    no_reqs = SimpleNamespace(req_pool_indices=slots, req_pool_indices_cpu=slots.clone())
+    short = SimpleNamespace(reqs=reqs[:1], req_pool_indices=slots, req_pool_indices_cpu=slots.clone())
+    assert "req_pool_indices_cpu" in hw.missing_host_view(no_slots, 2)
+    assert "batch.reqs" in hw.missing_host_view(no_reqs, 2)
+    assert "1 requests for 2" in hw.missing_host_view(short, 2)
+    with caplog.at_level("WARNING", logger=hw.logger.name):
+        for b in (no_slots, no_slots, no_reqs, short):
+            buffers.length[slots] = 3
+            hw.HybridWorkerV2._publish_host_proposals(worker, b, slots)
+            assert (buffers.length[slots] == 0).all() and worker._cur_gen is None and worker._host_committed is None
+    assert counters.snapshot()["fallback_no_host_view"] == 8
+    logs = _fallback_logs(caplog, "no_host_view")
+    assert len(logs) == 1 and "batch.req_pool_indices_cpu" in logs[0].getMessage()
+
+
+def test_fallback_lookup_whole_table_is_counted_and_logged_once(caplog):
+    """Without a host-known bound on the batch's contexts the device prompt lookup reads its whole table: counted per
+    request, logged once; with SGLang's CPU sequence lengths it reads the batch's span and nothing is counted."""
+    from types import SimpleNamespace
+
+    from sglang_hybrid.sglang_plugin.metrics import HybridCounters
+
+    counters = HybridCounters("cpu")
+    worker = _host_worker(counters)
+    assert worker.hybrid_step.context is not None                      # the setting context_lookup is on by default
+    batch = SimpleNamespace(seq_lens=torch.tensor([5, 7, 9]), seq_lens_cpu=None)
+    with caplog.at_level("WARNING", logger=hw.logger.name):
+        assert hw.HybridWorkerV2._lookup_span(worker, batch) is None
+        assert hw.HybridWorkerV2._lookup_span(worker, batch) is None
+        batch.seq_lens_cpu = torch.tensor([5, 7, 9])
+        assert hw.HybridWorkerV2._lookup_span(worker, batch) == worker.hybrid_step.lookup_span(10)
+        batch.seq_lens_cpu, worker._host_committed = None, 9           # the feeder's committed lengths: a bound
+        assert hw.HybridWorkerV2._lookup_span(worker, batch) is not None
+    assert counters.snapshot()["fallback_lookup_whole_table"] == 6
+    logs = _fallback_logs(caplog, "lookup_whole_table")
+    assert len(logs) == 1 and "context_lookup" in logs[0].getMessage()
+
+
+def test_fallback_plan_missing_is_counted_and_logged_once(caplog):
+    """A chosen (EAGLE depth, verify width) without a runtime state keeps the current shapes: counted per step and
+    logged once; a known pair is applied, the current one is not re-applied."""
+    from types import SimpleNamespace
+
+    from sglang_hybrid.sglang_plugin.metrics import HybridCounters
+
+    counters = HybridCounters("cpu")
+    applied = []
+    worker = SimpleNamespace(runtime_states={(3, 8): "d3w8", (3, 5): "d3w5"}, speculative_num_steps=3,
+                             speculative_num_draft_tokens=8, fallbacks=hw.Fallbacks(counters),
+                             apply_runtime_state=applied.append)
+    with caplog.at_level("WARNING", logger=hw.logger.name):
+        hw.HybridWorkerV2._apply_plan(worker, 2, 5)
+        hw.HybridWorkerV2._apply_plan(worker, 2, 5)
+        hw.HybridWorkerV2._apply_plan(worker, 3, 8)
+        hw.HybridWorkerV2._apply_plan(worker, 3, 5)
+    assert applied == ["d3w5"] and counters.snapshot()["fallback_plan_missing"] == 2
+    logs = _fallback_logs(caplog, "plan_missing")
+    assert len(logs) == 1 and "depth 2 and verify width 5" in logs[0].getMessage()
+    fixed = SimpleNamespace(runtime_states={}, speculative_num_steps=3, speculative_num_draft_tokens=8,
+                            fallbacks=hw.Fallbacks(counters))
+    hw.HybridWorkerV2._apply_plan(fixed, 2, 5)                          # fixed shapes (one state, or DP): no plan
+    assert counters.snapshot()["fallback_plan_missing"] == 2

@@ -79,6 +79,10 @@ class HybridStep:
         #: what ``after_verify`` counts and learns from, kept by ``select``: (slots, generations, model chain, offsets
         #: used or None, acceptances priced)
         self._model_step: Optional[tuple] = None
+        #: the step's EAGLE chain, copied by ``select``: the draft's CUDA graph owns the tensor it hands over and
+        #: overwrites it at its next replay (SGLang recycles graph outputs through a shared memory pool, and the
+        #: draft-extend graph replays before ``after_verify`` reads the chain); static, so the copy is capturable
+        self._chain = torch.zeros((pool_size, num_steps), dtype=torch.int64, device=self.device)
 
     def max_depth_at(self, width: int) -> int:
         """Deepest draft path a tree of ``width`` nodes (root included) can hold."""
@@ -115,7 +119,9 @@ class HybridStep:
             bias = torch.where(self.model_bias_gen[slots] == gen, self.model_bias[slots], 0.0)
         d = self.decide(root_tokens, model, ngram, cost=self.cost, check_values=False, width=width,
                         draft_cost=self.draft_cost, model_bias=bias)
-        self._model_step = (slots, cur_gen.to(torch.int64), model_tokens, bias, d.model_acceptance)
+        chain = self._chain[:b, :s]
+        chain.copy_(model_tokens)
+        self._model_step = (slots, cur_gen.to(torch.int64), chain, bias, d.model_acceptance)
         self.counters.on_select(d.tree, ngram.length, d.lam, d.b_star, depth=s, from_lookup=from_lookup)
         return d
 

@@ -12,6 +12,10 @@ nodes, the share of verify slots that were padding, how many steps ran at each v
 depth (host counts: both are chosen on the host), and the EAGLE side's calibration seen live: over the chain tokens
 each verify tested (``request_bias.chain_outcome``), the mean acceptance HYBRID priced them with against the fraction
 the target accepted (two numbers far apart say the model calibration does not fit this deployment).
+
+Fallbacks (``fallback_<cause>``, see ``FALLBACKS``): every place the worker falls back from what it would normally do
+is counted here (and logged once per worker and cause by ``worker.Fallbacks``), so none is silent. The host decides
+each of them, so it knows the count and adds it to the device vector without a sync.
 """
 from __future__ import annotations
 
@@ -34,7 +38,17 @@ ACC = {c: 10 + i for i, c in enumerate(CLASSES)}
 SLOTS = 14          # verify slots paid for: requests x verify width
 NGRAM_LOOKUP = 15   # requests whose n-gram proposal came from the device prompt lookup
 MODEL_TESTED, MODEL_PRED, MODEL_HIT = 16, 17, 18   # EAGLE chain tokens tested; their priced acceptance; hits
-SIZE = 19
+#: what each fallback counts, by the summary's name ``fallback_<cause>``:
+#: ``conf_placeholder``: requests whose first drafted token kept EAGLE's placeholder confidence 1.0 (the draft extend's
+#: probability could not be recomputed; ``worker.first_token_confidence``);
+#: ``no_host_view``: requests whose host n-gram proposals were dropped for a step (the batch has no host view of its
+#: requests: ``worker.missing_host_view``);
+#: ``lookup_whole_table``: requests whose device prompt lookup read the whole table, with no host-known bound on the
+#: batch's contexts (``HybridWorkerV2._lookup_span``);
+#: ``plan_missing``: steps whose chosen (EAGLE depth, verify width) had no runtime state; the worker kept its shapes
+#: (``HybridWorkerV2._apply_plan``)
+FALLBACKS = {"conf_placeholder": 19, "no_host_view": 20, "lookup_whole_table": 21, "plan_missing": 22}
+SIZE = 23
 
 
 def tree_class(source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -99,6 +113,12 @@ class HybridCounters:
         self.totals[MODEL_TESTED:MODEL_HIT + 1] += torch.stack(
             [t.sum(), (t * acceptance.to(torch.float64)).sum(), (t * hit.to(torch.float64)).sum()])
 
+    def on_fallback(self, cause: str, n: int = 1) -> None:
+        """Count ``n`` (a host int: the host took the fallback) under ``fallback_<cause>``; one add on the device, no
+        sync."""
+        if n:
+            self.totals[FALLBACKS[cause]] += n
+
     def snapshot(self) -> dict:
         """Host dict of the totals (synchronous: for tests and shutdown, not the step)."""
         return summarize(self.totals.detach().cpu(), self.width_steps, self.depth_steps)
@@ -161,6 +181,8 @@ def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: 
     out["model_accepted"] = v[MODEL_HIT] / tested if tested else 0.0
     out["width_steps"] = {str(w): n for w, n in sorted((width_steps or {}).items())}
     out["depth_steps"] = {str(d): n for d, n in sorted((depth_steps or {}).items())}
+    for cause, i in FALLBACKS.items():
+        out[f"fallback_{cause}"] = int(v[i])
     return out
 
 
@@ -177,4 +199,5 @@ def format_summary(s: dict) -> str:
         parts.append("depths=" + ",".join(f"{d}:{n}" for d, n in s["depth_steps"].items()))
     for c in CLASSES:
         parts.append(f"{c}={s[f'chosen_{c}']}(acc {s[f'mean_accepted_{c}']:.2f})")
+    parts.extend(f"fallback_{cause}={s.get(f'fallback_{cause}', 0)}" for cause in FALLBACKS)
     return " ".join(parts)

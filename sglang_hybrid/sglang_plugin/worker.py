@@ -20,6 +20,11 @@ Decode step (everything on the device except the first bullet, which is host boo
 * host, once the step's results are on the CPU (``on_verify_complete_cpu``, SGLang's hook for adaptive speculation):
   switch to the EAGLE depth and width bucket the device chose, if they changed (``_switch_plan``).
 
+No silent fallbacks: where a step falls back (the first drafted token left at EAGLE's placeholder confidence, a batch
+without a host view of its requests, the prompt lookup reading its whole table, a chosen shape without a runtime
+state) the worker counts it in ``HybridCounters`` (``fallback_<cause>``) and logs it once per worker and cause with
+what caused it (``Fallbacks``).
+
 Width buckets and draft depths: SGLang captures draft, verify and draft-extend graphs for one (steps, width) pair.
 HYBRID builds one SGLang ``SpecRuntimeState`` per (depth, width) pair at start (``build_adaptive_runtime_state``: the
 attention backends and graphs SGLang's adaptive speculation builds per step count) and swaps between them with
@@ -82,6 +87,56 @@ class _QuietWidthSwitch(logging.Filter):
 
 
 _eagle_v2.logger.addFilter(_QuietWidthSwitch())
+
+
+class Fallbacks:
+    """The worker's fallbacks, none silent: each is counted in the HYBRID counters (``fallback_<cause>``, see
+    ``metrics.FALLBACKS``) and logged once per worker and cause, with its cause and what to do about it."""
+
+    def __init__(self, counters: HybridCounters):
+        self.counters = counters
+        self.logged: set = set()
+
+    def __call__(self, cause: str, n: int, message: str) -> None:
+        self.counters.on_fallback(cause, n)
+        if cause not in self.logged:
+            self.logged.add(cause)
+            logger.warning("HYBRID fallback %s: %s (counted as fallback_%s in the HYBRID counters; logged once)",
+                           cause, message, cause)
+
+
+def first_token_confidence(extend_output, draft_input) -> Optional[str]:
+    """Give the next step's first drafted token its draft probability: EAGLE's topk=1 draft extend reports a
+    placeholder ``topk_p`` of 1.0; replace it with the softmax probability of the drafted token (``topk_index``) from
+    the extend's row-selected logits (``extend_output``, a ``LogitsProcessorOutput``, or None when none was captured).
+
+    Returns None when done (or for an empty batch), else why the placeholder stays (the caller counts it)."""
+    index = draft_input.topk_index
+    if index is None:
+        return "the draft input has no top-k index"
+    rows = index.shape[0]
+    if rows == 0:
+        return None
+    logits = getattr(extend_output, "next_token_logits", None)
+    if logits is None:
+        return "no draft-extend logits were captured"
+    if logits.shape[0] != rows:
+        return f"the draft-extend logits have {logits.shape[0]} rows for {rows} requests"
+    draft_input.topk_p = torch.softmax(logits.float(), dim=-1).gather(-1, index.to(torch.int64))
+    return None
+
+
+def missing_host_view(batch, bs: int) -> Optional[str]:
+    """Why the host cannot see this decode batch's ``bs`` requests (the n-gram feeder needs ``batch.reqs`` in batch
+    order and SGLang's host copy of the request-pool slots), or None when it can."""
+    reqs = getattr(batch, "reqs", None)
+    if reqs is None:
+        return "the batch carries no request list (batch.reqs)"
+    if len(reqs) != bs:
+        return f"batch.reqs holds {len(reqs)} requests for {bs} request-pool slots"
+    if getattr(batch, "req_pool_indices_cpu", None) is None:
+        return "the batch carries no host copy of its request-pool slots (batch.req_pool_indices_cpu)"
+    return None
 
 
 def verify_mask_buffer(attn, bs: int) -> Optional[torch.Tensor]:
@@ -187,11 +242,19 @@ class HybridDraftWorker(EagleDraftWorker):
             self._extend_capture = None
             if runner is not None:
                 runner.execute = original_execute
-        nd = batch_result.next_draft_input
-        if captured and nd.topk_index is not None:
-            logits = captured[-1].next_token_logits
-            if logits.shape[0] == nd.topk_index.shape[0]:
-                nd.topk_p = torch.softmax(logits.float(), dim=-1).gather(-1, nd.topk_index.to(torch.int64))
+        self._first_token_confidence(batch, batch_result.next_draft_input, captured)
+
+    def _first_token_confidence(self, batch, draft_input, captured: list) -> None:
+        """``first_token_confidence`` from the last captured extend output; where the placeholder stays, the fallback
+        is counted and logged once."""
+        why = first_token_confidence(captured[-1] if captured else None, draft_input)
+        n = int(batch.seq_lens.shape[0])
+        if why is not None and n and self.hybrid_owner is not None:
+            self.hybrid_owner.fallbacks(
+                "conf_placeholder", n,
+                f"{why}: the first drafted token of the next step keeps EAGLE's placeholder confidence 1.0 and is "
+                "priced as certain (more EAGLE nodes chosen than the draft deserves; lossless). HYBRID's draft "
+                "extend hook (HybridDraftWorker._draft_extend_for_decode) does not match this SGLang build")
 
     def draft(self, batch, *, with_topology: bool = False):
         if with_topology:
@@ -233,6 +296,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self.settings = load_settings()
         self.counters = HybridCounters(self.device, self.settings.log_interval)
+        self.fallbacks = Fallbacks(self.counters)
         self.hybrid_step: Optional[HybridStep] = None
         self.feeder: Optional[NgramFeeder] = None
         self._cur_gen: Optional[torch.Tensor] = None
@@ -331,8 +395,15 @@ class HybridWorkerV2(EAGLEWorkerV2):
 
     def _apply_plan(self, depth: int, width: int) -> None:
         """Switch to the runtime state of (``depth``, ``width``) unless it is the current one."""
+        current = (self.speculative_num_steps, self.speculative_num_draft_tokens)
         state = self.runtime_states.get((depth, width))
-        if state is None or (depth, width) == (self.speculative_num_steps, self.speculative_num_draft_tokens):
+        if state is None and self.runtime_states and (depth, width) != current:
+            self.fallbacks("plan_missing", 1,
+                           f"the step chose EAGLE depth {depth} and verify width {width}, for which no runtime state "
+                           f"was built (built: {sorted(self.runtime_states)}); kept depth {current[0]} and width "
+                           f"{current[1]}. The decision's depths and widths (settings) and the states built at start "
+                           "(_build_runtime_states) disagree")
+        if state is None or (depth, width) == current:
             return
         # SGLang's apply_runtime_state swaps every depth- and width-dependent resource, but returns early when the step
         # count is unchanged (it was written for step switching); HYBRID also switches width at a fixed step count, so
@@ -362,8 +433,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
         cur_gen = self._cur_gen if self._cur_gen is not None else self.hybrid_step.buffers.gen[slots]
         width = self.speculative_num_draft_tokens
         decision = self.hybrid_step.select(draft_input.bonus_tokens, draft_tokens, conf, slots, cur_gen,
-                                           batch.seq_lens, width=width,
-                                           lookup_span=self.hybrid_step.lookup_span(self._longest_context(batch)))
+                                           batch.seq_lens, width=width, lookup_span=self._lookup_span(batch))
         tree, plan = self.tree_broadcast(decision.tree, torch.stack([decision.next_depth, decision.next_width]))
         self._stage_plan(plan)
         self._last_tree = tree
@@ -392,6 +462,21 @@ class HybridWorkerV2(EAGLEWorkerV2):
             return self._host_committed + _PLAN_IN_FLIGHT * (self.hybrid_step.max_depth + 1)
         return None
 
+    def _lookup_span(self, batch) -> Optional[int]:
+        """The prompt lookup's span for this batch (``HybridStep.lookup_span`` of ``_longest_context``); reading the
+        whole table for want of a host-known bound is a fallback, counted and logged once."""
+        longest = self._longest_context(batch)
+        if longest is None and self.hybrid_step.context is not None:
+            t = self.hybrid_step.context.tokens
+            self.fallbacks(
+                "lookup_whole_table", int(batch.seq_lens.shape[0]),
+                f"no host-known bound on the batch's contexts (no batch.seq_lens_cpu, which the attention backend "
+                f"decides, and no host view of the requests): the device prompt lookup reads all {t.shape[1] - 1} "
+                "positions of each row instead of the batch's real contexts (about 43 bytes per row and position; "
+                "same proposals). Use --attention-backend flashinfer (it keeps seq_lens_cpu) or turn the setting "
+                "context_lookup off")
+        return self.hybrid_step.lookup_span(longest)
+
     def _stage_plan(self, plan: torch.Tensor) -> None:
         """Start the copy of the chosen (depth, width) to the host (non-blocking on CUDA); ``_switch_plan`` reads it
         when the step's results are processed. The queue is bounded: entries whose results never came (a batch
@@ -414,22 +499,9 @@ class HybridWorkerV2(EAGLEWorkerV2):
         decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
         slots = seq_before = None
         if decode and self.feeder is not None:
-            reqs = getattr(batch, "reqs", None) or []
             slots = batch.req_pool_indices
             seq_before = batch.seq_lens.clone()
-            slots_cpu = getattr(batch, "req_pool_indices_cpu", None)
-            if len(reqs) == slots.shape[0] and slots_cpu is not None:
-                # Generations are a host tensor in SGLang's pool: one vectorised lookup, no device read.
-                gens = self.req_to_token_pool.req_generation[slots_cpu.to(torch.int64)]
-                staged = self.feeder.stage_batch(reqs, gens, slots_cpu.tolist())
-                at = staged["scalars"][:, 1]                    # committed lengths, pinned host memory: no device read
-                self._host_committed = int(at.max()) if at.numel() else None
-                self._cur_gen = self.feeder.publish(staged, slots, self.hybrid_step.buffers, self.hybrid_step.context)
-                self.feeder.drop_absent({r.rid for r in reqs})
-            else:
-                # No host view of this batch's requests: invalidate their proposals (no n-gram candidate this step).
-                self.hybrid_step.buffers.length[slots] = 0
-                self._cur_gen = self._host_committed = None
+            self._publish_host_proposals(batch, slots)
         out = super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
                                                pp_proxy_tensors=pp_proxy_tensors)
         if decode and self._last_tree is not None and slots is not None:
@@ -440,6 +512,30 @@ class HybridWorkerV2(EAGLEWorkerV2):
         self._cur_gen = self._host_committed = None
         self.counters.maybe_log()
         return out
+
+    def _publish_host_proposals(self, batch, slots: torch.Tensor) -> None:
+        """Host part of a decode step: feed the n-gram drafter with the batch's requests and publish its proposals
+        (and contexts new to their slots) to the device. Without a host view of the requests (``missing_host_view``)
+        their proposals are invalidated for the step, a fallback counted and logged once."""
+        why = missing_host_view(batch, int(slots.shape[0]))
+        if why is None:
+            reqs, slots_cpu = batch.reqs, batch.req_pool_indices_cpu
+            # Generations are a host tensor in SGLang's pool: one vectorised lookup, no device read.
+            gens = self.req_to_token_pool.req_generation[slots_cpu.to(torch.int64)]
+            staged = self.feeder.stage_batch(reqs, gens, slots_cpu.tolist())
+            at = staged["scalars"][:, 1]                    # committed lengths, pinned host memory: no device read
+            self._host_committed = int(at.max()) if at.numel() else None
+            self._cur_gen = self.feeder.publish(staged, slots, self.hybrid_step.buffers, self.hybrid_step.context)
+            self.feeder.drop_absent({r.rid for r in reqs})
+            return
+        # No host view of this batch's requests: invalidate their proposals (no n-gram candidate this step).
+        self.hybrid_step.buffers.length[slots] = 0
+        self._cur_gen = self._host_committed = None
+        self.fallbacks(
+            "no_host_view", int(slots.shape[0]),
+            f"{why}: the host n-gram proposals of this step's requests are dropped and contexts new to their slots "
+            "are not copied to the device prompt lookup (EAGLE drafts continue; lossless). HYBRID expects SGLang's "
+            "ScheduleBatch, which has both; a scheduler path that passes another batch object is not supported")
 
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
         return run_eagle_verify(
