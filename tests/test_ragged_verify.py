@@ -1,0 +1,328 @@
+"""Ragged tree verify, first brick: SGLang's Triton extend attention kernel on a ragged batch of tree masks.
+
+Each request verifies its own number of nodes (ragged ``qo_indptr``: 1, 3, 28, 2, ... tokens) with its own tree mask
+(each node sees the whole prefix and its ancestors in the tree, itself included). The kernel is SGLang 0.5.23's
+``sglang.kernels.ops.attention.extend_attention.extend_attention_fwd``, called exactly as ``TritonAttnBackend`` calls
+it for TARGET_VERIFY (``forward_extend``): extend q/k/v contiguous ``[tokens, heads, head_dim]``, the prefix read from
+the paged KV pool (page size 1) through ``kv_indptr``/``kv_indices`` over each request's committed ``seq_len``, the
+FULL_MASK tree mask (per request ``n_i x (prefix_i + n_i)`` row-major, starting at ``mask_indptr[i]`` = running sum of
+``n_i * (prefix_i + n_i)``; uint8 as the backend's graph buffer, bool as ``spec_info.custom_mask``), ``causal=True``
+and the default ``skip_prefix_custom_mask=True``. It runs in Triton's CPU interpreter (``TRITON_INTERPRET=1``), in a
+subprocess because the flag must be set before Triton is imported and this test session may already have imported
+it; the subprocess is this file run as a script. The outputs are compared with a dense float64 torch reference
+``softmax(Q K^T * scale + mask) V`` per request.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.sglang
+HEAD_DIM = 64
+ATOL = 1e-4
+#: The kernel's query tile on this machine (``_get_block_sizes_for_extend_attention(64, 64)`` without CUDA or HIP).
+BLOCK_M = 64
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------------------------- case construction
+def random_parents(n: int, g: torch.Generator, chain: bool = False) -> list:
+    """A random tree of ``n`` nodes in topological order: node 0 the root, ``parents[i] < i``."""
+    if chain:
+        return [-1] + list(range(n - 1))
+    return [-1] + [int(torch.randint(0, i, (), generator=g)) for i in range(1, n)]
+
+
+def ancestors(parents: list) -> torch.Tensor:
+    """``[n, n]`` bool, ``anc[i, j]``: ``j`` on the path root..i (reflexive)."""
+    n = len(parents)
+    anc = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        anc[i] |= anc[parents[i]]
+    return anc
+
+
+def ragged_full_mask(masks: list, prefix_lens: list, dtype=torch.uint8, prefix_value: int = 1):
+    """The FULL_MASK layout with ragged widths: request ``i`` owns ``n_i x (prefix_i + n_i)`` entries (row-major, row
+    stride ``prefix_i + n_i``, the prefix columns first) from ``mask_indptr[i]``. ``masks[i]``: ``[n_i, n_i]`` bool."""
+    parts, sizes = [], []
+    for m, p in zip(masks, prefix_lens):
+        n = m.shape[0]
+        full = torch.full((n, p + n), prefix_value, dtype=torch.uint8)
+        full[:, p:] = m.to(torch.uint8)
+        parts.append(full.reshape(-1))
+        sizes.append(n * (p + n))
+    mask_indptr = torch.zeros(len(masks) + 1, dtype=torch.int64)
+    mask_indptr[1:] = torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0)
+    return torch.cat(parts).to(dtype), mask_indptr
+
+
+def make_case(seed: int, prefix_lens: list, ext_lens: list, q_heads: int, kv_heads: int, *, chains=(),
+              mask_dtype=torch.uint8, is_causal: bool = True) -> dict:
+    """A ragged verify batch in the layout ``TritonAttnBackend`` hands the kernel, plus what the reference needs.
+
+    The KV pool (page size 1) holds the prefix tokens at scattered slots (slot 0 stays the pool's padding slot) and the
+    extend tokens at their ``out_cache_loc`` (written before attention, as ``forward_extend`` does; the kernel reads the
+    extend part from ``k``/``v`` themselves). Every other slot is NaN: a read outside a request's slots poisons its
+    output."""
+    g = torch.Generator().manual_seed(seed)
+    bs, total = len(ext_lens), sum(ext_lens)
+    trees = [random_parents(n, g, chain=i in chains) for i, n in enumerate(ext_lens)]
+    anc = [ancestors(t) for t in trees]
+    q = torch.randn(total, q_heads, HEAD_DIM, generator=g)
+    k = torch.randn(total, kv_heads, HEAD_DIM, generator=g)
+    v = torch.randn(total, kv_heads, HEAD_DIM, generator=g)
+    pool = 1 + sum(prefix_lens) + total + 37
+    slots = 1 + torch.randperm(pool - 1, generator=g)
+    k_buffer = torch.full((pool, kv_heads, HEAD_DIM), float("nan"))
+    v_buffer = torch.full((pool, kv_heads, HEAD_DIM), float("nan"))
+    kv_indices, used = [], 0
+    for p in prefix_lens:
+        kv_indices.append(slots[used:used + p])
+        used += p
+    out_cache_loc = slots[used:used + total]
+    kv_indices = torch.cat(kv_indices).to(torch.int64)
+    prefix_k = torch.randn(len(kv_indices), kv_heads, HEAD_DIM, generator=g)
+    prefix_v = torch.randn(len(kv_indices), kv_heads, HEAD_DIM, generator=g)
+    k_buffer[kv_indices], v_buffer[kv_indices] = prefix_k, prefix_v
+    k_buffer[out_cache_loc], v_buffer[out_cache_loc] = k, v
+    custom_mask, mask_indptr = ragged_full_mask(anc, prefix_lens, mask_dtype)
+    qo_indptr = torch.zeros(bs + 1, dtype=torch.int64)
+    qo_indptr[1:] = torch.cumsum(torch.tensor(ext_lens), 0)
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(torch.tensor(prefix_lens), 0)
+    return {"q": q, "k": k, "v": v, "k_buffer": k_buffer, "v_buffer": v_buffer, "qo_indptr": qo_indptr,
+            "kv_indptr": kv_indptr, "kv_indices": kv_indices, "custom_mask": custom_mask, "mask_indptr": mask_indptr,
+            "max_len_extend": max(ext_lens), "is_causal": is_causal, "skip_prefix_custom_mask": True,
+            # for the reference and the other layouts
+            "prefix_lens": list(prefix_lens), "ext_lens": list(ext_lens), "ancestors": anc, "parents": trees}
+
+
+def with_mask(case: dict, masks: list, **over) -> dict:
+    """The same batch with other ``[n_i, n_i]`` extend masks (and other kernel arguments)."""
+    custom_mask, mask_indptr = ragged_full_mask(masks, case["prefix_lens"], case["custom_mask"].dtype,
+                                                over.pop("prefix_value", 1))
+    return {**case, "custom_mask": custom_mask, "mask_indptr": mask_indptr, "ancestors": masks, **over}
+
+
+def padded_case(case: dict, seed: int) -> tuple:
+    """Today's layout: every request padded to ``W = max n_i`` nodes, the mask built by the plugin's own
+    ``verify_nodes`` + ``full_mask`` (padding nodes see the prefix and themselves), ``qo_indptr = arange * W``. Padding
+    rows get their own random q/k/v, written to fresh KV slots. Returns the kernel case and the real rows' indices."""
+    from sglang_hybrid.sglang_plugin.tree_mask import full_mask, verify_nodes
+
+    g = torch.Generator().manual_seed(seed)
+    lens, bs = case["ext_lens"], len(case["ext_lens"])
+    w = max(lens)
+    anc = torch.zeros(bs, w, w, dtype=torch.bool)
+    valid = torch.zeros(bs, w, dtype=torch.bool)
+    for i, n in enumerate(lens):
+        anc[i, :n, :n] = case["ancestors"][i]
+        valid[i, :n] = True
+    _, anc = verify_nodes(torch.zeros(bs, w, dtype=torch.int64), valid, anc)
+    seq_lens = torch.tensor(case["prefix_lens"])
+    numel = int(seq_lens.sum()) * w + w * w * bs
+    mask = full_mask(anc, seq_lens, int(seq_lens.sum()), torch.empty(numel, dtype=torch.uint8))  # backend's uint8
+    q_heads, kv_heads = case["q"].shape[1], case["k"].shape[1]
+    qp = torch.randn(bs * w, q_heads, HEAD_DIM, generator=g)
+    kp = torch.randn(bs * w, kv_heads, HEAD_DIM, generator=g)
+    vp = torch.randn(bs * w, kv_heads, HEAD_DIM, generator=g)
+    real = torch.cat([i * w + torch.arange(n) for i, n in enumerate(lens)])
+    qp[real], kp[real], vp[real] = case["q"], case["k"], case["v"]
+    pad_rows = bs * w - len(real)
+    k_buffer = torch.cat([case["k_buffer"], torch.full((pad_rows, kv_heads, HEAD_DIM), float("nan"))])
+    v_buffer = torch.cat([case["v_buffer"], torch.full((pad_rows, kv_heads, HEAD_DIM), float("nan"))])
+    is_pad = torch.ones(bs * w, dtype=torch.bool)
+    is_pad[real] = False
+    new_slots = case["k_buffer"].shape[0] + torch.arange(pad_rows)
+    k_buffer[new_slots], v_buffer[new_slots] = kp[is_pad], vp[is_pad]
+    seq_mask_len = w * (seq_lens + w)                    # TritonAttnBackend's eager TARGET_VERIFY metadata
+    mask_indptr = torch.zeros(bs + 1, dtype=torch.int64)
+    mask_indptr[1:] = torch.cumsum(seq_mask_len, 0)
+    padded = {**case, "q": qp, "k": kp, "v": vp, "k_buffer": k_buffer, "v_buffer": v_buffer,
+              "qo_indptr": torch.arange(0, (bs + 1) * w, w, dtype=torch.int64), "custom_mask": mask,
+              "mask_indptr": mask_indptr, "max_len_extend": w}
+    return padded, real
+
+
+# ----------------------------------------------------------------------------------------------- dense reference
+def dense_reference(case: dict, prefix_visible: bool = True) -> torch.Tensor:
+    """``softmax(Q K^T * scale + mask) V`` per request in float64; mask: the prefix (all visible, or none), then
+    ``case['ancestors']``."""
+    q, k, v = case["q"].double(), case["k"].double(), case["v"].double()
+    group = q.shape[1] // k.shape[1]
+    out = torch.empty_like(q)
+    qo, kvp = case["qo_indptr"], case["kv_indptr"]
+    for i, n in enumerate(case["ext_lens"]):
+        idx = case["kv_indices"][int(kvp[i]):int(kvp[i + 1])]
+        keys = torch.cat([case["k_buffer"][idx].double(), k[int(qo[i]):int(qo[i]) + n]])
+        vals = torch.cat([case["v_buffer"][idx].double(), v[int(qo[i]):int(qo[i]) + n]])
+        keys = keys.repeat_interleave(group, dim=1)          # [S, Hq, D]: q head h reads kv head h // group
+        vals = vals.repeat_interleave(group, dim=1)
+        prefix = torch.full((n, len(idx)), prefix_visible, dtype=torch.bool)
+        allowed = torch.cat([prefix, case["ancestors"][i].to(torch.bool)], 1)
+        scores = torch.einsum("qhd,shd->hqs", q[int(qo[i]):int(qo[i]) + n], keys) / HEAD_DIM ** 0.5
+        scores = scores.masked_fill(~allowed[None], float("-inf"))
+        out[int(qo[i]):int(qo[i]) + n] = torch.einsum("hqs,shd->qhd", scores.softmax(-1), vals)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- kernel (subprocess)
+KERNEL_ARGS = ("q", "k", "v", "k_buffer", "v_buffer", "qo_indptr", "kv_indptr", "kv_indices", "custom_mask",
+               "is_causal", "mask_indptr", "max_len_extend", "skip_prefix_custom_mask")
+
+
+def _kernel_main(inp: str, out: str) -> None:
+    """Subprocess entry: run ``extend_attention_fwd`` on every case of ``inp`` (TRITON_INTERPRET already set)."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    sys.modules.setdefault("vllm", None)
+    torch.set_num_threads(1)
+    from sglang.kernels.ops.attention.extend_attention import (_get_block_sizes_for_extend_attention,
+                                                               extend_attention_fwd)
+
+    assert _get_block_sizes_for_extend_attention(HEAD_DIM, HEAD_DIM)[3] == BLOCK_M
+    results = []
+    for case in torch.load(inp):
+        o = torch.full_like(case["q"], float("nan"))  # rows the kernel never writes stay NaN
+        t0 = time.perf_counter()
+        extend_attention_fwd(case["q"], case["k"], case["v"], o, case["k_buffer"], case["v_buffer"],
+                             case["qo_indptr"], case["kv_indptr"], case["kv_indices"], case["custom_mask"],
+                             case["is_causal"], case["mask_indptr"], case["max_len_extend"], 1.0, 1.0,
+                             sm_scale=None, skip_prefix_custom_mask=case["skip_prefix_custom_mask"])
+        results.append({"o": o, "seconds": time.perf_counter() - t0})
+    torch.save(results, out)
+
+
+def run_kernel(cases: dict, tmp: Path) -> dict:
+    """Run the named cases in one interpreter subprocess; returns ``{name: output}``."""
+    names = list(cases)
+    inp, out = tmp / "cases.pt", tmp / "outputs.pt"
+    torch.save([{a: cases[n][a] for a in KERNEL_ARGS} for n in names], inp)
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(inp), str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = torch.load(out)
+    for n, r in zip(names, results):
+        print(f"{n}: kernel {r['seconds']:.2f} s")
+    return {n: r["o"] for n, r in zip(names, results)}
+
+
+# ----------------------------------------------------------------------------------------------- the batch
+#: (seed, prefix lengths, extend lengths, q heads, kv heads, chain requests, mask dtype, is_causal).
+#: Prefixes include 0 and ones spanning several 64-token prefix tiles; extends are ragged in 1..28.
+RAGGED = {
+    "mha_uint8": (1, [0, 17, 150, 5, 63], [3, 1, 28, 2, 11], 2, 2, (), torch.uint8, True),
+    "gqa2_uint8": (2, [129, 0, 64, 7, 33, 1], [1, 28, 5, 13, 2, 27], 4, 2, (1,), torch.uint8, True),
+    "gqa4_bool": (3, [40, 200, 0, 12], [28, 2, 7, 1], 4, 1, (0,), torch.bool, True),
+    "gqa2_noncausal": (4, [0, 90, 3, 18], [9, 28, 1, 4], 4, 2, (), torch.uint8, False),
+}
+
+
+@pytest.fixture(scope="module")
+def kernel_run(tmp_path_factory):
+    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None:
+        pytest.skip("sglang/triton are not installed (scripts/setup.sh installs them)")
+    cases = {}
+    for name, (seed, prefix, ext, hq, hkv, chains, dtype, causal) in RAGGED.items():
+        cases[name] = make_case(seed, prefix, ext, hq, hkv, chains=chains, mask_dtype=dtype, is_causal=causal)
+    base = cases["gqa2_uint8"]
+    # Positive control: a causal mask over the extend part instead of the tree.
+    cases["wrong_causal"] = with_mask(base, [torch.ones(n, n, dtype=torch.bool).tril() for n in base["ext_lens"]])
+    # Today's padded layout of the same batch (every request at W = 28).
+    cases["padded"], real_rows = padded_case(base, seed=11)
+    # skip_prefix_custom_mask=True (the backend's default) never reads the prefix columns: zero them.
+    cases["prefix_cols_zero_skipped"] = with_mask(base, base["ancestors"], prefix_value=0)
+    # With skip_prefix_custom_mask=False the prefix columns are read: all-ones gives the same result.
+    cases["prefix_cols_read"] = with_mask(base, base["ancestors"], skip_prefix_custom_mask=False)
+    # ... and all-zero prefix columns hide the prefix (proof that they are read).
+    cases["prefix_cols_zero_read"] = with_mask(base, base["ancestors"], prefix_value=0, skip_prefix_custom_mask=False)
+    # One request longer than the query tile (70 > BLOCK_M): a tree spanning two tiles, ancestors in the earlier one.
+    cases["two_tiles"] = make_case(5, [0, 70, 9], [2, 70, 4], 2, 1, chains=(1,))
+    # max_len_extend below the longest request's tile count: the grid is too short (see test below).
+    cases["two_tiles_short_grid"] = {**cases["two_tiles"], "max_len_extend": 28}
+    t0 = time.perf_counter()
+    outputs = run_kernel(cases, tmp_path_factory.mktemp("ragged_verify"))
+    print(f"interpreter subprocess: {time.perf_counter() - t0:.1f} s")
+    return cases, outputs, real_rows
+
+
+def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max())
+
+
+@pytest.mark.parametrize("name", list(RAGGED))
+def test_ragged_tree_verify_triton_extend_matches_dense_reference(kernel_run, name):
+    cases, outputs, _ = kernel_run
+    case, o = cases[name], outputs[name]
+    assert not torch.isnan(o).any(), "rows left unwritten or NaN KV slots read"
+    err = _max_err(o, dense_reference(case))
+    print(f"{name}: ext {case['ext_lens']} prefix {case['prefix_lens']} max |kernel - reference| {err:.2e}")
+    assert err < ATOL
+
+
+def test_ragged_tree_verify_wrong_mask_is_detected(kernel_run):
+    """Positive control: with a causal extend mask the kernel matches the causal reference, not the tree one."""
+    cases, outputs, _ = kernel_run
+    tree, wrong, o = cases["gqa2_uint8"], cases["wrong_causal"], outputs["wrong_causal"]
+    assert _max_err(o, dense_reference(wrong)) < ATOL
+    assert _max_err(o, dense_reference(tree)) > 1e-2
+    # Rows whose tree ancestors are exactly their causal predecessors (chains, roots, single nodes) agree; others not.
+    same_rows = torch.cat([(a == torch.ones_like(a).tril()).all(1) for a in tree["ancestors"]])
+    diff = (o.double() - dense_reference(tree)).abs().amax((1, 2))
+    assert (diff[same_rows] < ATOL).all() and (diff[~same_rows] > 1e-3).all()
+
+
+def test_ragged_tree_verify_equals_padded_layout_on_real_rows(kernel_run):
+    """Today's padded layout (plugin's ``verify_nodes`` + ``full_mask``, W = max n_i) gives the same real rows."""
+    cases, outputs, real_rows = kernel_run
+    padded = outputs["padded"]
+    assert not torch.isnan(padded).any()
+    assert _max_err(padded[real_rows], outputs["gqa2_uint8"]) < ATOL
+    assert _max_err(padded[real_rows], dense_reference(cases["gqa2_uint8"])) < ATOL
+
+
+def test_ragged_tree_verify_prefix_mask_columns_contract(kernel_run):
+    """``skip_prefix_custom_mask=True`` ignores the prefix columns (all prefix visible, whatever they hold); with
+    ``False`` they are read, so the layout must still carry them (all ones) -- the row stride is prefix_i + n_i."""
+    cases, outputs, _ = kernel_run
+    ref = dense_reference(cases["gqa2_uint8"])
+    assert _max_err(outputs["prefix_cols_zero_skipped"], ref) < ATOL
+    assert _max_err(outputs["prefix_cols_read"], ref) < ATOL
+    assert _max_err(outputs["prefix_cols_zero_read"], dense_reference(cases["gqa2_uint8"], prefix_visible=False)) < ATOL
+    assert _max_err(outputs["prefix_cols_zero_read"], ref) > 1e-2
+
+
+def test_ragged_tree_verify_across_query_tiles(kernel_run):
+    """A 70-node tree (longer than the 64-row query tile) with ``is_causal=True``: the causal bound on the extend
+    columns, ``min(n_i, (tile + 1) * BLOCK_M)``, is harmless because ancestors precede their nodes (parents[i] < i)."""
+    cases, outputs, _ = kernel_run
+    assert not torch.isnan(outputs["two_tiles"]).any()
+    assert _max_err(outputs["two_tiles"], dense_reference(cases["two_tiles"])) < ATOL
+
+
+def test_ragged_tree_verify_max_len_extend_must_cover_longest_request(kernel_run):
+    """Contract: the grid's query-tile axis is ``cdiv(max_len_extend, BLOCK_M)``, so ``max_len_extend`` must be at
+    least the longest request's node count (rounded up to the tile). A uniform-width value (``TritonAttnBackend``'s
+    ``max_extend_len = num_tokens_per_req``) smaller than a request's nodes leaves its later tiles unwritten."""
+    cases, outputs, _ = kernel_run
+    o, ref = outputs["two_tiles_short_grid"], dense_reference(cases["two_tiles"])
+    qo = cases["two_tiles"]["qo_indptr"]
+    long_req = torch.arange(int(qo[1]), int(qo[2]))
+    written, unwritten = long_req[:BLOCK_M], long_req[BLOCK_M:]
+    assert torch.isnan(o[unwritten]).all()
+    keep = torch.ones(o.shape[0], dtype=torch.bool)
+    keep[unwritten] = False
+    assert _max_err(o[keep], ref[keep]) < ATOL and len(written) == BLOCK_M
+
+
+if __name__ == "__main__":
+    _kernel_main(sys.argv[1], sys.argv[2])
