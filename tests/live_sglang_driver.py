@@ -4,6 +4,8 @@ environment set before ``sglang`` is imported, so never inside the pytest proces
     python tests/live_sglang_driver.py abort PROMPTS.jsonl      # HYBRID merge switching width buckets: streaming
                                                                 # abort, then a batch
     python tests/live_sglang_driver.py retract PROMPTS.jsonl    # HYBRID merge with a KV pool too small for the batch
+    python tests/live_sglang_driver.py sampling PROMPTS.jsonl   # HYBRID at temperature 0.8, top-p 0.9: SGLang's
+                                                                # sampling verify with the CPU tree-sampling stand-in
 
 Prints one JSON object on the last line of stdout: the greedy reference (plain decoding, ``torch_native``) and what
 HYBRID produced, so the test compares token ids itself.
@@ -111,11 +113,38 @@ def retract_case(model: str, prompts: list[str]) -> dict:
             "retractions": [o["meta_info"].get("num_retractions", 0) for o in out], "pool": prompt_tokens + 32}
 
 
+def sampling_case(model: str, prompts: list[str], counts: Path) -> dict:
+    """A code edit and the chat at temperature 0.8, top-p 0.9 (``ignore_eos``, 8 new tokens) through HYBRID merge:
+    SGLang's sampling verify branch (``eagle_sample`` with tree speculative sampling) on HYBRID's trees, with the CPU
+    stand-in op (``sglang_hybrid/cpu_engine/tree_sampling.py``, installed in the engine by ``main``). No reference:
+    sampled text differs run to run; the op's own counts and HYBRID's counters show the branch ran."""
+    from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
+
+    n_new = 8
+    tmp = Path(tempfile.mkdtemp(prefix="hybrid_sampling_"))
+    env = {ENV_PREFIX + "COUNTERS_FILE": str(tmp / "counters.json"), ENV_PREFIX + "LOG_INTERVAL": "1",
+           ENV_PREFIX + "MODE": "merge"}
+    os.environ.update(env)
+    eng = _engine(model, hybrid=True)
+    try:
+        out = eng.generate(prompts[:2], {"temperature": 0.8, "top_p": 0.9, "max_new_tokens": n_new,
+                                         "ignore_eos": True})
+        vocab = eng.tokenizer_manager.tokenizer.vocab_size
+    finally:
+        eng.shutdown()
+        for key in env:
+            os.environ.pop(key, None)
+    return {"output_ids": [o["output_ids"] for o in out], "text": [o["text"] for o in out], "vocab": vocab,
+            "n_new": n_new, "stand_in": json.loads(counts.read_text()) if counts.exists() else None,
+            "counters": json.loads((tmp / "counters.json").read_text())}
+
+
 def main() -> None:
     case, prompts_file = sys.argv[1], sys.argv[2]
     from sglang_hybrid.cpu_engine import prepare_environment
 
-    prepare_environment()
+    counts = Path(tempfile.mkdtemp(prefix="hybrid_tree_sampling_")) / "stand_in_counts.json"
+    prepare_environment(tree_sampling_counts=str(counts) if case == "sampling" else None)
     from sglang_hybrid.check import load_tokenizer, read_prompts, render
     from sglang_hybrid.reference.models import ensure_converted
 
@@ -124,7 +153,10 @@ def main() -> None:
     # makes the same ids of this text as the self-check sends)
     tokenizer = load_tokenizer(model)
     prompts = [render(p, tokenizer) for p in read_prompts(prompts_file)]
-    result = {"abort": abort_case, "retract": retract_case}[case](model, prompts)
+    if case == "sampling":
+        result = sampling_case(model, prompts, counts)
+    else:
+        result = {"abort": abort_case, "retract": retract_case}[case](model, prompts)
     print(json.dumps(result), flush=True)
 
 

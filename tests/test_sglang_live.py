@@ -121,6 +121,27 @@ def test_retracted_requests_equal_plain_greedy():
     assert res["hybrid"] == res["reference"]
 
 
+def test_tree_sampling_live_temperature_top_p():
+    """A code edit and the chat at temperature 0.8, top-p 0.9 through HYBRID merge (8 new tokens each, EOS ignored):
+    SGLang's sampling verify branch runs on HYBRID's trees with the CPU stand-in tree-sampling op
+    (``sglang_hybrid/cpu_engine/tree_sampling.py``; on CPU SGLang otherwise verifies greedily whatever the
+    temperature). The op's counts show sampling verify steps ran, HYBRID's counters show the steps were its own, and
+    the outputs are valid text of the requested length. Its distribution is checked without an engine
+    (``tests/test_sglang_tree_sampling.py``)."""
+    proc = _run([sys.executable, str(DRIVER), "sampling", str(PROMPTS)], timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    stand_in = res["stand_in"]
+    counters = res["counters"]
+    assert stand_in is not None and stand_in["calls"] > 0 and stand_in["requests"] > 0, res
+    # HYBRID's verify steps were sampling verify steps (the op runs once per verify step)
+    assert 0 < counters["steps"] <= stand_in["calls"], (counters, stand_in)
+    assert counters["chosen_model"] + counters["chosen_ngram"] + counters["chosen_mixed"] > 0, counters
+    assert [len(ids) for ids in res["output_ids"]] == [res["n_new"]] * 2
+    assert all(0 <= t < res["vocab"] for ids in res["output_ids"] for t in ids)
+    assert all(isinstance(t, str) and t.strip() for t in res["text"]), res["text"]
+
+
 def test_tensor_parallel_two_ranks_equal_plain_greedy(tmp_path):
     """tp_size=2 on the CPU engine (gloo): every rank verifies rank 0's tree (TreeBroadcast); the text equals plain
     greedy decoding with the same tp_size."""

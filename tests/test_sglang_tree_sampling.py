@@ -10,6 +10,7 @@ two broken variants of the op must fail the same check.
 """
 from __future__ import annotations
 
+import json
 import types
 
 import pytest
@@ -244,7 +245,6 @@ def test_tree_sampling_keeps_the_target_distribution(sampling_verify):
     tree = hybrid_trees()
     logits = _target_logits(tree, seed=1)
     for name, res in zip(ROW_NAMES, _p_values(tree, logits, TRIALS, seed=2)):
-        print(name, res)
         assert res["mean emitted"] > 1.4, (name, res)     # drafts are accepted, not only the bonus token
         for key in ("first", "first two", "sequence"):
             assert res[key] > 1e-3, (name, key, res)
@@ -263,18 +263,37 @@ def _residual_keeps_rejected(q, p, coin):
 _BASE_RESIDUAL = tree_sampling._residual_sample
 
 
-@pytest.mark.parametrize("control", ["coin ignored", "rejected siblings kept in the residual"])
+def _sibling_mass_forgotten(coin, prob_acc, q, thr_acc, thr_single):
+    """Broken: each sibling is tested against its own probability, not the mass of the siblings tried so far."""
+    return _BASE_ACCEPTS(coin, q, q, thr_acc, thr_single)
+
+
+_BASE_ACCEPTS = tree_sampling._accepts
+#: broken op -> (the check that must fail, the trees it must fail on). A chain has no siblings, so forgetting their
+#: mass changes nothing there; the folded tree branches below its root, so only the step's whole output shows it.
+CONTROLS = {"coin ignored": ("first", ROW_NAMES), "rejected siblings kept in the residual": ("first", ROW_NAMES),
+            "sibling mass forgotten": ("sequence", [n for n in ROW_NAMES if n.startswith("merged")])}
+
+
+@pytest.mark.parametrize("control", list(CONTROLS))
 def test_tree_sampling_positive_controls_fail(sampling_verify, control):
-    """The same check rejects two broken ops (p < 1e-6 on every tree's first token)."""
+    """The same checks reject three broken ops (chi-square p < 1e-6 on every tree where the breakage matters: the
+    first emitted token, or the whole emitted sequence where the breakage sits below the root) and pass the trees
+    where it does not."""
     if control == "coin ignored":
         sampling_verify.setattr(eagle_utils, "tree_speculative_sampling_target_only", _coin_ignored)
-    else:
+    elif control == "rejected siblings kept in the residual":
         sampling_verify.setattr(tree_sampling, "_residual_sample", _residual_keeps_rejected)
+    else:
+        sampling_verify.setattr(tree_sampling, "_accepts", _sibling_mass_forgotten)
     tree = hybrid_trees()
     logits = _target_logits(tree, seed=1)
+    key, broken = CONTROLS[control]
     for name, res in zip(ROW_NAMES, _p_values(tree, logits, TRIALS, seed=2)):
-        print(control, name, res)
-        assert res["first"] < 1e-6, (name, res)
+        if name in broken:
+            assert res[key] < 1e-6, (name, res)
+        else:
+            assert min(res[k] for k in ("first", "first two", "sequence")) > 1e-3, (name, res)
 
 
 def test_tree_sampling_stand_in_follows_the_kernel_rule():
@@ -329,3 +348,31 @@ def test_tree_sampling_renorms_and_gate():
     assert module is eagle_utils
     assert not lifted(is_all_greedy=False, is_cpu=True, **flags)
     assert lifted(is_all_greedy=True, is_cpu=True, **flags)
+
+
+def test_tree_sampling_installs_from_the_environment(monkeypatch, tmp_path):
+    """What a live CPU engine process does at ``sgl_kernel`` import when ``prepare_environment(tree_sampling_counts=)``
+    asked for it: the patches land in SGLang's ``eagle_utils`` and the op counts its calls into the file."""
+    from sglang_hybrid.cpu_engine import TREE_SAMPLING_ENV
+
+    for module, name, _ in sampling_verify_patches():
+        monkeypatch.setattr(module, name, getattr(module, name))      # restored after the test
+    counts = tmp_path / "counts.json"
+    monkeypatch.delenv(TREE_SAMPLING_ENV, raising=False)
+    assert tree_sampling.install_when_imported() is False
+    assert eagle_utils.tree_speculative_sampling_target_only is None
+    monkeypatch.setenv(TREE_SAMPLING_ENV, str(counts))
+    assert tree_sampling.install_when_imported() is True
+    op = eagle_utils.tree_speculative_sampling_target_only
+    assert eagle_utils.top_p_renorm_prob is top_p_renorm_prob_cpu
+    assert not eagle_utils._verify_uses_greedy(is_all_greedy=False, is_cpu=True, is_hip=False, is_xpu=False,
+                                               use_rejection_sampling=False)
+    q = torch.zeros(2, 2, 4)
+    q[:, 0, 3] = q[:, 1, 1] = 1.0
+    op(predicts=torch.zeros(4, dtype=torch.int32), accept_index=torch.full((2, 2), -1, dtype=torch.int32),
+       accept_token_num=torch.zeros(2, dtype=torch.int32), candidates=torch.tensor([[0, 3], [0, 2]]),
+       retrive_index=torch.arange(4).view(2, 2), retrive_next_token=torch.tensor([[1, -1], [1, -1]]),
+       retrive_next_sibling=torch.full((2, 2), -1), uniform_samples=torch.rand(2, 2),
+       uniform_samples_for_final_sampling=torch.rand(2), target_probs=q, draft_probs=torch.zeros_like(q))
+    got = json.loads(counts.read_text())
+    assert (got["calls"], got["requests"], got["accepted_drafts"]) == (1, 2, 1)

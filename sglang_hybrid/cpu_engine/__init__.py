@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Optional
 
 STAND_IN_DIR = Path(__file__).resolve().parent / "stand_in"
+#: Set to a JSON counts file to run SGLang's sampling verify with the CPU tree-sampling stand-in (``tree_sampling.py``).
+TREE_SAMPLING_ENV = "HYBRID_CPU_ENGINE_TREE_SAMPLING"
 
 #: The environment the CPU engine needs (set before importing sglang/triton; inherited by spawned children).
 CPU_ENV = {
@@ -29,8 +31,11 @@ CPU_ENV = {
 }
 
 
-def prepare_environment(tp_size: int = 1) -> None:
-    """Set the CPU engine's environment and path; call before the first ``import sglang`` of the process."""
+def prepare_environment(tp_size: int = 1, tree_sampling_counts: Optional[str] = None) -> None:
+    """Set the CPU engine's environment and path; call before the first ``import sglang`` of the process.
+
+    ``tree_sampling_counts``: a JSON file path: run SGLang's sampling verify (temperature > 0) with the CPU stand-in
+    tree-sampling op (``tree_sampling.py``; SGLang verifies greedily on CPU otherwise) and count its calls there."""
     for name in ("sglang", "triton"):
         if name in sys.modules:
             raise RuntimeError(
@@ -44,6 +49,8 @@ def prepare_environment(tp_size: int = 1) -> None:
         per = max(cores // tp_size, 1)
         os.environ["SGLANG_CPU_OMP_THREADS_BIND"] = "|".join(
             f"{r * per}-{r * per + per - 1}" if per > 1 else str(r * per % cores) for r in range(tp_size))
+    if tree_sampling_counts:
+        os.environ[TREE_SAMPLING_ENV] = str(tree_sampling_counts)
     stand_in = str(STAND_IN_DIR)
     if stand_in not in sys.path:
         sys.path.insert(0, stand_in)

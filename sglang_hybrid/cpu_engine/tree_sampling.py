@@ -5,8 +5,12 @@ is true when ``is_cpu``), and there ``tree_speculative_sampling_target_only``, `
 ``top_p_renorm_prob`` resolve to ``None`` (``sglang.kernels.ops.speculative.verify_sampling``,
 ``sglang.kernels.ops.sampling.renorm``). So EAGLE's sampling verify branch (``eagle_utils.eagle_sample``, the branch
 that serves every request with temperature > 0 on a GPU) never runs here. These ops let it run on CPU with SGLang's
-real verify code; ``sampling_verify_patches()`` lists what to install where (the tests install it with pytest's
-``monkeypatch``). Nothing in the plugin imports this module, so a GPU deployment never sees it.
+real verify code; ``sampling_verify_patches()`` lists what to install where (the non-live tests install it with
+pytest's ``monkeypatch``). In a live CPU engine, ``prepare_environment(tree_sampling_counts=PATH)`` sets
+``TREE_SAMPLING_ENV``; the stand-in ``sgl_kernel``, which every CPU engine process imports, then calls
+``install_when_imported()``, which applies the same patches to SGLang's ``eagle_utils`` in that process and counts the
+op's calls (sampling verify steps) into ``PATH``. Nothing in the plugin imports this module, so a GPU deployment
+never sees it.
 
 ``tree_speculative_sampling_target_only_cpu`` mirrors the CUDA kernel ``TreeSpeculativeSamplingTargetOnly``
 (``sglang/kernels/jit/include/sgl_kernel/speculative/sampling.cuh``, launched by
@@ -47,9 +51,24 @@ reaches ``1 - p``), ties kept, renormalised.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
 from typing import Callable, List, Tuple
 
 import torch
+
+from . import TREE_SAMPLING_ENV
+_EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+
+
+def _accepts(coin: torch.Tensor, prob_acc: torch.Tensor, q: torch.Tensor, thr_acc: torch.Tensor,
+             thr_single: torch.Tensor) -> torch.Tensor:
+    """The kernel's acceptance test for a child of target probability ``q`` after its earlier siblings' mass:
+    ``prob_acc`` includes ``q``."""
+    return (q > 0) & ((coin < prob_acc / thr_acc) | (q >= thr_single))
 
 
 def _residual_sample(q: torch.Tensor, p: torch.Tensor, coin: torch.Tensor) -> torch.Tensor:
@@ -112,7 +131,7 @@ def tree_speculative_sampling_target_only_cpu(
             tok = candidates[rows, c]
             q = target_probs[rows, cur, tok].to(torch.float32)
             prob_acc = torch.where(trying, prob_acc + q, prob_acc)
-            acc = trying & (q > 0) & ((coin < prob_acc / thr_acc) | (q >= thr_single))
+            acc = trying & _accepts(coin, prob_acc, q, thr_acc, thr_single)
             rej = trying & ~acc
             if bool(rej.any()):
                 draft_probs[rows[rej], cur[rej], tok[rej]] = target_probs[rows[rej], cur[rej], tok[rej]]
@@ -200,3 +219,65 @@ def sampling_verify_patches() -> List[Tuple[object, str, object]]:
         (eagle_utils, "top_k_renorm_prob", top_k_renorm_prob_cpu),
         (eagle_utils, "top_p_renorm_prob", top_p_renorm_prob_cpu),
     ]
+
+
+class _Counted:
+    """The stand-in op, counting its calls, requests and accepted drafts into a JSON file after each call."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.counts = {"calls": 0, "requests": 0, "accepted_drafts": 0, "pid": os.getpid()}
+
+    def __call__(self, **kwargs) -> None:
+        tree_speculative_sampling_target_only_cpu(**kwargs)
+        c = self.counts
+        c["calls"] += 1
+        c["requests"] += int(kwargs["candidates"].shape[0])
+        c["accepted_drafts"] += int(kwargs["accept_token_num"].sum())
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(c, f)
+        os.replace(tmp, self.path)
+
+
+def _patch_eagle_utils(counts_path: str) -> None:
+    for module, name, value in sampling_verify_patches():
+        if name == "tree_speculative_sampling_target_only":
+            value = _Counted(counts_path)
+        setattr(module, name, value)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Applies ``_patch_eagle_utils`` right after SGLang's ``eagle_utils`` module has executed."""
+
+    def __init__(self, counts_path: str):
+        self.counts_path = counts_path
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != _EAGLE_UTILS:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, counts_path = spec.loader.exec_module, self.counts_path
+
+        def exec_then_patch(module):
+            exec_module(module)
+            _patch_eagle_utils(counts_path)
+
+        spec.loader.exec_module = exec_then_patch
+        return spec
+
+
+def install_when_imported() -> bool:
+    """If ``TREE_SAMPLING_ENV`` is set in this process: patch SGLang's ``eagle_utils`` now (already imported) or right
+    after its import. Returns whether it is set. Called by the stand-in ``sgl_kernel`` at import."""
+    counts_path = os.environ.get(TREE_SAMPLING_ENV)
+    if not counts_path:
+        return False
+    if _EAGLE_UTILS in sys.modules:
+        _patch_eagle_utils(counts_path)
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport(counts_path))
+    return True

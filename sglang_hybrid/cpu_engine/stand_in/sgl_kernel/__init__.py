@@ -9,6 +9,10 @@ Each op is written from the contract of SGLang's own Triton kernel of the same j
 torch; the two tree ops call SGLang's Triton implementations (the path SGLang uses on XPU), which Triton's
 interpreter (``TRITON_INTERPRET=1``) runs on CPU. Any other attribute resolves to a function that raises
 ``NotImplementedError`` naming the op, so a code path this stand-in does not cover fails loudly, never silently.
+
+Tree speculative sampling (SGLang's sampling verify, which SGLang never runs on CPU) has its stand-in in
+``sglang_hybrid/cpu_engine/tree_sampling.py``; when ``prepare_environment(tree_sampling_counts=...)`` asked for it,
+importing this package installs it in the engine's process (``install_when_imported``).
 """
 from __future__ import annotations
 
@@ -102,6 +106,20 @@ def verify_tree_greedy_cpu(*, predicts, accept_index, accept_token_num, candidat
                               candidates=candidates, retrieve_index=retrive_index,
                               retrieve_next_token=retrive_next_token, retrieve_next_sibling=retrive_next_sibling,
                               target_predict=target_predict)
+
+
+def _install_tree_sampling() -> None:
+    import os
+
+    from sglang_hybrid.cpu_engine import TREE_SAMPLING_ENV
+
+    if os.environ.get(TREE_SAMPLING_ENV):
+        from sglang_hybrid.cpu_engine.tree_sampling import install_when_imported
+
+        install_when_imported()
+
+
+_install_tree_sampling()
 
 
 def __getattr__(name: str):
