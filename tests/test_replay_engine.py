@@ -139,7 +139,8 @@ def test_decision_launches_are_charged_by_hand(monkeypatch, width_lag, host_us):
 
 def test_model_free_baselines_pay_their_host_scan():
     """Our n-gram drafter alone pays the worker's measured host path (overlapped, as HYBRID's); vLLM's prompt lookup
-    its measured per-request scan at each request's context, not overlapped (bench.replay.host)."""
+    and Arctic's suffix decoding their measured per-request cost at each request's context, not overlapped
+    (bench.replay.host)."""
     from bench.replay.host import PROMPT_LOOKUP_MEASURED, host_seconds, prompt_lookup_seconds
 
     assert prompt_lookup_seconds([1024, 8192]) == pytest.approx(11.7e-6 + 18.9e-6)
@@ -153,6 +154,10 @@ def test_model_free_baselines_pay_their_host_scan():
     assert (ours.host_s, ours.host_overlaps) == (host_seconds(2), True)
     pld = P.PromptLookup(4, 2, 5).propose(view)
     assert (pld.host_s, pld.host_overlaps) == (pytest.approx(prompt_lookup_seconds(ctx)), False)
+    from bench.replay.host import suffix_seconds
+
+    assert suffix_seconds([1024, 8192]) == pytest.approx(8.0e-6 + 11.8e-6)
+    assert P.SuffixDecoding(4).host(view) == (pytest.approx(suffix_seconds(ctx)), False)
 
 
 def test_host_time_interpolates_the_measured_host_path():

@@ -14,6 +14,8 @@ step moves code batch 4 by 10 %), so every number sits here, with where it was m
   11.7 us at a 1,024-token context, 18.9 us at 8,192, 39.7 us at 32,768); `prompt_lookup_seconds` sums it over the
   batch, interpolated in each request's context. vLLM runs the proposer after the sampled tokens reach the host, so
   it does not overlap the device (charged device + host).
+* **Arctic Inference's suffix decoding** (vLLM's suffix proposer, on the CPU), from `bench.drafters` likewise: 8.0 us at
+  1,024 tokens, 11.8 us at 8,192, 8.6 us at 32,768 per request and step (`suffix_seconds`), not overlapped.
 * **Kernel launches of the decision** (`LaunchCost`): HYBRID's worker runs its decision eagerly between the EAGLE
   draft and the verify forward; `bench.step_launches` counts its ATen operators (one launch each on a GPU). Each
   launch costs ``host_us`` of host dispatch and ``gpu_us`` of GPU time. Defaults at the low end of published ranges
@@ -36,6 +38,8 @@ import numpy as np
 HOST_PATH_MEASURED = ((1, 0.114e-3), (32, 0.359e-3), (128, 0.819e-3))
 #: (context tokens, seconds per request and step) of vLLM's prompt lookup at k = 8, measured by bench.drafters
 PROMPT_LOOKUP_MEASURED = ((1024, 11.7e-6), (8192, 18.9e-6), (32768, 39.7e-6))
+#: the same for Arctic Inference's suffix decoding cache, measured by bench.drafters
+SUFFIX_MEASURED = ((1024, 8.0e-6), (8192, 11.8e-6), (32768, 8.6e-6))
 
 
 def host_seconds(batch: int) -> float:
@@ -48,11 +52,21 @@ def host_seconds(batch: int) -> float:
     return float(ts[-1] + slope * (batch - bs[-1]))
 
 
-def prompt_lookup_seconds(context) -> float:
-    """vLLM prompt lookup's host seconds for one step over requests with these context lengths (tokens each;
-    interpolated in the measured points, held at the ends)."""
-    cs, ts = zip(*PROMPT_LOOKUP_MEASURED)
+def _per_request(measured, context) -> float:
+    """Host seconds of one step over requests with these context lengths (tokens each), from per-request
+    measurements (context, seconds) interpolated in the context and held at the ends."""
+    cs, ts = zip(*measured)
     return float(np.interp(np.asarray(context, np.float64), cs, ts).sum())
+
+
+def prompt_lookup_seconds(context) -> float:
+    """vLLM prompt lookup's host seconds for one step over requests with these context lengths."""
+    return _per_request(PROMPT_LOOKUP_MEASURED, context)
+
+
+def suffix_seconds(context) -> float:
+    """Arctic suffix decoding's host seconds for one step over requests with these context lengths."""
+    return _per_request(SUFFIX_MEASURED, context)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from bench.replay.host import host_seconds, prompt_lookup_seconds
+from bench.replay.host import host_seconds, prompt_lookup_seconds, suffix_seconds
 from sglang_hybrid.selector import Source
 
 
@@ -198,6 +198,12 @@ class SuffixDecoding(_ChainDrafter):
     def __init__(self, k):
         super().__init__(k)
         self.label = f"suffix decoding (Arctic SuffixDecodingCache, chain, k<={self.k})"
+
+    def host(self, view):
+        """Arctic's measured CPU cost per request at its context, after the step as vLLM runs it (bench.replay.host)."""
+        if view.context is None:
+            return 0.0, False
+        return suffix_seconds(view.context), False
 
 
 class NgramElseEagle(Policy):
