@@ -27,8 +27,9 @@ from sglang.srt.speculative import eagle_utils  # noqa: E402
 from sglang_hybrid.cpu_engine import tree_sampling  # noqa: E402
 from sglang_hybrid.cpu_engine.tree_sampling import (  # noqa: E402
     sampling_verify_patches, top_k_renorm_prob_cpu, top_p_renorm_prob_cpu, tree_speculative_sampling_target_only_cpu)
-from sglang_hybrid.selector import Candidates, Source, VerifyTree, select  # noqa: E402
+from sglang_hybrid.selector import Source, VerifyTree  # noqa: E402
 from sglang_hybrid.sglang_plugin.verify_input import TreeMaskMode, build_verify_input  # noqa: E402
+from tests.test_sglang_verify_input import mixed_batch  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 N_NODES = 6
@@ -41,31 +42,13 @@ ROW_NAMES = ["eagle chain", "n-gram chain", "merged, folded prefix", "merged, tw
              "merged, padded"]
 
 
-def _cat(trees) -> VerifyTree:
-    return VerifyTree(*[torch.cat([getattr(t, f) for t in trees], 0) for f in VerifyTree._fields])
-
-
 def hybrid_trees() -> VerifyTree:
-    """Five trees from HYBRID's selector: an EAGLE chain and an n-gram chain (``choose``), and three merged trees
-    (``merge``): model ``1 2 3 4`` and n-gram ``1 2 9`` folded into ``1 2`` then branching; two disjoint branches at
-    the root; a short tree with padding nodes."""
-    root = torch.tensor([5, 6])
-    m_tok = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]])
-    m_surv = torch.tensor([[.9, .8, .7, .6], [.5, .2, .1, .05]])
-    n_tok = torch.tensor([[11, 12, -1], [13, 14, 15]])
-    n_surv = torch.tensor([[.4, .1, 0], [.9, .9, .8]])
-    choose = select(root, [Candidates.chain(m_tok, m_surv, torch.tensor([4, 4]), Source.MODEL),
-                           Candidates.chain(n_tok, n_surv, torch.tensor([2, 3]), Source.NGRAM)],
-                    0.3, mode="choose", n_nodes=N_NODES)
-    root2 = torch.tensor([8, 9, 10])
-    m2 = torch.tensor([[1, 2, 3, 4], [20, 21, 22, 23], [1, 2, -1, -1]])
-    s2 = torch.tensor([[.9, .8, .3, .2], [.6, .5, .4, .3], [.5, .4, 0, 0]])
-    n2 = torch.tensor([[1, 2, 9], [24, 25, 26], [3, -1, -1]])
-    ns2 = torch.tensor([[.95, .9, .85], [.5, .4, .3], [.3, 0, 0]])
-    merge = select(root2, [Candidates.chain(m2, s2, torch.tensor([4, 4, 2]), Source.MODEL),
-                           Candidates.chain(n2, ns2, torch.tensor([3, 3, 1]), Source.NGRAM)],
-                   0.0, mode="merge", n_nodes=N_NODES)
-    return _cat([choose, merge])
+    """Five trees from HYBRID's selector, the verify-input tests' batch (``mixed_batch``) less its empty row: an EAGLE
+    chain and an n-gram chain (``choose``), and three merged trees (``merge``): model ``1 2 3 4`` and n-gram ``1 2 9``
+    folded into ``1 2`` then branching; two disjoint branches at the root; a short tree with padding nodes."""
+    tree = mixed_batch()
+    keep = torch.tensor([0, 1, 3, 4, 5])
+    return VerifyTree(*[getattr(tree, f)[keep] for f in VerifyTree._fields])
 
 
 def _children(tree: VerifyTree, r: int):
