@@ -158,6 +158,9 @@ def test_model_free_baselines_pay_their_host_scan():
 
     assert suffix_seconds([1024, 8192]) == pytest.approx(8.0e-6 + 11.8e-6)
     assert P.SuffixDecoding(4).host(view) == (pytest.approx(suffix_seconds(ctx)), False)
+    blind = P.StepView(view.req, view.pos, view.root, bank, None, 2)      # no contexts: refused, never charged 0
+    with pytest.raises(ValueError, match="StepView.context"):
+        P.PromptLookup(4, 2, 5).propose(blind)
 
 
 def test_host_time_interpolates_the_measured_host_path():

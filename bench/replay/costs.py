@@ -30,7 +30,7 @@ class BatchCost:
     #: the roofline the tables were built from (None for measured or user tables): charges real contexts
     roof: Optional[roofline.Roofline] = None
     requests: int = 0
-    #: what one eagerly launched kernel of a policy's own per-step work costs (``replay_host.LaunchCost``)
+    #: what one eagerly launched kernel of a policy's own per-step work costs (``bench.replay.host.LaunchCost``)
     launch: LaunchCost = LaunchCost()
 
     def step_time(self, n: int, context_total: Optional[float] = None) -> float:

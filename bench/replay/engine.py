@@ -16,13 +16,14 @@ n-gram proposals   computed on the host ``ngram_lag`` steps late, ``k +   fresh,
                    max_depth + 1`` wide, shifted and kept only if the
                    tokens committed since match (the plugin's
                    ``alignment.align``, called here), first ``k`` used
-host time          the worker's measured host path per step (below),      0
-                   overlapping the device's previous step when the lags
-                   are overlap scheduling's (``width_lag >= 2``)
+host time          the worker's measured host path per step plus the      the fused decision's dispatch only,
+                   decision's dispatch (below), overlapping the           overlapped
+                   device's previous step when the lags are overlap
+                   scheduling's (``width_lag >= 2``)
 decision launches  the worker's eager operators, counted by              the fused decision's target,
                    ``bench.step_launches`` for the policy's               ``step_launches.TARGET`` (12)
                    configuration; GPU time on the device, dispatch on
-                   the host (``replay_host.LaunchCost``)
+                   the host (``bench.replay.host.LaunchCost``)
 draft forwards     ``d`` per step (``policies.draft_forwards``), ``d``    same
                    the EAGLE depth the core chose (adaptive drafting,
                    ``DecisionStep(depths=...)`` with the cost model's
@@ -57,10 +58,11 @@ from typing import Optional
 
 import numpy as np
 
-from bench.replay import policies as P
 from bench import step_launches
+from bench.replay import policies as P
 from bench.replay.host import host_seconds
 from sglang_hybrid.widths import default_depths, start_width
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:

@@ -35,7 +35,7 @@ class Proposal:
       takes max(device time, host_s) instead of their sum
     launches: kernel launches the policy's own per-step engine work dispatches eagerly between the draft and the
       verify forward (beyond the engine's fixed per-step work the cost table holds); each costs the cost model's GPU
-      time per launch on the device and its host dispatch time on the host (``replay_costs.LaunchCost``)
+      time per launch on the device and its host dispatch time on the host (``bench.replay.host.LaunchCost``)
     """
 
     tokens: np.ndarray
@@ -62,7 +62,8 @@ class StepView:
 
     root: last committed token per request (int64 [B]); drafts: the bank of precomputed drafts, queried with
     (req, pos); cost: the core `CostTables` for this batch size (price input); requests: active request count;
-    draft_step_s: the cost model's seconds per EAGLE draft forward.
+    draft_step_s: the cost model's seconds per EAGLE draft forward; context: each request's committed tokens (prompt +
+    output so far; the replay's simulation always sets it, a hand-built view may leave it None).
     """
 
     req: np.ndarray
@@ -133,12 +134,21 @@ class _ChainDrafter(Policy):
 
     kind = ""
 
+    #: the drafter's measured host seconds for one step over requests of these context lengths
+    #: (``bench.replay.host``), paid after the step as vLLM runs its proposers (not overlapped); None: not charged
+    context_cost: Optional[Callable] = None
+
     def __init__(self, k: int):
         self.k = int(k)
 
     def host(self, view) -> tuple:
-        """(host seconds of this step's drafting, whether they overlap the device): none by default."""
-        return 0.0, False
+        """(host seconds of this step's drafting, whether they overlap the device): ``context_cost`` at each
+        request's context."""
+        if self.context_cost is None:
+            return 0.0, False
+        if view.context is None:
+            raise ValueError(f"{self.name}: its host cost needs each request's context (StepView.context)")
+        return self.context_cost(view.context), False
 
     def propose(self, view):
         toks, lens = view.drafts.chain(self.kind, view.req, view.pos, self.k)
@@ -171,6 +181,7 @@ class PromptLookup(_ChainDrafter):
     name = "vllm_ngram"
     kind = "pld"
     needs = ("pld",)
+    context_cost = staticmethod(prompt_lookup_seconds)      # vLLM's CPU scan per request
 
     def __init__(self, k, min_n=2, max_n=5, name=None):
         super().__init__(k)
@@ -181,12 +192,6 @@ class PromptLookup(_ChainDrafter):
             self.name = name
         self.label = f"vLLM-style prompt lookup (min_n={self.min_n}, max_n={self.max_n}, k={self.k})"
 
-    def host(self, view):
-        """vLLM's measured CPU scan per request at its context, after the step (not overlapped; bench.replay.host)."""
-        if view.context is None:
-            return 0.0, False
-        return prompt_lookup_seconds(view.context), False
-
 
 class SuffixDecoding(_ChainDrafter):
     """Arctic Inference's SuffixDecodingCache (suffix decoding), chain mode as vLLM uses it, verified in full."""
@@ -194,16 +199,11 @@ class SuffixDecoding(_ChainDrafter):
     name = "suffix"
     kind = "suffix"
     needs = ("suffix",)
+    context_cost = staticmethod(suffix_seconds)             # Arctic's CPU cost per request
 
     def __init__(self, k):
         super().__init__(k)
         self.label = f"suffix decoding (Arctic SuffixDecodingCache, chain, k<={self.k})"
-
-    def host(self, view):
-        """Arctic's measured CPU cost per request at its context, after the step as vLLM runs it (bench.replay.host)."""
-        if view.context is None:
-            return 0.0, False
-        return suffix_seconds(view.context), False
 
 
 class NgramElseEagle(Policy):
