@@ -105,6 +105,11 @@ def ratio_ci(num_runs, den_runs, reps: int = 2000, seed: int = 0) -> tuple:
     return float(point), float(lo), float(hi)
 
 
+def evaluation_seeds(seeds) -> list:
+    """The seeds ratios are computed on: every seed but the first, which tunes (the first alone when it is all)."""
+    return list(seeds[1:] or seeds[:1])
+
+
 def tok_s(runs) -> float:
     return sum(r.tokens for r in runs) / max(1e-12, sum(r.seconds for r in runs))
 
@@ -158,7 +163,6 @@ class Runner:
                         "ideal": EngineConfig.ideal(adaptive_depth=cfg.adaptive_depth,
                                                     model_bias_eta=cfg.model_bias_eta)}
         self.core = P._Core()
-        self.notes: list = []
         self.free = [P.NoSpeculation()]
         for k in cfg.ngram_ks:
             tag = "" if k == self.engines["as built"].ngram_k else f"_k{k}"     # the deployed k keeps the plain name
@@ -242,7 +246,7 @@ class Runner:
         (the sweep points reuse the headline point's per cell and mode, to fit the default run's time budget: the
         text, which decides how far copies run, is the same at every point; fixed EAGLE's k and HYBRID's EAGLE steps,
         which follow the simulated drafter's strength, are tuned at every point)."""
-        tune, evals = seeds[0], seeds[1:] or seeds[:1]
+        tune, evals = seeds[0], evaluation_seeds(seeds)
         for w, b in cells:
             if w not in groups[tune]:
                 continue
@@ -312,7 +316,7 @@ class Runner:
         mode = MODES[0]
         if (source, mode, w, b, "hybrid") not in self.best:
             return None
-        evals = self.cfg.seeds[1:] or self.cfg.seeds[:1]
+        evals = evaluation_seeds(self.cfg.seeds)
         got = {}
         for what in ("hybrid", "model", "ngram", "no_spec"):
             pol = self.free[0] if what == "no_spec" else self.tuned_policy(source, mode, w, b, what)
@@ -484,7 +488,7 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
 def detail_table(runner: Runner, source, cells) -> list:
     """Speedup over no speculation per policy (pooled over the evaluation seeds) for one source's cells."""
     lines = []
-    evals = list(runner.cfg.seeds[1:] or runner.cfg.seeds)
+    evals = evaluation_seeds(runner.cfg.seeds)
     free_src = "text" if source != "real" else "real"
     cols = [(w, b) for w, b in cells if runner.seeds_of((free_src, "-", w, b, "no_spec"), evals)]
     if not cols:
@@ -570,7 +574,7 @@ def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
     n-gram candidate), with the host work added to the device step instead of overlapping it, fresh n-gram proposals
     and no n-gram host path, the decision fused to the target launch count (what fusing the decision would buy), and
     one fixed width n_nodes + 1 (the engine before width buckets)."""
-    s = (cfg.seeds[1:] or cfg.seeds)[0]
+    s = evaluation_seeds(cfg.seeds)[0]
     base = runner.engines["as built"]
     variants = [("as built", base),
                 ("as built, no device prompt lookup", dataclasses.replace(base, context_lookup=False)),
@@ -641,7 +645,7 @@ def run(cfg: Config, log=print) -> int:
         + f"; n-gram and prompt-lookup drafts for {len(cfg.seeds)} seeds in {time.perf_counter() - t0:.0f} s; "
         f"prompt lookup: {banks[cfg.seeds[0]].notes.get('pld-5-5', '')}")
     flags = {s: replay_synth.copy_flags(banks[s]) for s in cfg.seeds}
-    density = {w: replay_synth.edit_density(banks[s], flags[s], groups[s][w]) for s in cfg.seeds[1:2] or cfg.seeds
+    density = {w: replay_synth.edit_density(banks[s], flags[s], groups[s][w]) for s in evaluation_seeds(cfg.seeds)[:1]
                for w in WORKLOADS if w in groups[s]}
     log("edit density (first evaluation seed): " + "; ".join(
         f"{w}: copy positions {c:.2f} (a long n-gram match predicts the next token), windows verbatim in the prompt "
@@ -710,7 +714,7 @@ def run(cfg: Config, log=print) -> int:
                 log(f"  {w} B={b}: {fmt_ci(c['vs_model'])}, {fmt_ci(c['vs_single'])}, {fmt_ci(c['vs_nospec'])}")
     log("")
     log(f"Per-policy speedup over no speculation, {label(HEADLINE)} (pooled over evaluation seeds "
-        f"{list(cfg.seeds[1:] or cfg.seeds)}; {charged}):")
+        f"{evaluation_seeds(cfg.seeds)}; {charged}):")
     for line in detail_table(runner, HEADLINE, head_cells):
         log(line)
     if "real" in sources:
