@@ -251,7 +251,8 @@ def select(root_tokens: torch.Tensor, candidates: Sequence[Candidates], lam: Uni
 
     p_elig = p_valid & (p_surv > 0) & (p_surv >= lam_t)
     if mode == "choose" and len(candidates) > 1:
-        gain = torch.where(p_elig, p_surv - lam_t, torch.zeros_like(p_surv))
+        # float64 sums: sources whose values differ by a float32 rounding step compare the same in any summing order
+        gain = torch.where(p_elig, p_surv - lam_t, torch.zeros_like(p_surv)).to(torch.float64)
         values = torch.stack([torch.where(p_owner == si, gain, torch.zeros_like(gain)).sum(1)
                               for si in range(len(candidates))], 1)           # [B, S]
         best = torch.argmax(values, dim=1)                                    # first maximum: earlier source

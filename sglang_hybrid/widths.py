@@ -134,16 +134,18 @@ def choose_plan(survival: torch.Tensor, valid: torch.Tensor, buckets: torch.Tens
         depths = torch.zeros(1, dtype=torch.int64, device=dev)
     if depths.shape != (nd,):
         raise ValueError(f"depths must be [{nd}] (one per survival block), got {tuple(depths.shape)}")
-    f32 = torch.float32
-    s = torch.where(valid, survival.to(f32), torch.zeros((), dtype=f32, device=dev))
-    s = torch.cat([torch.zeros((nd, b, 1), dtype=f32, device=dev), s[:, :, 1:]], 2)          # drafts only
+    f32, f64 = torch.float32, torch.float64
+    # expected tokens and goodput in float64: plans whose goodputs differ by a float32 rounding step are then ordered
+    # the same whatever order an engine sums in (the fused kernels sum over requests in another order than torch)
+    s = torch.where(valid, survival.to(f64), torch.zeros((), dtype=f64, device=dev))
+    s = torch.cat([torch.zeros((nd, b, 1), dtype=f64, device=dev), s[:, :, 1:]], 2)          # drafts only
     csum = torch.cumsum(s, 2)                                                                  # [D, B, W]
     idx = (buckets - 1).clamp(min=0, max=w_max - 1)
     drafts = csum.index_select(2, idx).sum(1)                                                  # [D, J]
-    r = (num_requests.to(f32) if isinstance(num_requests, torch.Tensor)
-         else torch.full((), float(b if num_requests is None else num_requests), dtype=f32, device=dev))
+    r = (num_requests.to(f64) if isinstance(num_requests, torch.Tensor)
+         else torch.full((), float(b if num_requests is None else num_requests), dtype=f64, device=dev))
     expected = r + drafts
-    bw = buckets.to(f32)
+    bw = buckets.to(f64)
     nj = buckets.numel()
     if cost is None:
         # T unknown: the deepest draft, and the smallest width that holds every request's useful nodes
@@ -153,10 +155,10 @@ def choose_plan(survival: torch.Tensor, valid: torch.Tensor, buckets: torch.Tens
         goodput = expected
         lam = torch.zeros((), dtype=f32, device=dev)
     else:
-        t_draft = (draft_cost.step_time(r) if draft_cost is not None
-                   else torch.zeros((), dtype=f32, device=dev))
-        t_verify = cost.step_time(r * bw)                                                      # [J]
-        t = t_verify[None, :] + depths.to(f32)[:, None] * t_draft                              # [D, J]
+        t_draft = (draft_cost.step_time(r).to(f64) if draft_cost is not None
+                   else torch.zeros((), dtype=f64, device=dev))
+        t_verify = cost.step_time(r * bw).to(f64)                                              # [J]
+        t = t_verify[None, :] + depths.to(f64)[:, None] * t_draft                              # [D, J]
         goodput = expected / t
         flat = torch.argmax(goodput.reshape(-1))                                 # first maximum, depth-major
         d_i, j = flat // nj, flat % nj
@@ -168,10 +170,11 @@ def choose_plan(survival: torch.Tensor, valid: torch.Tensor, buckets: torch.Tens
         w_j, w_n = bw.gather(0, pick).unbind(0)
         extra = r * (w_n - w_j)
         lam = torch.where(extra > 0, row_g.gather(0, j[None])[0] * (t_n - t_j) / extra.clamp(min=1.0),
-                          torch.zeros((), dtype=f32, device=dev))
+                          torch.zeros((), dtype=f64, device=dev)).to(f32)
     width = buckets.gather(0, j[None])[0]
     b_star = r.to(torch.int64) * (width - 1)
     depth = depths.gather(0, d_i.reshape(1))[0]
+    goodput = goodput.to(f32)
     return WidthChoice(width, goodput.index_select(0, d_i.reshape(1))[0], b_star, lam, depth, goodput)
 
 

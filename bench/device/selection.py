@@ -10,7 +10,8 @@ the cost table, selection) then, from ``sglang_plugin.tree_mask`` (the code
 ``build_verify_input`` runs), ``verify_nodes``, ``tree_links_torch`` (positions and retrieve lists) and ``full_mask``
 (FULL_MASK into a preallocated buffer, as the worker passes the attention backend's).
 
-On a GPU, per batch size:
+On a GPU the step runs the worker's default there, the fused Triton path (``sglang_hybrid.kernels``: the decision,
+links and mask in a handful of launches); the CPU reference it is compared with runs the torch path. Per batch size:
 
 1. one eager call (one-time initialisation: not sync-checked), then a second eager call under
    ``torch.cuda.set_sync_debug_mode("error")`` (any host sync in the steady-state step raises);
@@ -125,6 +126,11 @@ def run_step(step, x: StepInputs, seq_lens_sum: int, mask_buf: torch.Tensor):
 
     out = step.select(x.root, x.model_tokens, x.model_conf, x.slots, x.cur_gen, x.seq_lens)
     tree = out.tree if hasattr(out, "tree") else out          # newer HybridStep.select returns the Decision
+    if getattr(step, "fused", None) is not None:              # the fused path: links and mask in one launch
+        from sglang_hybrid.kernels import fused_links_and_mask
+
+        return tuple(tree) + fused_links_and_mask(tree.tokens, tree.valid, tree.ancestors, x.seq_lens, seq_lens_sum,
+                                                  mask_buf)
     draft_token, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
     positions, r_index, r_next, r_sib = tree_links_torch(anc, x.seq_lens)
     mask = full_mask(anc, x.seq_lens, seq_lens_sum, mask_buf)

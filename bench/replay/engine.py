@@ -16,14 +16,16 @@ n-gram proposals   computed on the host ``ngram_lag`` steps late, ``k +   fresh,
                    max_depth + 1`` wide, shifted and kept only if the
                    tokens committed since match (the plugin's
                    ``alignment.align``, called here), first ``k`` used
-host time          the worker's measured host path per step plus the      the fused decision's dispatch only,
-                   decision's dispatch (below), overlapping the           overlapped
+host time          the worker's measured host path per step plus the      the decision's dispatch only, overlapped
+                   decision's dispatch (below), overlapping the
                    device's previous step when the lags are overlap
                    scheduling's (``width_lag >= 2``)
-decision launches  the worker's eager operators, counted by              the fused decision's target,
-                   ``bench.step_launches`` for the policy's               ``step_launches.TARGET`` (12)
-                   configuration; GPU time on the device, dispatch on
-                   the host (``bench.replay.host.LaunchCost``)
+decision launches  the worker's launches per step, counted by             the fused step's count (every policy,
+                   ``bench.step_launches`` for the policy's               the model-only one included)
+                   configuration: its fused Triton path by default
+                   (``decision_kernels``: "torch" charges the reference
+                   operators instead); GPU time on the device, dispatch
+                   on the host (``bench.replay.host.LaunchCost``)
 draft forwards     ``d`` per step (``policies.draft_forwards``), ``d``    same
                    the EAGLE depth the core chose (adaptive drafting,
                    ``DecisionStep(depths=...)`` with the cost model's
@@ -41,14 +43,15 @@ model offset       each HYBRID request's online offset on the EAGLE       same
 
 Host time and launches: what each costs, and where it was measured, is in ``bench.replay.host``. The worker runs its
 n-gram host path at the start of ``forward_batch_generation``, before launching the step's kernels, and then launches
-its decision eagerly, operator by operator (``bench.step_launches`` counts them for the policy's configuration and
-batch size). Without overlap scheduling (the CPU engine, ``width_lag`` 1) the device is idle while the host works, so
-the step costs device time + host time. With overlap scheduling (``width_lag`` 2, the GPU default) the scheduler
-launches step t + 1 while the device still runs step t, so the host work runs under step t and the step costs
-max(device time, host time); the decision's kernels still add their GPU time to the device. That assumes SGLang's own
-per-step scheduling work leaves the host room under the device step (its overlap scheduler exists to hide that work);
+its device step: seven Triton kernels on the fused path it runs wherever Triton does, several hundred eager operators
+on the torch path (``bench.step_launches`` counts either for the policy's configuration and batch size). Without
+overlap scheduling (the CPU engine, ``width_lag`` 1) the device is idle while the host works, so the step costs
+device time + host time. With overlap scheduling (``width_lag`` 2, the GPU default) the scheduler launches step t + 1
+while the device still runs step t, so the host work runs under step t and the step costs max(device time, host
+time); the decision's kernels still add their GPU time to the device. That assumes SGLang's own per-step scheduling
+work leaves the host room under the device step (its overlap scheduler exists to hide that work);
 ``EngineConfig(host_overlap=False)`` charges the sum instead. The ideal engine charges no host time and the fused
-decision's target launch count (``bench.step_launches.TARGET``).
+step's launches.
 """
 from __future__ import annotations
 
@@ -93,6 +96,9 @@ class EngineConfig:
     #: kernel launches of the decision per step; None: counted from the worker's code for the policy's configuration
     #: and batch size (``bench.step_launches``)
     launches: Optional[int] = None
+    #: the worker's decision path whose launches are counted (its setting ``decision_kernels``): "fused" (the
+    #: default wherever Triton runs) or "torch"
+    decision_kernels: str = "fused"
 
     @property
     def depths(self) -> Optional[tuple]:
@@ -114,8 +120,7 @@ class EngineConfig:
 
     @classmethod
     def ideal(cls, **kw) -> "EngineConfig":
-        return cls(as_built=False, width_lag=0, ngram_lag=0, host_time=False, host_overlap=True,
-                   launches=step_launches.TARGET, **kw)
+        return cls(as_built=False, width_lag=0, ngram_lag=0, host_time=False, host_overlap=True, **kw)
 
     @property
     def name(self) -> str:
@@ -142,10 +147,11 @@ class EngineConfig:
     def describe(self) -> str:
         if not self.as_built:
             return ("ideal: ragged verify (price masks nodes, cost = valid nodes), fresh n-gram proposals at the exact "
-                    f"position, no host time, {self.launches} decision launches (fused); {self.num_steps} EAGLE steps, "
+                    f"position, no host time, the fused step's launches; {self.num_steps} EAGLE steps, "
                     f"n-gram k={self.ngram_k}, "
                     f"n_nodes={self.n_nodes}; {self._depth_text()}")
-        launches = "counted from the worker (bench.step_launches)" if self.launches is None else self.launches
+        launches = (f"counted from the worker's {self.decision_kernels} path (bench.step_launches)"
+                    if self.launches is None else self.launches)
         return (f"as built: padded verify at width buckets {self.buckets()} chosen by DecisionStep, applied "
                 f"{self.width_lag} step(s) later; n-gram proposals {self.ngram_lag} step(s) late, "
                 f"{self.proposal_width} tokens wide, aligned by sglang_plugin.alignment.align, first {self.ngram_k} "
@@ -311,11 +317,16 @@ class EnginePolicy(P.Policy):
         """Kernel launches of this policy's decision per step at ``batch`` requests (``EngineConfig.launches``)."""
         if self.engine.launches is not None:
             return int(self.engine.launches)
+        if not self.engine.as_built:
+            # the ideal engine: the worker's fused step, whatever the policy (a fused model-only decision would
+            # launch no more kernels than HYBRID's)
+            return step_launches.hybrid_launches(batch, "merge", self.num_steps, self.engine.ngram_k,
+                                                 width_plan=True, depth_plan=True, kernels="fused")
         if not self.use_ngram:
             return step_launches.model_only_launches(batch, self.num_steps)
         return step_launches.hybrid_launches(batch, self.mode, self.num_steps, self.engine.ngram_k,
                                              width_plan=self.widths is not None and len(self.widths) > 1,
-                                             depth_plan=self.depths is not None)
+                                             depth_plan=self.depths is not None, kernels=self.engine.decision_kernels)
 
     def reset(self, batch: int):
         self.batch = batch

@@ -34,7 +34,6 @@ from typing import Optional
 import numpy as np
 
 from bench.replay import policies as P
-from bench import step_launches
 from bench.replay import costs as replay_costs, synth as replay_synth
 from bench.replay.drafts import DraftBank
 from bench.replay.engine import EngineConfig, engine_policies
@@ -572,16 +571,15 @@ def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
     """Where the as-built engine loses against the ideal one: HYBRID at the headline point on the sweep cells (first
     evaluation seed), with one mechanic switched at a time: without the device prompt lookup (misaligned rows get no
     n-gram candidate), with the host work added to the device step instead of overlapping it, fresh n-gram proposals
-    and no n-gram host path, the decision fused to the target launch count (what fusing the decision would buy), and
-    one fixed width n_nodes + 1 (the engine before width buckets)."""
+    and no n-gram host path, the decision on the torch path (its eager operators: what fusing it bought), and one
+    fixed width n_nodes + 1 (the engine before width buckets)."""
     s = evaluation_seeds(cfg.seeds)[0]
     base = runner.engines["as built"]
     variants = [("as built", base),
                 ("as built, no device prompt lookup", dataclasses.replace(base, context_lookup=False)),
                 ("as built, host path not overlapped", dataclasses.replace(base, host_overlap=False)),
                 ("as built, fresh n-gram, no host path", dataclasses.replace(base, ngram_lag=0, host_time=False)),
-                (f"as built, fused decision ({step_launches.TARGET} launches)",
-                 dataclasses.replace(base, launches=step_launches.TARGET)),
+                ("as built, torch decision (eager operators)", dataclasses.replace(base, decision_kernels="torch")),
                 ("as built, one width 13 (no buckets)", dataclasses.replace(base, widths=(base.n_nodes + 1,))),
                 ("ideal", runner.engines["ideal"])]
     cols = [c for c in cfg.sweep_cells if c[0] in groups[s]]

@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from sglang_hybrid import kernels
 from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
 from sglang_hybrid.cost import CostModel
 from sglang_hybrid.request_bias import chain_outcome, update_bias
@@ -30,7 +31,7 @@ from sglang_hybrid.step import Decision, DecisionStep, ModelDraft, NgramDraft
 from sglang_hybrid.survival import chain_parents
 
 from . import alignment, context_lookup
-from .config import HybridSettings
+from .config import ENV_PREFIX, HybridConfigError, HybridSettings
 from .metrics import HybridCounters
 
 
@@ -60,6 +61,8 @@ class HybridStep:
             mode=settings.mode, n_nodes=self.n_nodes, model_calibration=model_cal.to(self.device),
             ngram_calibration=NgramCalibration.load(settings.ngram_calibration).to(self.device), widths=self.widths,
             depths=self.depths if len(self.depths) > 1 else None)
+        #: the same decision in three Triton kernels (setting ``decision_kernels``), or None: the torch operators
+        self.fused = _fused_decision(settings.decision_kernels, self.decide, self.device)
         self.cost = CostModel.load(settings.cost_table).to(self.device) if settings.cost_table else None
         self.draft_cost = (CostModel.load(settings.draft_cost_table).to(self.device) if settings.draft_cost_table
                            else None)
@@ -104,25 +107,40 @@ class HybridStep:
         """
         b, s = model_tokens.shape
         dev = model_tokens.device
-        alignment.ring_write_root(self.buffers, slots, seq_lens, root_tokens)
-        ng = alignment.align(self.buffers, slots, cur_gen, seq_lens)
-        from_lookup = None
-        if self.context is not None:
-            ng, from_lookup = self._fill_from_context(ng, slots, cur_gen, seq_lens, root_tokens, lookup_span)
-        model = ModelDraft(model_tokens, model_conf, torch.full((b,), s, dtype=torch.int64, device=dev))
         k = self.k           # the aligned proposal is up to proposal_width long; the selector sees its first k
-        ngram = NgramDraft(ng.tokens[:, :k], chain_parents(b, k, dev), ng.length.clamp(max=k), ng.match_len[:, :k],
-                           ng.count[:, :k], ng.total[:, :k], ng.depth[:, :k], ng.source[:, :k])
-        bias = None
-        if self.model_bias is not None:
-            gen = cur_gen.to(torch.int64)
-            bias = torch.where(self.model_bias_gen[slots] == gen, self.model_bias[slots], 0.0)
-        d = self.decide(root_tokens, model, ngram, cost=self.cost, check_values=False, width=width,
-                        draft_cost=self.draft_cost, model_bias=bias)
-        chain = self._chain[:b, :s]
-        chain.copy_(model_tokens)
-        self._model_step = (slots, cur_gen.to(torch.int64), chain, bias, d.model_acceptance)
-        self.counters.on_select(d.tree, ngram.length, d.lam, d.b_star, depth=s, from_lookup=from_lookup)
+        if self.fused is not None:
+            ng, from_lookup, bias = kernels.fused_proposals(
+                self.buffers, self.context, slots, cur_gen, seq_lens, root_tokens, lookup_span, self.model_bias,
+                self.model_bias_gen)
+            # chains only: the fused decision reads no parents, and clamps the length to the k columns it sees
+            ngram = NgramDraft(ng.tokens[:, :k], None, ng.length, ng.match_len[:, :k], ng.count[:, :k],
+                               ng.total[:, :k], ng.depth[:, :k], ng.source[:, :k])
+            chain = self._chain[:b, :s]
+            d = self.fused(root_tokens, model_tokens, model_conf, ngram, cost=self.cost, width=width,
+                           draft_cost=self.draft_cost, model_bias=bias, counters=self.counters,
+                           from_lookup=from_lookup, chain_out=chain)
+            self.counters.on_select_host(d.tree.tokens.shape[1], depth=s, decision="fused")
+        else:
+            alignment.ring_write_root(self.buffers, slots, seq_lens, root_tokens)
+            ng = alignment.align(self.buffers, slots, cur_gen, seq_lens)
+            from_lookup = None
+            if self.context is not None:
+                ng, from_lookup = self._fill_from_context(ng, slots, cur_gen, seq_lens, root_tokens, lookup_span)
+            model = ModelDraft(model_tokens, model_conf, torch.full((b,), s, dtype=torch.int64, device=dev))
+            ngram = NgramDraft(ng.tokens[:, :k], chain_parents(b, k, dev), ng.length.clamp(max=k),
+                               ng.match_len[:, :k], ng.count[:, :k], ng.total[:, :k], ng.depth[:, :k],
+                               ng.source[:, :k])
+            bias = None
+            if self.model_bias is not None:
+                gen = cur_gen.to(torch.int64)
+                bias = torch.where(self.model_bias_gen[slots] == gen, self.model_bias[slots], 0.0)
+            d = self.decide(root_tokens, model, ngram, cost=self.cost, check_values=False, width=width,
+                            draft_cost=self.draft_cost, model_bias=bias)
+            self.counters.on_select(d.tree, ngram.length, d.lam, d.b_star, depth=s, from_lookup=from_lookup,
+                                    decision="torch")
+            chain = self._chain[:b, :s]
+            chain.copy_(model_tokens)
+        self._model_step = (slots, cur_gen, chain, bias, d.model_acceptance)
         return d
 
     def lookup_span(self, longest_context: Optional[int]) -> Optional[int]:
@@ -155,6 +173,9 @@ class HybridStep:
         if model_step is not None and model_step[0].shape != slots.shape:
             raise ValueError(f"after_verify got {slots.shape[0]} requests but the step selected for "
                              f"{model_step[0].shape[0]}: call it once per select, with the same batch")
+        if self.fused is not None:
+            kernels.fused_after_verify(self, tree, slots, seq_lens_before, emitted, accept_lens, model_step)
+            return
         d = min(emitted.shape[1], self.max_depth + 1)
         alignment.ring_write_emitted(self.buffers, slots, seq_lens_before, emitted[:, :d], accept_lens)
         if self.context is not None:
@@ -163,9 +184,23 @@ class HybridStep:
         self.counters.on_accept(tree, accept_lens)
         if model_step is not None:
             slots_m, gen, chain, bias, acceptance = model_step
+            gen = gen.to(torch.int64)
             length = torch.full_like(accept_lens, chain.shape[1], dtype=torch.int64)
             tested, hit = chain_outcome(chain, length, emitted, accept_lens.to(torch.int64))
             self.counters.on_model_outcome(tested, hit, acceptance)
             if bias is not None:
                 self.model_bias.index_copy_(0, slots_m, update_bias(bias, acceptance, tested, hit, self.model_bias_eta))
                 self.model_bias_gen.index_copy_(0, slots_m, gen)
+
+
+def _fused_decision(choice: str, decide: DecisionStep, device: torch.device):
+    """The fused decision for setting ``decision_kernels`` = ``choice``: "torch" -> None; "auto" -> fused where
+    Triton runs on ``device``, else None; "fused" -> fused, or an error naming the setting where Triton cannot run."""
+    if choice == "torch" or (choice == "auto" and not kernels.available(device)):
+        return None
+    if not kernels.available(device):
+        raise HybridConfigError(
+            f"HYBRID setting 'decision_kernels' = 'fused' but Triton cannot run on {device} (CUDA with Triton, or "
+            f"the CPU with TRITON_INTERPRET=1); set {ENV_PREFIX}DECISION_KERNELS=auto or torch")
+    return kernels.FusedDecisionStep(decide, device)
+

@@ -70,6 +70,8 @@ class HybridCounters:
         #: step is launched)
         self.width_steps: dict[int, int] = {}
         self.depth_steps: dict[int, int] = {}
+        #: steps decided by each decision path ("fused": the Triton kernels, "torch": the reference operators)
+        self.decision_steps: dict[str, int] = {}
         self.totals = torch.zeros(SIZE, dtype=torch.float64, device=self.device)
         self.log_interval = log_interval
         self._host_steps = 0
@@ -79,14 +81,22 @@ class HybridCounters:
         self._pending = False
         self._last = torch.zeros(SIZE, dtype=torch.float64)
 
-    def on_select(self, tree, ngram_len: torch.Tensor, lam: torch.Tensor, b_star: torch.Tensor,
-                  depth: Optional[int] = None, from_lookup: Optional[torch.Tensor] = None) -> None:
-        """Count one decode step; ``from_lookup [B]`` bool: rows whose n-gram proposal the device prompt lookup
-        supplied."""
-        b, w = tree.tokens.shape
-        self.width_steps[w] = self.width_steps.get(w, 0) + 1
+    def on_select_host(self, width: int, depth: Optional[int] = None, decision: Optional[str] = None) -> None:
+        """The host's share of ``on_select`` (steps per width, depth and decision path: host ints); the fused decision
+        adds the device share itself (``kernels.decision._plan_kernel``)."""
+        self.width_steps[width] = self.width_steps.get(width, 0) + 1
         if depth is not None:
             self.depth_steps[depth] = self.depth_steps.get(depth, 0) + 1
+        if decision is not None:
+            self.decision_steps[decision] = self.decision_steps.get(decision, 0) + 1
+
+    def on_select(self, tree, ngram_len: torch.Tensor, lam: torch.Tensor, b_star: torch.Tensor,
+                  depth: Optional[int] = None, from_lookup: Optional[torch.Tensor] = None,
+                  decision: Optional[str] = None) -> None:
+        """Count one decode step; ``from_lookup [B]`` bool: rows whose n-gram proposal the device prompt lookup
+        supplied; ``decision``: the path that decided it ("fused" or "torch")."""
+        b, w = tree.tokens.shape
+        self.on_select_host(w, depth, decision)
         cls = tree_class(tree.source, tree.valid)
         upd = torch.zeros(SIZE, dtype=torch.float64, device=tree.tokens.device)
         upd[STEPS] = 1
@@ -121,7 +131,7 @@ class HybridCounters:
 
     def snapshot(self) -> dict:
         """Host dict of the totals (synchronous: for tests and shutdown, not the step)."""
-        return summarize(self.totals.detach().cpu(), self.width_steps, self.depth_steps)
+        return summarize(self.totals.detach().cpu(), self.width_steps, self.depth_steps, self.decision_steps)
 
     def maybe_log(self) -> Optional[dict]:
         """Called once per step on the host; logs (and returns) the interval's summary when a copy has landed.
@@ -143,12 +153,13 @@ class HybridCounters:
         out = None
         if self._pending and (self._event is None or self._event.query()):
             cur = self._staging.clone()
-            out = summarize(cur - self._last, self.width_steps, self.depth_steps)
+            out = summarize(cur - self._last, self.width_steps, self.depth_steps, self.decision_steps)
             self._last = cur
             self._pending = False
             logger.info("HYBRID %s", format_summary(out))
             if self.snapshot_path:
-                write_snapshot(self.snapshot_path, summarize(cur, self.width_steps, self.depth_steps))
+                write_snapshot(self.snapshot_path,
+                               summarize(cur, self.width_steps, self.depth_steps, self.decision_steps))
         return out
 
 
@@ -160,9 +171,10 @@ def write_snapshot(path: str, summary: dict) -> None:
     os.replace(tmp, path)
 
 
-def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: Optional[dict] = None) -> dict:
-    """Host summary of a counter vector; ``width_steps`` / ``depth_steps`` (cumulative steps per verify width and per
-    EAGLE draft depth) are copied in."""
+def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: Optional[dict] = None,
+              decision_steps: Optional[dict] = None) -> dict:
+    """Host summary of a counter vector; ``width_steps`` / ``depth_steps`` / ``decision_steps`` (cumulative steps per
+    verify width, per EAGLE draft depth and per decision path) are copied in."""
     v = v.tolist()
     reqs = max(v[REQS], 1.0)
     out = {"steps": int(v[STEPS]), "requests": int(v[REQS]),
@@ -181,6 +193,7 @@ def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: 
     out["model_accepted"] = v[MODEL_HIT] / tested if tested else 0.0
     out["width_steps"] = {str(w): n for w, n in sorted((width_steps or {}).items())}
     out["depth_steps"] = {str(d): n for d, n in sorted((depth_steps or {}).items())}
+    out["decision_steps"] = dict(sorted((decision_steps or {}).items()))
     for cause, i in FALLBACKS.items():
         out[f"fallback_{cause}"] = int(v[i])
     return out

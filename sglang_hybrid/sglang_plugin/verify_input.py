@@ -71,13 +71,14 @@ def _reconstruct_sglang(tree_mask_flat: torch.Tensor, seq_lens: torch.Tensor, bs
 def build_verify_input(tree: VerifyTree, seq_lens: torch.Tensor, *, num_steps: int, max_depth: int,
                        mask_mode: TreeMaskMode = TreeMaskMode.FULL_MASK, seq_lens_sum: Optional[int] = None,
                        mask_buf: Optional[torch.Tensor] = None,
-                       reconstruct: Optional[Callable] = None) -> HybridVerifyInput:
+                       reconstruct: Optional[Callable] = None, fused: bool = False) -> HybridVerifyInput:
     """Build the verify input for ``tree`` (``[B, W]`` layout of docs/ARCHITECTURE.md) over ``seq_lens [B]``.
 
     ``num_steps``: EAGLE steps (``spec_steps``); ``max_depth``: the deepest draft path the configuration allows
     (sets ``max_tree_depth`` statically, so CUDA graphs see one shape). ``reconstruct(tree_mask_flat, seq_lens, bs,
     W)``: override for the positions/retrieve computation (default: SGLang's kernel on CUDA, ``tree_links_torch``
-    elsewhere).
+    elsewhere). ``fused`` (FULL_MASK only): node tokens, links and mask in one Triton launch
+    (``kernels.fused_links_and_mask``, equal to the torch path on the requests' rows) instead.
     """
     tokens, valid, anc = tree.tokens, tree.valid, tree.ancestors
     if tokens.dim() != 2 or anc.shape != (tokens.shape[0], tokens.shape[1], tokens.shape[1]):
@@ -87,6 +88,14 @@ def build_verify_input(tree: VerifyTree, seq_lens: torch.Tensor, *, num_steps: i
         raise ValueError(f"seq_lens must be [{bs}], got {tuple(seq_lens.shape)}")
     if max_depth < 1 or max_depth > w - 1:
         raise ValueError(f"max_depth must be in [1, {w - 1}] for verify width {w}, got {max_depth}")
+    if fused and mask_mode == TreeMaskMode.FULL_MASK:
+        if seq_lens_sum is None:
+            raise ValueError("FULL_MASK needs seq_lens_sum (a host int >= sum(seq_lens))")
+        from sglang_hybrid import kernels
+
+        draft_token, positions, r_index, r_next, r_sib, custom_mask = kernels.fused_links_and_mask(
+            tokens, valid, anc, seq_lens, seq_lens_sum, mask_buf)
+        return _verify_input(draft_token, custom_mask, positions, r_index, r_next, r_sib, num_steps, w, max_depth)
     # Padding nodes see only themselves: unreachable from the root in the retrieve lists.
     draft_token, anc = verify_nodes(tokens, valid, anc)
 
@@ -112,6 +121,11 @@ def build_verify_input(tree: VerifyTree, seq_lens: torch.Tensor, *, num_steps: i
             f"tree mask mode {TreeMaskMode(mask_mode).name} is not supported by HYBRID; use an attention backend "
             "with FULL_MASK or QLEN_ONLY verify masks (e.g. --attention-backend flashinfer)")
 
+    return _verify_input(draft_token, custom_mask, positions, r_index, r_next, r_sib, num_steps, w, max_depth)
+
+
+def _verify_input(draft_token, custom_mask, positions, r_index, r_next, r_sib, num_steps: int, w: int,
+                  max_depth: int) -> HybridVerifyInput:
     return HybridVerifyInput(
         draft_token=draft_token,
         custom_mask=custom_mask,

@@ -1,0 +1,256 @@
+"""Fused device kernels of HYBRID's per-step path (Triton), beside the torch reference they must equal.
+
+``FusedDecisionStep`` runs a ``DecisionStep``'s decision for padded verify in three kernel launches
+(``kernels.decision``); the torch ``DecisionStep`` stays the reference (the exactness tests compare the two) and the
+path wherever Triton cannot run. Where Triton runs:
+
+* a CUDA device with Triton installed (compiled kernels);
+* the CPU when Triton's interpreter is on (``TRITON_INTERPRET=1`` before Triton is first imported), as in SGLang's CPU
+  engine (``sglang_hybrid.cpu_engine`` sets it), so the live suite runs the fused path end to end.
+
+``available(device)`` says which; nothing here imports Triton until it is asked.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from sglang_hybrid.cost import CostTables
+from sglang_hybrid.step import Decision, DecisionStep, NgramDraft
+
+#: rows of the batch one program handles on a GPU (the selection's pairwise ranking is ``rows x pool x pool``)
+GPU_BLOCK_ROWS = 8
+#: on the CPU interpreter one program takes the whole batch up to this many rows (each program costs interpreter time)
+INTERPRETER_BLOCK_ROWS = 256
+#: context positions the prompt lookup compares per loop iteration
+LOOKUP_CHUNK = 256
+#: FULL_MASK prefix columns written per loop iteration
+MASK_CHUNK = 256
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def available(device) -> bool:
+    """Whether the fused kernels run on ``device``: CUDA with Triton, or the CPU under Triton's interpreter."""
+    dev = torch.device(device)
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    if dev.type == "cuda":
+        return not _interpreted()
+    if dev.type == "cpu":
+        from . import decision
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return isinstance(decision._select_kernel, InterpretedFunction)
+    return False
+
+
+class FusedDecisionStep:
+    """``DecisionStep.__call__`` for the SGLang worker's configuration, in three launches.
+
+    Supported: padded verify (``decide.widths`` set), a model chain drafted at full length (every row ``S`` tokens,
+    ``S`` one of ``decide.depths`` when adaptive), an n-gram *chain* (``NgramDraft.tree`` False) with the n-gram
+    calibration, one batch-wide price (``batch`` = the rows). Anything else raises ``ValueError`` naming what differs:
+    the caller keeps the torch ``DecisionStep`` for it. The result equals the torch step's
+    (tests/test_fused_decision.py).
+    """
+
+    def __init__(self, decide: DecisionStep, device):
+        if decide.widths is None:
+            raise ValueError("the fused decision covers padded verify only (DecisionStep(widths=...)); ragged verify "
+                             "keeps the torch DecisionStep")
+        if decide.ngram_cal is None:
+            raise ValueError("the fused decision needs the n-gram calibration (DecisionStep(ngram_calibration=...))")
+        if decide.depths is not None and 0 in decide.depths:
+            raise ValueError("the fused decision does not skip the model draft (depth 0); keep the torch DecisionStep")
+        self.decide = decide
+        self.device = torch.device(device)
+        if not available(self.device):
+            raise ValueError(f"Triton cannot run on {self.device} here (CUDA with Triton, or the CPU with "
+                             "TRITON_INTERPRET=1 set before Triton is imported)")
+        self.block_rows = INTERPRETER_BLOCK_ROWS if self.device.type == "cpu" else GPU_BLOCK_ROWS
+        self._buckets = torch.tensor(decide.widths, dtype=torch.int64, device=self.device)
+        self._depths = {}
+
+    def _depths_tensor(self, depths: tuple) -> torch.Tensor:
+        # built once per depth set, outside any capture (a host-to-device copy cannot be captured)
+        if depths not in self._depths:
+            self._depths[depths] = torch.tensor(depths, dtype=torch.int64, device=self.device)
+        return self._depths[depths]
+
+    def __call__(self, root_tokens: torch.Tensor, model_tokens: torch.Tensor, model_conf: torch.Tensor,
+                 ngram: NgramDraft, *, cost: Optional[CostTables] = None, draft_cost: Optional[CostTables] = None,
+                 width: Optional[int] = None, model_bias: Optional[torch.Tensor] = None, counters=None,
+                 from_lookup: Optional[torch.Tensor] = None, chain_out: Optional[torch.Tensor] = None) -> Decision:
+        """The ``Decision`` of ``DecisionStep.__call__(root_tokens, ModelDraft(model_tokens, model_conf, S), ngram,
+        cost=cost, draft_cost=draft_cost, width=width, model_bias=model_bias)``. With ``counters``
+        (``HybridCounters``) the step is also counted on the device as ``HybridCounters.on_select`` counts it
+        (``from_lookup``: the rows the prompt lookup supplied); the caller counts the host share
+        (``on_select_host``). ``chain_out`` (``[B, S]``, unit column stride): where to copy ``model_tokens``."""
+        from . import decision
+
+        d = self.decide
+        b, s = model_tokens.shape
+        if width is None:
+            width = d.max_width
+        if width not in d.widths:
+            raise ValueError(f"width {width!r} is not one of the verify width buckets {d.widths}")
+        if ngram.tree:
+            raise ValueError("the fused decision takes an n-gram chain; an n-gram tree keeps the torch DecisionStep")
+        # ngram.parents is not read (a chain's are implied); ngram.length may exceed k (the kernels clamp it)
+        if tuple(model_conf.shape) != (b, s) or tuple(root_tokens.shape) != (b,):
+            raise ValueError(f"model_conf must be [{b}, {s}] and root_tokens [{b}], got {tuple(model_conf.shape)} "
+                             f"and {tuple(root_tokens.shape)}")
+        k = ngram.tokens.shape[1]
+        for name in ("length", "match_len", "count", "total", "depth", "source"):
+            t = getattr(ngram, name)
+            want = (b,) if name == "length" else (b, k)
+            if tuple(t.shape) != want:
+                raise ValueError(f"ngram.{name} must have shape {want}, got {tuple(t.shape)}")
+        if not ngram.length.is_contiguous() or not root_tokens.is_contiguous():
+            raise ValueError("ngram.length and root_tokens must be contiguous")
+        if model_bias is not None and tuple(model_bias.shape) != (b,):
+            raise ValueError(f"model_bias must have shape ({b},), got {tuple(model_bias.shape)}")
+        adaptive = d.depths is not None
+        if adaptive and s not in d.depths:
+            raise ValueError(f"the model chain has {s} tokens but the draft depths are {d.depths}")
+        if s < 1:
+            raise ValueError("the fused decision needs a drafted model chain (S >= 1)")
+        depths = d.depths if adaptive else (s,)
+        return decision.launch(
+            root=root_tokens, model_tokens=model_tokens, model_conf=model_conf,
+            bias=None if model_bias is None else model_bias.to(torch.float32),
+            ng_tokens=ngram.tokens, ng_len=ngram.length, ng_match_len=ngram.match_len, ng_count=ngram.count,
+            ng_total=ngram.total, ng_depth=ngram.depth, ng_source=ngram.source,
+            temps=d.model_cal.temperatures, ngram_tables=d.ngram_cal, buckets=self._buckets, depths=depths,
+            depths_t=self._depths_tensor(depths), cost=cost, draft_cost=draft_cost if adaptive else None,
+            mode=d.mode, n_nodes=d.n_nodes, width=int(width), block_rows=self.block_rows, counters=counters,
+            from_lookup=from_lookup, chain_out=chain_out)
+
+
+def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor, seq_lens: torch.Tensor,
+                    root_tokens: torch.Tensor, span: Optional[int], model_bias: Optional[torch.Tensor] = None,
+                    model_bias_gen: Optional[torch.Tensor] = None):
+    """``HybridStep``'s n-gram side before the decision in one or two launches (``kernels.proposals``): records the
+    root in the ring (``buffers``, ``alignment.ProposalBuffers``) and the context table (``context``,
+    ``context_lookup.ContextTable`` or None), aligns the host's proposals and, with a context table, fills rows left
+    without one from the prompt lookup over the first ``span`` positions (None: the whole table).
+
+    Returns ``(proposals, from_lookup, bias)``: ``alignment.AlignedProposals`` (``[B, K]``, ``K`` the buffers'
+    width), the rows the lookup supplied (bool ``[B]``, None without a context table) and each row's online EAGLE
+    offset gathered from ``model_bias``/``model_bias_gen`` (None without them)."""
+    from sglang_hybrid.sglang_plugin import context_lookup
+    from sglang_hybrid.sglang_plugin.alignment import AlignedProposals
+
+    from . import proposals as kp
+
+    b = slots.shape[0]
+    dev = slots.device
+    pw = buffers.tokens.shape[1]
+    r = buffers.ring.shape[1] - 1
+    i64 = torch.int64
+    out = [torch.empty((b, pw), dtype=i64, device=dev) for _ in range(6)]          # tokens, depth, features
+    length = torch.empty((b,), dtype=i64, device=dev)
+    shift = torch.empty((b,), dtype=i64, device=dev)
+    bias = torch.empty((b,), dtype=torch.float32, device=dev) if model_bias is not None else None
+    ctx_len = context.tokens.shape[1] - 1 if context is not None else 1
+    block = INTERPRETER_BLOCK_ROWS if dev.type == "cpu" else GPU_BLOCK_ROWS
+    kp._prepare_kernel[(triton_cdiv(b, block),)](
+        slots, seq_lens, cur_gen, root_tokens, buffers.tokens, buffers.length, buffers.at, buffers.gen,
+        buffers.match_len, buffers.count, buffers.total, buffers.source, buffers.ring,
+        context.tokens if context is not None else buffers.ring,
+        model_bias if model_bias is not None else length, model_bias_gen if model_bias is not None else length,
+        out[0], length, out[1], out[2], out[3], out[4], out[5], shift, bias if bias is not None else length,
+        b, PW=pw, PW2=_pow2(pw), R=r, L=ctx_len, HAS_CTX=context is not None, HAS_BIAS=model_bias is not None,
+        BB=block)
+    from_lookup = None
+    if context is not None:
+        if span is None:
+            span = ctx_len
+        elif not 1 <= span <= ctx_len:
+            raise ValueError(f"span must be in [1, {ctx_len}] (the table's context length), got {span}")
+        from_lookup = torch.empty((b,), dtype=torch.bool, device=dev)
+        kp._lookup_kernel[(b,)](
+            context.tokens, context.gen, slots, seq_lens, cur_gen, out[0], length, out[1], out[2], out[3], out[4],
+            out[5], from_lookup, span, L=ctx_len, K=pw, K2=_pow2(pw), N_MAX=context_lookup.N_MAX,
+            N2=_pow2(context_lookup.N_MAX), N_MIN=context_lookup.N_MIN, N_LONG=_pow2(context_lookup.N_LONG),
+            CH=LOOKUP_CHUNK)
+    props = AlignedProposals(tokens=out[0], length=length, depth=out[1], match_len=out[2], count=out[3],
+                             total=out[4], source=out[5], shift=shift)
+    return props, from_lookup, bias
+
+
+def fused_links_and_mask(tokens: torch.Tensor, valid: torch.Tensor, ancestors: torch.Tensor, seq_lens: torch.Tensor,
+                         seq_lens_sum: int, mask_buf: Optional[torch.Tensor] = None):
+    """``verify_nodes`` + ``tree_links_torch`` + ``full_mask`` of ``sglang_plugin.tree_mask`` in one launch
+    (``kernels.verify_input``): returns ``(draft_token [B*W], positions [B*W], retrieve_index, retrieve_next_token,
+    retrieve_next_sibling [B, W], custom_mask)``. ``mask_buf``: a bool or uint8 buffer of at least
+    ``seq_lens_sum * W + W * W * B`` entries (None: a new one); only the requests' rows are written."""
+    from . import verify_input as kv
+
+    b, w = tokens.shape
+    dev = tokens.device
+    numel = seq_lens_sum * w + w * w * b
+    if mask_buf is None:
+        mask_buf = torch.empty(numel, dtype=torch.bool, device=dev)
+    elif mask_buf.numel() < numel:
+        raise ValueError(f"custom mask buffer holds {mask_buf.numel()} entries, FULL_MASK needs {numel}")
+    elif mask_buf.dtype not in (torch.bool, torch.uint8):
+        raise ValueError(f"custom mask buffer must be bool or uint8 (Triton's), got {mask_buf.dtype}")
+    i64 = torch.int64
+    draft = torch.empty(b * w, dtype=tokens.dtype, device=dev)
+    positions = torch.empty(b * w, dtype=i64, device=dev)
+    links = torch.empty((3, b, w), dtype=i64, device=dev)
+    kv._verify_input_kernel[(b,)](tokens, valid, ancestors, seq_lens, draft, positions, links[0], links[1], links[2],
+                                  mask_buf, b, W=w, W2=_pow2(w), B2=_pow2(b), CH=MASK_CHUNK)
+    return draft, positions, links[0], links[1], links[2], mask_buf
+
+
+def fused_after_verify(step, tree, slots: torch.Tensor, seq_lens_before: torch.Tensor, emitted: torch.Tensor,
+                       accept_lens: torch.Tensor, model_step) -> None:
+    """``HybridStep.after_verify``'s device work in one launch (``kernels.outcome``); ``model_step``: what the step's
+    ``select`` kept for it (``HybridStep._model_step``) or None."""
+    from sglang_hybrid.sglang_plugin import metrics as m
+
+    from . import outcome as ko
+
+    b, c = emitted.shape
+    w = tree.tokens.shape[1]
+    chain = bias = acceptance = gen = None
+    if model_step is not None:
+        _, gen, chain, bias, acceptance = model_step
+    s = chain.shape[1] if chain is not None else 1
+    ctx = step.context
+    dummy = step.counters.totals
+    ko._after_verify_kernel[(1,)](
+        slots, seq_lens_before, emitted, *emitted.stride(), accept_lens, step.buffers.ring,
+        ctx.tokens if ctx is not None else dummy,
+        chain if chain is not None else dummy, chain.stride(0) if chain is not None else 0,
+        gen if gen is not None else dummy, bias if bias is not None else dummy,
+        acceptance if acceptance is not None else dummy,
+        step.model_bias if step.model_bias is not None else dummy,
+        step.model_bias_gen if step.model_bias_gen is not None else dummy,
+        tree.valid, tree.source, step.counters.totals,
+        b,
+        C=c, D_EMIT=min(c, step.max_depth + 1), C2=_pow2(c), R=step.buffers.ring.shape[1] - 1,
+        L=ctx.tokens.shape[1] - 1 if ctx is not None else 1, HAS_CTX=ctx is not None, MODEL=chain is not None,
+        S=s, S2=_pow2(s), HAS_BIAS=bias is not None, ETA=float(step.model_bias_eta or 0.0), W=w, W2=_pow2(w),
+        BB=INTERPRETER_BLOCK_ROWS if slots.device.type == "cpu" else 32,
+        C_ACC=m.ACC["none"], C_TESTED=m.MODEL_TESTED, C_PRED=m.MODEL_PRED, C_HIT=m.MODEL_HIT)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+__all__ = ["FusedDecisionStep", "available", "fused_after_verify", "fused_links_and_mask", "fused_proposals"]

@@ -1,0 +1,509 @@
+"""HYBRID's decision step for padded verify as three Triton kernels: survivals, per-depth selection, plan.
+
+Why: the torch decision (``sglang_hybrid.step.DecisionStep``) dispatches hundreds of small operators between the EAGLE
+draft and the verify forward; on a GPU each is a kernel launch on the critical path of every decode step. This module
+computes the same ``Decision`` for the configuration the SGLang worker runs (padded verify at a host-chosen width
+bucket; an EAGLE chain of full length and an n-gram chain; with or without adaptive depths and cost tables) in three
+launches:
+
+1. ``_survivals_kernel`` (grid: request blocks) fuses ``ModelCalibrationTables.acceptance``,
+   ``request_bias.corrected_acceptance``, ``NgramCalibrationTables.acceptance``, ``survival.chain_survival`` (both
+   chains) and the depth extrapolation of ``DecisionStep._depth_candidates`` (rate ``s_last ** (1 / S)``).
+2. ``_select_kernel`` (grid: request blocks x candidate depths) fuses ``selector.select`` for two chains at price 0
+   (pool, running minimum, merge folding, choose, ranking, output layout, ``ancestors_from_parents``), the cumulative
+   survivals ``widths.choose_plan`` sums, and ``widths.truncate`` of the drafted depth's block.
+3. ``_plan_kernel`` (one program) fuses the rest of ``widths.choose_plan``: goodput per (depth, width bucket) from the
+   cost tables (``cost.CostTables.step_time``), the first maximum, the next slot's price, ``b*``.
+
+Why the fusion is exact (the invariants): both drafters' proposals are chains, so every path-reduction of the torch
+selector has a closed form. A chain's running minimum is a prefix minimum. Two pool nodes have the same token path
+exactly when they sit at the same depth of the two chains inside their common valid prefix (a chain has one node per
+depth), so merge folding is "the n-gram chain's first ``c`` nodes fold into the model's", ``c`` the length of the
+common token prefix. The rank order (survival descending, depth ascending, pool index ascending over eligible nodes)
+is computed by counting, for each node, the eligible nodes ahead of it: the same total order the two stable sorts
+produce. A node's ancestors are the earlier nodes of its own chain plus, for an unfolded n-gram node, the shared
+prefix. Survivals are products, minima and maxima taken in the reference's order (the chain products sequentially,
+as ``cumprod``). Sums that decide something (choose's gain per source, the plan's expected tokens over slots and
+requests, its goodput) are float64 here and in the torch reference, so their different summing orders cannot order
+two alternatives differently unless they tie within a float64 rounding step.
+
+The torch implementation stays the reference (the oracle in ``tests/test_fused_decision.py``) and the path for
+engines without Triton. Host side, a call does shape checks and allocations only: no value is read back, nothing
+depends on data, so the three launches can run inside a CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang_hybrid.request_bias import EPS as BIAS_EPS
+from sglang_hybrid.selector import VerifyTree
+from sglang_hybrid.step import Decision
+
+#: token id of model-chain positions past the drafted depth in the scored-only depth blocks (``step._UNDRAFTED``)
+UNDRAFTED = 1 << 40
+#: the model calibration's clamp (``calibration._EPS``)
+CAL_EPS = 1e-6
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _pow(x, y):
+    """``x ** y`` for ``x >= 0``, ``y > 0`` (``0 ** y = 0``), from exp2 and log2: libdevice's pow has no interpreter
+    twin, and one formula everywhere keeps the CPU-checked code the GPU's."""
+    return tl.where(x > 0.0, tl.exp2(tl.log2(tl.where(x > 0.0, x, 1.0)) * y), 0.0)
+
+
+@triton.jit
+def _bucket(x, edges_ptr, N_EDGES: tl.constexpr, E2: tl.constexpr):
+    """``clamp(bucketize(x, edges, right=True) - 1, 0, n - 1)``: the number of edges <= x, minus one, clamped."""
+    e = tl.arange(0, E2)
+    edges = tl.load(edges_ptr + e, mask=e < N_EDGES, other=float("inf"))
+    n_le = tl.sum((edges[None, None, :] <= x[:, :, None]).to(tl.int32), 2)
+    return tl.minimum(tl.maximum(n_le - 1, 0), N_EDGES - 1)
+
+
+@triton.jit
+def _survivals_kernel(
+        conf_ptr, conf_s0, conf_s1, temps_ptr, bias_ptr,
+        ml_ptr, ml_s0, ml_s1, ct_ptr, ct_s0, ct_s1, tt_ptr, tt_s0, tt_s1, dp_ptr, dp_s0, dp_s1, sr_ptr, sr_s0, sr_s1,
+        ng_len_ptr,
+        de_ptr, me_ptr, re_ptr, ce_ptr, table_ptr,
+        a_m_ptr, s_m_ptr, s_n_ptr, ext_ptr, rate_ptr,
+        mtok_ptr, mtok_s0, mtok_s1, chain_ptr, chain_s0,
+        B,
+        COPY_CHAIN: tl.constexpr, S: tl.constexpr, K: tl.constexpr, DM: tl.constexpr, NT: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        ADAPTIVE: tl.constexpr, BB: tl.constexpr, C2: tl.constexpr,
+        N_DE: tl.constexpr, N_ME: tl.constexpr, N_RE: tl.constexpr, N_CE: tl.constexpr, E2: tl.constexpr,
+        SH1: tl.constexpr, SH2: tl.constexpr, SH3: tl.constexpr, SH4: tl.constexpr,
+        CAL_EPS_C: tl.constexpr, BIAS_EPS_C: tl.constexpr):
+    """Fuses ``DecisionStep.model_acceptance`` (with the request offset), ``DecisionStep.ngram_survival`` for a chain,
+    ``chain_survival`` of both chains and the per-request rate of ``_depth_candidates``; with ``COPY_CHAIN``, the copy
+    of the EAGLE chain that must outlive the draft graph's next replay (``HybridStep._chain``)."""
+    rows = tl.program_id(0) * BB + tl.arange(0, BB)
+    rmask = rows < B
+    r64 = rows.to(tl.int64)
+    # ---- model side: calibrated acceptance, request offset, chain survival (sequential product, as cumprod) ----
+    surv = tl.full((BB,), 1.0, tl.float32)
+    last = tl.zeros((BB,), tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + rows, mask=rmask, other=0.0)
+    for j in tl.static_range(S):
+        p = tl.load(conf_ptr + r64 * conf_s0 + j * conf_s1, mask=rmask, other=0.0).to(tl.float32)
+        p = tl.minimum(tl.maximum(p, 0.0), 1.0)
+        t = tl.load(temps_ptr + (j if j < NT else NT - 1))
+        pc = tl.minimum(tl.maximum(p, CAL_EPS_C), 1.0 - CAL_EPS_C)
+        a = _sigmoid((tl.log(pc) - tl.log(1.0 - pc)) / t)
+        a = tl.where(p <= 0.0, 0.0, tl.where(p >= 1.0, 1.0, a))
+        if HAS_BIAS:
+            ac = tl.minimum(tl.maximum(a, BIAS_EPS_C), 1.0 - BIAS_EPS_C)
+            a = _sigmoid(tl.log(ac / (1.0 - ac)) + bias)
+        surv = surv * a
+        if COPY_CHAIN:
+            tok = tl.load(mtok_ptr + r64 * mtok_s0 + j * mtok_s1, mask=rmask, other=0)
+            tl.store(chain_ptr + r64 * chain_s0 + j, tok, mask=rmask)
+        tl.store(a_m_ptr + r64 * S + j, a, mask=rmask)
+        tl.store(s_m_ptr + r64 * S + j, surv, mask=rmask)
+        if ADAPTIVE:
+            tl.store(ext_ptr + r64 * DM + j, surv, mask=rmask)
+        last = surv
+    # ---- depth extrapolation: rate = s_last ** (1 / S); s_j = s_last * rate ** (j - S + 1) past the drafted depth ----
+    if ADAPTIVE:
+        last = tl.maximum(last, 0.0)
+        # torch's pow with a scalar exponent takes these exact shortcuts: 1 -> the value, 0.5 -> sqrt
+        if S == 1:
+            rate = last
+        elif S == 2:
+            rate = tl.sqrt_rn(last)
+        else:
+            rate = _pow(last, 1.0 / S)
+        tl.store(rate_ptr + rows, rate, mask=rmask)
+        for j in tl.static_range(S, DM):
+            e = tl.full((BB,), j - (S - 1), tl.float32)
+            tl.store(ext_ptr + r64 * DM + j, last * _pow(rate, e), mask=rmask)
+    # ---- n-gram side: one bucketized table lookup per node, then the chain product ----
+    cols = tl.arange(0, C2)
+    fmask = rmask[:, None] & (cols[None, :] < K)
+    r2 = r64[:, None]
+    c2 = cols[None, :]
+    ng_len = tl.load(ng_len_ptr + rows, mask=rmask, other=0)
+    valid = fmask & (cols[None, :] < ng_len[:, None])
+    ml = tl.load(ml_ptr + r2 * ml_s0 + c2 * ml_s1, mask=fmask, other=0).to(tl.float32)
+    cf = tl.load(ct_ptr + r2 * ct_s0 + c2 * ct_s1, mask=fmask, other=0).to(tl.float32)
+    tf = tl.load(tt_ptr + r2 * tt_s0 + c2 * tt_s1, mask=fmask, other=0).to(tl.float32)
+    dp = tl.load(dp_ptr + r2 * dp_s0 + c2 * dp_s1, mask=fmask, other=0).to(tl.float32)
+    src = tl.load(sr_ptr + r2 * sr_s0 + c2 * sr_s1, mask=fmask, other=0)
+    ratio = tl.where(tf > 0.0, tl.math.div_rn(cf, tl.maximum(tf, 1.0)), 0.0)
+    idx = tl.minimum(tl.maximum(src, 0), 1).to(tl.int64)
+    idx = idx * SH1 + _bucket(dp, de_ptr, N_DE, E2)
+    idx = idx * SH2 + _bucket(ml, me_ptr, N_ME, E2)
+    idx = idx * SH3 + _bucket(ratio, re_ptr, N_RE, E2)
+    idx = idx * SH4 + _bucket(cf, ce_ptr, N_CE, E2)
+    a_n = tl.load(table_ptr + idx, mask=fmask, other=0.0)
+    a_n = tl.where(valid, a_n, 0.0)
+    s_n = tl.cumprod(a_n, 1)
+    tl.store(s_n_ptr + r64[:, None] * K + cols[None, :], tl.where(valid, s_n, 0.0), mask=fmask)
+
+
+@triton.jit
+def _select_kernel(
+        root_ptr, mtok_ptr, mtok_s0, mtok_s1, msurv_ptr, ntok_ptr, ntok_s0, ntok_s1, nsurv_ptr, ng_len_ptr, dlen_ptr,
+        csum_ptr, nsel_ptr,
+        o_tok_ptr, o_par_ptr, o_anc_ptr, o_dep_ptr, o_val_ptr, o_src_ptr, o_surv_ptr, o_exp_ptr,
+        B,
+        S: tl.constexpr, DM: tl.constexpr, K: tl.constexpr, N_NODES: tl.constexpr, MERGE: tl.constexpr,
+        KBLOCK: tl.constexpr, WIDTH: tl.constexpr, BB: tl.constexpr, P2: tl.constexpr, W2: tl.constexpr,
+        UNDRAFTED_C: tl.constexpr):
+    """Fuses ``selector.select(root, [model chain, n-gram chain], 0.0, mode)`` for one candidate depth, the
+    cumulative draft survivals of ``widths.choose_plan``, and (for the drafted depth's block) ``widths.truncate``."""
+    pid_d = tl.program_id(1)
+    rows = tl.program_id(0) * BB + tl.arange(0, BB)
+    rmask = rows < B
+    r64 = rows.to(tl.int64)
+    len_m = tl.load(dlen_ptr + pid_d)                                    # model chain length at this depth
+    len_n = tl.minimum(tl.load(ng_len_ptr + rows, mask=rmask, other=0), K)
+
+    # ---- the pool: model chain (DM nodes), n-gram chain (K nodes); q = depth - 1 inside its chain ----
+    p = tl.arange(0, P2)
+    is_m = p < DM
+    is_n = (p >= DM) & (p < DM + K)
+    q = tl.where(is_m, p, p - DM)
+    in_m = is_m[None, :] & (q[None, :] < len_m) & rmask[:, None]
+    in_n = is_n[None, :] & (q[None, :] < len_n[:, None]) & rmask[:, None]
+    valid = in_m | in_n
+    # the n-gram partner at the same depth of every model node (for folding), and the model partner of n-gram nodes
+    pm = (q[None, :] < DM) & (q[None, :] < len_m) & rmask[:, None]
+    pn = (q[None, :] < K) & (q[None, :] < len_n[:, None]) & rmask[:, None]
+    tok_m = tl.load(mtok_ptr + r64[:, None] * mtok_s0 + q[None, :] * mtok_s1, mask=pm & (q[None, :] < S), other=0)
+    tok_m = tl.where(q[None, :] < S, tok_m.to(tl.int64), q[None, :].to(tl.int64) + UNDRAFTED_C)
+    tok_n = tl.load(ntok_ptr + r64[:, None] * ntok_s0 + q[None, :] * ntok_s1, mask=pn, other=0).to(tl.int64)
+    sv_m = tl.load(msurv_ptr + r64[:, None] * DM + q[None, :], mask=pm, other=0.0)
+    sv_n = tl.load(nsurv_ptr + r64[:, None] * K + q[None, :], mask=pn, other=0.0)
+    # running minimum along each chain (selector: path_min), for the node and its partner
+    same_chain_before = (is_m[:, None] == is_m[None, :]) & (q[None, :] <= q[:, None])            # [P, P']
+    sel_m = tl.where(pm, sv_m, 0.0)
+    sel_n = tl.where(pn, sv_n, 0.0)
+    cm_m = tl.min(tl.where(same_chain_before[None, :, :], sel_m[:, None, :], float("inf")), 2)
+    cm_n = tl.min(tl.where(same_chain_before[None, :, :], sel_n[:, None, :], float("inf")), 2)
+    tok = tl.where(is_m[None, :], tok_m, tok_n)
+    surv = tl.where(is_m[None, :], cm_m, cm_n)
+    surv = tl.where(valid, surv, 0.0)
+    src = tl.where(is_m[None, :], 0, 1)
+    if MERGE:
+        # folding (selector._fold_identical_paths for two chains): the common token prefix of the two chains
+        eq = pm & pn & (tok_m == tok_n) & is_m[None, :]
+        eq_i = tl.where(is_m[None, :], eq.to(tl.int32), 1)
+        run = tl.min(tl.where(same_chain_before[None, :, :], eq_i[:, None, :], 1), 2)     # all equal up to q
+        c = tl.sum(tl.where(is_m[None, :], run, 0), 1)                                    # [BB]
+        folded = q[None, :] < c[:, None]
+        surv = tl.where(is_m[None, :] & folded, tl.maximum(cm_m, tl.where(pn, cm_n, 0.0)), surv)
+        src = tl.where(is_m[None, :] & folded, 2, src)
+        valid = valid & ~(is_n[None, :] & folded)
+        surv = tl.where(valid, surv, 0.0)
+    else:
+        c = tl.zeros((BB,), tl.int32)
+    depth = tl.where(valid, q[None, :] + 1, 0)
+    elig = valid & (surv > 0.0)
+    if not MERGE:
+        # choose: the source with the larger sum of eligible survivals supplies all its nodes (ties: the model)
+        g_m = tl.sum(tl.where(elig & is_m[None, :], surv, 0.0).to(tl.float64), 1)
+        g_n = tl.sum(tl.where(elig & is_n[None, :], surv, 0.0).to(tl.float64), 1)
+        use_m = g_m >= g_n
+        elig = elig & (is_m[None, :] == use_m[:, None])
+
+    # ---- rank: eligible nodes ahead of each node (survival desc, depth asc, pool index asc) ----
+    s_i = surv[:, :, None]
+    s_j = surv[:, None, :]
+    d_i = depth[:, :, None]
+    d_j = depth[:, None, :]
+    ahead = (s_j > s_i) | ((s_j == s_i) & ((d_j < d_i) | ((d_j == d_i) & (p[None, None, :] < p[None, :, None]))))
+    rank = tl.sum((ahead & elig[:, None, :]).to(tl.int32), 2)                                # [BB, P]
+    n_sel = tl.minimum(tl.sum(elig.to(tl.int32), 1), N_NODES)
+    tl.store(nsel_ptr + pid_d * B + rows, n_sel, mask=rmask)
+
+    # ---- output slots: slot o >= 1 holds the node of rank o - 1 ----
+    o = tl.arange(0, W2)
+    hit = elig[:, None, :] & (rank[:, None, :] == (o[None, :, None] - 1)) & \
+        ((o[None, :, None] - 1) < n_sel[:, None, None])                                        # [BB, W, P]
+    out_valid = tl.sum(hit.to(tl.int32), 2) > 0
+    hit64 = hit.to(tl.int64)
+    o_tok = tl.sum(hit64 * tok[:, None, :], 2)
+    o_q = tl.sum(hit64 * q[None, None, :].to(tl.int64), 2)
+    o_ism = tl.sum(hit64 * is_m[None, None, :].to(tl.int64), 2) > 0
+    o_src = tl.sum(hit64 * src[:, None, :].to(tl.int64), 2)
+    o_surv = tl.sum(tl.where(hit, surv[:, None, :], 0.0), 2)
+    o_dep = tl.sum(hit64 * depth[:, None, :].to(tl.int64), 2)
+    # parent: the previous node of the chain, the shared prefix for the n-gram node right after it, the root at depth 1
+    par_p = tl.where(q == 0, -1, p - 1)
+    par_p = tl.where(is_n[None, :] & (q[None, :] == c[:, None]) & (c[:, None] > 0), q[None, :] - 1, par_p[None, :])
+    par_rank = tl.sum(tl.where(p[None, None, :] == par_p[:, :, None], rank[:, None, :], 0), 2)
+    o_par = tl.sum(tl.where(hit, tl.where(par_p >= 0, par_rank + 1, 0)[:, None, :], 0), 2).to(tl.int64)
+
+    root = tl.load(root_ptr + rows, mask=rmask, other=0)
+    is_root = o[None, :] == 0
+    o_tok = tl.where(is_root, root[:, None], tl.where(out_valid, o_tok, -1))
+    o_par = tl.where(out_valid, o_par, -1)
+    o_dep = tl.where(out_valid, o_dep, 0)
+    o_src = tl.where(out_valid, o_src, -1)
+    o_surv = tl.where(is_root, 1.0, tl.where(out_valid, o_surv, 0.0))
+    o_val = is_root | out_valid
+
+    # ---- the plan's cumulative draft survivals over slots (choose_plan: drafts only, slot 0 counts 0) ----
+    w_full = N_NODES + 1
+    o_cs = tl.cumsum(tl.where(is_root, 0.0, o_surv).to(tl.float64), 1)
+    cmask = rmask[:, None] & (o[None, :] < w_full)
+    tl.store(csum_ptr + (pid_d * B + r64[:, None]) * w_full + o[None, :], o_cs, mask=cmask)
+
+    # ---- the drafted depth's tree, truncated to this step's width ----
+    if pid_d == KBLOCK:
+        wmask = rmask[:, None] & (o[None, :] < WIDTH)
+        base = r64[:, None] * WIDTH + o[None, :]
+        tl.store(o_tok_ptr + base, o_tok, mask=wmask)
+        tl.store(o_par_ptr + base, o_par, mask=wmask)
+        tl.store(o_dep_ptr + base, o_dep, mask=wmask)
+        tl.store(o_val_ptr + base, o_val, mask=wmask)
+        tl.store(o_src_ptr + base, o_src.to(tl.int8), mask=wmask)
+        tl.store(o_surv_ptr + base, o_surv, mask=wmask)
+        tl.store(o_exp_ptr + rows, tl.sum(tl.where(o[None, :] < WIDTH, tl.where(is_root, 0.0, o_surv), 0.0), 1),
+                 mask=rmask)
+        # ancestors (reflexive): a node's own chain up to it, the shared prefix for n-gram nodes, the root
+        q1 = o_q[:, :, None]
+        q2 = o_q[:, None, :]
+        m1 = o_ism[:, :, None]
+        m2 = o_ism[:, None, :]
+        draft_pair = out_valid[:, :, None] & out_valid[:, None, :]
+        anc = draft_pair & ((m1 == m2) & (q2 <= q1) | (~m1 & m2 & (q2 < c[:, None, None])))
+        anc = anc | ((o[None, None, :] == 0) & o_val[:, :, None]) | (o[None, :, None] == o[None, None, :])
+        amask = rmask[:, None, None] & (o[None, :, None] < WIDTH) & (o[None, None, :] < WIDTH)
+        tl.store(o_anc_ptr + (r64[:, None, None] * WIDTH + o[None, :, None]) * WIDTH + o[None, None, :], anc,
+                 mask=amask)
+
+
+@triton.jit
+def tree_class(val_ptr, src_ptr, rows, rm, o, WIDTH: tl.constexpr):
+    """``metrics.tree_class`` of the tree rows ``rows`` (``[B, WIDTH]`` validity and sources): 0 none, 1 model,
+    2 ngram, 3 mixed (a shared node, or nodes of both sources). Returns ``(valid [BB, W2], class [BB])``."""
+    m2 = rm[:, None] & (o[None, :] < WIDTH)
+    at = rows.to(tl.int64)[:, None] * WIDTH + o[None, :]
+    val = tl.load(val_ptr + at, mask=m2, other=0) != 0
+    src = tl.load(src_ptr + at, mask=m2, other=-1).to(tl.int32)
+    draft = val & (o[None, :] > 0)
+    has_m = tl.max((draft & (src == 0)).to(tl.int32), 1) > 0
+    has_n = tl.max((draft & (src == 1)).to(tl.int32), 1) > 0
+    has_s = tl.max((draft & (src == 2)).to(tl.int32), 1) > 0
+    return val, tl.where(has_s | (has_m & has_n), 3, tl.where(has_n, 2, tl.where(has_m, 1, 0)))
+
+
+@triton.jit
+def _step_time(n, sizes_ptr, seconds_ptr, slope_ptr, NS: tl.constexpr, NS2: tl.constexpr):
+    """``CostTables.step_time``: piecewise linear, flat below the first size, last slope past the last."""
+    e = tl.arange(0, NS2)
+    sizes = tl.load(sizes_ptr + e, mask=e < NS, other=float("inf"))
+    seg = tl.sum((sizes[None, :] <= n[:, None]).to(tl.int32), 1)
+    left = tl.maximum(seg - 1, 0)
+    x0 = tl.load(sizes_ptr + left)
+    y0 = tl.load(seconds_ptr + left)
+    slope = tl.load(slope_ptr + seg)
+    return y0 + slope * tl.maximum(n - x0, 0.0)
+
+
+@triton.jit
+def _plan_kernel(
+        csum_ptr, nsel_ptr, buckets_ptr, depths_ptr,
+        sz_ptr, sec_ptr, sl_ptr, dsz_ptr, dsec_ptr, dsl_ptr,
+        width_ptr, bstar_ptr, lam_ptr, depth_ptr,
+        totals_ptr, ng_len_ptr, from_lookup_ptr, t_val_ptr, t_src_ptr,
+        B,
+        D: tl.constexpr, J: tl.constexpr, W_FULL: tl.constexpr, DJ2: tl.constexpr, BB: tl.constexpr,
+        HAS_COST: tl.constexpr, HAS_DRAFT: tl.constexpr, NS: tl.constexpr, NS2: tl.constexpr,
+        NDS: tl.constexpr, NDS2: tl.constexpr,
+        COUNT: tl.constexpr, HAS_LOOKUP: tl.constexpr, WIDTH: tl.constexpr, W2: tl.constexpr,
+        C_STEPS: tl.constexpr, C_LAM: tl.constexpr, C_BSTAR: tl.constexpr, C_AVAIL: tl.constexpr,
+        C_NODES: tl.constexpr, C_REQS: tl.constexpr, C_SLOTS: tl.constexpr, C_LOOKUP: tl.constexpr,
+        C_CLASS: tl.constexpr):
+    """Fuses ``widths.choose_plan`` (every (depth, width bucket) pair flattened depth-major into one axis) and, with
+    ``COUNT``, the device share of ``HybridCounters.on_select`` over the step's tree (one program: no atomics, the
+    same float64 additions as the torch counters)."""
+    f = tl.arange(0, DJ2)
+    fmask = f < D * J
+    d = f // J
+    j = f % J
+    bw_i = tl.load(buckets_ptr + j, mask=fmask, other=1)
+    col = tl.minimum(tl.maximum(bw_i - 1, 0), W_FULL - 1)
+    acc = tl.zeros((DJ2,), tl.float64)
+    for b0 in range(0, B, BB):
+        rows = b0 + tl.arange(0, BB)
+        m = fmask[:, None] & (rows[None, :] < B)
+        v = tl.load(csum_ptr + (d[:, None].to(tl.int64) * B + rows[None, :]) * W_FULL + col[:, None], mask=m,
+                    other=0.0)
+        acc += tl.sum(v, 1)
+    r = B * 1.0
+    r64 = r.to(tl.float64)
+    expected = r64 + acc
+    bw = bw_i.to(tl.float32)
+    if HAS_COST:
+        if HAS_DRAFT:
+            t_draft = tl.sum(_step_time(tl.zeros((1,), tl.float32) + r, dsz_ptr, dsec_ptr, dsl_ptr, NDS, NDS2), 0)
+        else:
+            t_draft = tl.sum(tl.zeros((1,), tl.float32), 0)
+        dv = tl.load(depths_ptr + d, mask=fmask, other=0).to(tl.float64)
+        t = _step_time(r * bw, sz_ptr, sec_ptr, sl_ptr, NS, NS2).to(tl.float64) + dv * t_draft.to(tl.float64)
+        g = expected / t
+        g_max = tl.max(tl.where(fmask, g, float("-inf")), 0)
+        best = tl.min(tl.where(fmask & (g == g_max), f, DJ2), 0)                 # first maximum, depth-major
+        d_i = best // J
+        j_i = best % J
+        nxt = tl.minimum(j_i + 1, J - 1)
+        t_j = tl.sum(tl.where(f == best, t, 0.0), 0)
+        t_n = tl.sum(tl.where(f == d_i * J + nxt, t, 0.0), 0)
+        w_j = tl.load(buckets_ptr + j_i).to(tl.float64)
+        w_n = tl.load(buckets_ptr + nxt).to(tl.float64)
+        extra = r64 * (w_n - w_j)
+        lam = tl.where(extra > 0.0, g_max * (t_n - t_j) / tl.maximum(extra, 1.0), 0.0).to(tl.float32)
+    else:
+        # no step time: the deepest draft, and the narrowest bucket holding every request's useful nodes
+        d_i = D - 1
+        most = tl.zeros((BB,), tl.int32)
+        for b0 in range(0, B, BB):
+            rows = b0 + tl.arange(0, BB)
+            most = tl.maximum(most, tl.load(nsel_ptr + (D - 1) * B + rows, mask=rows < B, other=0))
+        useful = tl.max(most, 0) + 1
+        jj = tl.arange(0, DJ2)
+        bws = tl.load(buckets_ptr + jj, mask=jj < J, other=0)
+        j_i = tl.min(tl.where((jj < J) & (bws >= useful), jj, J - 1), 0)
+        lam = tl.sum(tl.zeros((1,), tl.float32), 0)
+    width = tl.load(buckets_ptr + j_i)
+    b_star = B * (width - 1)
+    tl.store(width_ptr, width)
+    tl.store(bstar_ptr, b_star)
+    tl.store(lam_ptr, lam)
+    tl.store(depth_ptr, tl.load(depths_ptr + d_i))
+    if COUNT:
+        # metrics.tree_class per request: none, model, ngram, mixed (a shared node, or both sources)
+        o = tl.arange(0, W2)
+        c4 = tl.arange(0, 4)
+        classes = tl.zeros((4,), tl.int32)
+        nodes = tl.zeros((), tl.int32)
+        avail = tl.zeros((), tl.int32)
+        looked = tl.zeros((), tl.int32)
+        for b0 in range(0, B, BB):
+            rows = b0 + tl.arange(0, BB)
+            rm = rows < B
+            val, cls = tree_class(t_val_ptr, t_src_ptr, rows, rm, o, WIDTH)
+            classes += tl.sum(((cls[:, None] == c4[None, :]) & rm[:, None]).to(tl.int32), 0)
+            nodes += tl.sum(val.to(tl.int32), 1).sum(0)
+            avail += tl.sum(((tl.load(ng_len_ptr + rows, mask=rm, other=0) > 0) & rm).to(tl.int32), 0)
+            if HAS_LOOKUP:
+                looked += tl.sum((tl.load(from_lookup_ptr + rows, mask=rm, other=0) != 0).to(tl.int32), 0)
+        tl.store(totals_ptr + C_STEPS, tl.load(totals_ptr + C_STEPS) + 1.0)
+        tl.store(totals_ptr + C_LAM, tl.load(totals_ptr + C_LAM) + lam.to(tl.float64))
+        tl.store(totals_ptr + C_BSTAR, tl.load(totals_ptr + C_BSTAR) + b_star.to(tl.float64))
+        tl.store(totals_ptr + C_AVAIL, tl.load(totals_ptr + C_AVAIL) + avail.to(tl.float64))
+        tl.store(totals_ptr + C_NODES, tl.load(totals_ptr + C_NODES) + (nodes - B).to(tl.float64))
+        tl.store(totals_ptr + C_REQS, tl.load(totals_ptr + C_REQS) + B * 1.0)
+        tl.store(totals_ptr + C_SLOTS, tl.load(totals_ptr + C_SLOTS) + B * WIDTH * 1.0)
+        if HAS_LOOKUP:
+            tl.store(totals_ptr + C_LOOKUP, tl.load(totals_ptr + C_LOOKUP) + looked.to(tl.float64))
+        cp = totals_ptr + C_CLASS + c4
+        tl.store(cp, tl.load(cp) + classes.to(tl.float64))
+
+
+def _counter_slots() -> dict:
+    from sglang_hybrid.sglang_plugin import metrics as m
+
+    return dict(C_STEPS=m.STEPS, C_LAM=m.LAM, C_BSTAR=m.BSTAR, C_AVAIL=m.NGRAM_AVAIL, C_NODES=m.NODES, C_REQS=m.REQS,
+                C_SLOTS=m.SLOTS, C_LOOKUP=m.NGRAM_LOOKUP, C_CLASS=m.REQ["none"])
+
+
+#: where ``HybridCounters`` keeps each total (its layout, read once)
+_COUNTER_SLOTS = _counter_slots()
+
+
+def launch(*, root, model_tokens, model_conf, bias, ng_tokens, ng_len, ng_match_len, ng_count, ng_total, ng_depth,
+           ng_source, temps, ngram_tables, buckets, depths: tuple, depths_t, cost, draft_cost, mode: str, n_nodes: int,
+           width: int, block_rows: int, counters=None, from_lookup=None, chain_out=None) -> Decision:
+    """Run the three kernels; every argument already validated by ``FusedDecisionStep`` (shapes, devices, dtypes).
+    ``depths``: the candidate depths as host ints (one entry when the engine does not draft adaptively).
+    ``counters``: a ``HybridCounters`` whose device totals the plan kernel adds the step to (``from_lookup``: the rows
+    the prompt lookup supplied, or None). ``chain_out``: ``[B, S]`` (row stride free) to copy the EAGLE chain into."""
+    b, s = model_tokens.shape
+    k = ng_tokens.shape[1]
+    dev = root.device
+    adaptive = len(depths) > 1
+    dm = depths[-1] if adaptive else s
+    nd = len(depths)
+    kblock = depths.index(s)
+    f32, i64 = torch.float32, torch.int64
+    a_m = torch.empty((b, s), dtype=f32, device=dev)
+    s_m = torch.empty((b, s), dtype=f32, device=dev)
+    s_n = torch.empty((b, k), dtype=f32, device=dev)
+    ext = torch.empty((b, dm), dtype=f32, device=dev) if adaptive else s_m
+    rate = torch.empty((b,), dtype=f32, device=dev) if adaptive else None
+    nt = ngram_tables
+    grid_b = triton.cdiv(b, block_rows)
+    e2 = _pow2(max(nt.depth_edges.numel(), nt.match_edges.numel(), nt.ratio_edges.numel(), nt.count_edges.numel()))
+    _survivals_kernel[(grid_b,)](
+        model_conf, *model_conf.stride(), temps, bias if bias is not None else a_m,
+        ng_match_len, *ng_match_len.stride(), ng_count, *ng_count.stride(), ng_total, *ng_total.stride(),
+        ng_depth, *ng_depth.stride(), ng_source, *ng_source.stride(), ng_len,
+        nt.depth_edges, nt.match_edges, nt.ratio_edges, nt.count_edges, nt.table,
+        a_m, s_m, s_n, ext, rate if rate is not None else a_m,
+        model_tokens, *model_tokens.stride(), chain_out if chain_out is not None else model_tokens,
+        chain_out.stride(0) if chain_out is not None else 0,
+        b,
+        COPY_CHAIN=chain_out is not None, S=s, K=k, DM=dm, NT=temps.numel(), HAS_BIAS=bias is not None,
+        ADAPTIVE=adaptive, BB=block_rows, C2=_pow2(k),
+        N_DE=nt.depth_edges.numel(), N_ME=nt.match_edges.numel(), N_RE=nt.ratio_edges.numel(),
+        N_CE=nt.count_edges.numel(), E2=e2, SH1=nt.shape[1], SH2=nt.shape[2], SH3=nt.shape[3], SH4=nt.shape[4],
+        CAL_EPS_C=CAL_EPS, BIAS_EPS_C=BIAS_EPS)
+
+    w_full = n_nodes + 1
+    csum = torch.empty((nd, b, w_full), dtype=torch.float64, device=dev)
+    nsel = torch.empty((nd, b), dtype=torch.int32, device=dev)
+    tokens = torch.empty((b, width), dtype=i64, device=dev)
+    parents = torch.empty((b, width), dtype=i64, device=dev)
+    ancestors = torch.empty((b, width, width), dtype=torch.bool, device=dev)
+    depth = torch.empty((b, width), dtype=i64, device=dev)
+    valid = torch.empty((b, width), dtype=torch.bool, device=dev)
+    source = torch.empty((b, width), dtype=torch.int8, device=dev)
+    survival = torch.empty((b, width), dtype=f32, device=dev)
+    expected = torch.empty((b,), dtype=f32, device=dev)
+    _select_kernel[(grid_b, nd)](
+        root, model_tokens, *model_tokens.stride(), ext, ng_tokens, *ng_tokens.stride(), s_n, ng_len, depths_t,
+        csum, nsel, tokens, parents, ancestors, depth, valid, source, survival, expected,
+        b,
+        S=s, DM=dm, K=k, N_NODES=n_nodes, MERGE=mode == "merge", KBLOCK=kblock, WIDTH=width, BB=block_rows,
+        P2=_pow2(dm + k), W2=_pow2(w_full), UNDRAFTED_C=UNDRAFTED)
+
+    out_width = torch.empty((), dtype=i64, device=dev)
+    b_star = torch.empty((), dtype=i64, device=dev)
+    lam = torch.empty((), dtype=f32, device=dev)
+    next_depth = torch.empty((), dtype=i64, device=dev)
+    nj = buckets.numel()
+    cz = cost if cost is not None else None
+    dz = draft_cost if draft_cost is not None else None
+    _plan_kernel[(1,)](
+        csum, nsel, buckets, depths_t,
+        cz.sizes if cz else csum, cz.seconds if cz else csum, cz._seg_slope if cz else csum,
+        dz.sizes if dz else csum, dz.seconds if dz else csum, dz._seg_slope if dz else csum,
+        out_width, b_star, lam, next_depth,
+        counters.totals if counters is not None else csum, ng_len,
+        from_lookup if from_lookup is not None else ng_len, valid, source,
+        b,
+        D=nd, J=nj, W_FULL=w_full, DJ2=_pow2(max(nd * nj, 2)), BB=block_rows, HAS_COST=cz is not None,
+        HAS_DRAFT=dz is not None, NS=cz.sizes.numel() if cz else 1, NS2=_pow2(cz.sizes.numel()) if cz else 1,
+        NDS=dz.sizes.numel() if dz else 1, NDS2=_pow2(dz.sizes.numel()) if dz else 1,
+        COUNT=counters is not None, HAS_LOOKUP=from_lookup is not None, WIDTH=width, W2=_pow2(width), **_COUNTER_SLOTS)
+    tree = VerifyTree(tokens=tokens, parents=parents, ancestors=ancestors, depth=depth, valid=valid, source=source,
+                      survival=survival, expected_accepted=expected)
+    return Decision(tree, b_star, lam, s_m, s_n, out_width, next_depth, rate, a_m)

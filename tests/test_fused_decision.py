@@ -1,0 +1,190 @@
+"""The fused Triton step (``sglang_hybrid.kernels``) against the torch reference it replaces.
+
+The kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``), in a subprocess because the flag must be set
+before Triton is first imported. What is compared (``bench/fused_exactness.py``, whose full run is the 10,000-batch
+target): the decision on random and adversarial batches (``FusedDecisionStep`` against ``DecisionStep``) and on steps
+recorded from the CPU reference loop on real text, and the worker's whole device step (``HybridStep`` with
+``decision_kernels`` fused against torch: select, the verify input's links and mask, after_verify, over evolving
+batches), with positive controls that must be caught. Also: the fused step's launch count, that it reads nothing back
+to the host, and the errors for what it does not cover.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _interpreted(code: str, timeout: int = 900) -> dict:
+    """Run ``code`` under Triton's interpreter; it prints one JSON line last."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def exactness():
+    """One interpreter run of both comparisons and both controls (the start-up is shared)."""
+    return _interpreted("""
+        import json
+        import bench.fused_exactness as fe
+        out = {"decision": fe.run(400, seed=11, progress=False),
+               "steps": fe.run_steps(40, seed=12, progress=False),
+               "decision_control": fe.run(40, seed=13, control=True, progress=False),
+               "steps_control": fe.run_steps(6, seed=14, control=True, progress=False)}
+        print(json.dumps(out))
+    """)
+
+
+def test_fused_decision_equals_torch_on_random_and_adversarial_batches(exactness):
+    res = exactness["decision"]
+    assert res["batches"] == 400
+    assert res["failed"] == 0, res
+
+
+def test_fused_worker_step_equals_torch_step(exactness):
+    """select (alignment, prompt lookup, decision, counters), the verify input and after_verify (ring, context
+    table, online offsets, counters): 240 steps of 40 evolving batches."""
+    res = exactness["steps"]
+    assert res["batches"] == 240
+    assert res["failed"] == 0, res
+
+
+@pytest.mark.real_model
+def test_fused_decision_equals_torch_on_reference_loop_steps():
+    """Steps recorded from the CPU reference loop on real text (SmolLM2-135M with the shipped EAGLE head, code edits
+    and chats), decided again by both paths in the worker's configuration."""
+    res = _interpreted("""
+        import json
+        import bench.fused_exactness as fe
+        print(json.dumps(fe.run_recorded(max_new=16)))
+    """)
+    assert res["steps"] >= 8 and res["batches"] >= 4 * (res["steps"] - res["skipped"]) > 0, res
+    assert res["failed"] == 0, res
+
+
+def test_fused_comparison_catches_a_wrong_reference(exactness):
+    """Positive controls: the reference deciding in the other mode must be reported as different."""
+    assert exactness["decision_control"]["failed"] > 5, exactness["decision_control"]
+    assert exactness["steps_control"]["failed"] > 0, exactness["steps_control"]
+
+
+def test_fused_step_reads_nothing_back_and_rejects_what_it_does_not_cover():
+    """Between the draft and the verify launch the fused path reads no device value on the host: every way a tensor
+    reaches the host (``item``, ``tolist``, ``cpu``, ``numpy``, ``bool``/``int``/``float``) raises while it runs,
+    except inside a Triton launch (the interpreter's own reads stand in for the GPU). And the fused decision refuses,
+    naming the reason, what it does not implement: ragged verify, skipping the model draft, an n-gram tree."""
+    res = _interpreted("""
+        import json, tempfile, torch
+        from triton.runtime.interpreter import InterpretedFunction
+        from sglang_hybrid import kernels
+        from sglang_hybrid.calibration import NgramCalibration
+        from sglang_hybrid.cost import CostModel
+        from sglang_hybrid.sglang_plugin import alignment
+        from sglang_hybrid.sglang_plugin.config import HybridSettings
+        from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
+        from sglang_hybrid.step import DecisionStep, NgramDraft
+
+        inside = [0]
+        run = InterpretedFunction.run
+        def counted(self, *a, **k):
+            inside[0] += 1
+            try:
+                return run(self, *a, **k)
+            finally:
+                inside[0] -= 1
+        InterpretedFunction.run = counted
+        reads = []
+        def guard(name, orig):
+            def f(self, *a, **k):
+                if not inside[0]:
+                    reads.append(name)
+                    raise RuntimeError(f"host read: Tensor.{name}")
+                return orig(self, *a, **k)
+            return f
+        names = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+        saved = {n: getattr(torch.Tensor, n) for n in names}
+
+        tmp = tempfile.mkdtemp()
+        CostModel.linear(0.01, 1e-4).save(tmp + "/c.json")
+        CostModel.linear(1e-3, 1e-5).save(tmp + "/d.json")
+        st = HybridStep(HybridSettings(mode="merge", ngram_k=6, cost_table=tmp + "/c.json",
+                                       draft_cost_table=tmp + "/d.json", model_bias_eta=0.1, log_interval=0),
+                        num_steps=4, pool_size=8, device="cpu", max_context_len=256)
+        assert st.fused is not None
+        b = 5
+        slots, seq = torch.arange(b), torch.full((b,), 40)
+        gen = torch.zeros(b, dtype=torch.int64)
+        pw = st.proposal_width
+        alignment.publish(st.buffers, slots, torch.randint(0, 9, (b, pw)), torch.full((b,), pw), seq + 1, gen,
+                          torch.full((b, pw), 9), torch.full((b, pw), 2), torch.full((b, pw), 3),
+                          torch.zeros((b, pw), dtype=torch.int64))
+        root, chain, conf = torch.randint(0, 9, (b,)), torch.randint(0, 9, (b, 4)), torch.rand((b, 4))
+        emitted, acc = torch.randint(0, 9, (b, 7)), torch.full((b,), 2)
+        span = st.lookup_span(41)
+        for n in names:
+            setattr(torch.Tensor, n, guard(n, saved[n]))
+        try:
+            d = st.select(root, chain, conf, slots, gen, seq, width=7, lookup_span=span)
+            kernels.fused_links_and_mask(d.tree.tokens, d.tree.valid, d.tree.ancestors, seq, 4 * b * 41)
+            st.after_verify(d.tree, slots, seq, emitted, acc)
+        finally:
+            for n in names:
+                setattr(torch.Tensor, n, saved[n])
+        errors = []
+        cal = NgramCalibration.load("sglang_hybrid/data/ngram_calibration.json").to("cpu")
+        for kw in (dict(widths=None), dict(widths=[5], depths=[0, 4])):
+            try:
+                kernels.FusedDecisionStep(DecisionStep(mode="merge", n_nodes=4, ngram_calibration=cal, **kw), "cpu")
+            except ValueError as e:
+                errors.append(str(e))
+        fd = kernels.FusedDecisionStep(DecisionStep(mode="merge", n_nodes=4, ngram_calibration=cal, widths=[5]),
+                                       "cpu")
+        z = torch.zeros((1, 2), dtype=torch.int64)
+        try:
+            fd(torch.zeros(1, dtype=torch.int64), z, torch.zeros((1, 2)),
+               NgramDraft(z, z, torch.zeros(1, dtype=torch.int64), z, z, z, z, z, tree=True))
+        except ValueError as e:
+            errors.append(str(e))
+        print(json.dumps({"reads": reads, "steps": st.counters.decision_steps, "errors": errors}))
+    """)
+    assert res["reads"] == [] and res["steps"] == {"fused": 1}, res
+    assert len(res["errors"]) == 3, res["errors"]
+    assert "padded verify only" in res["errors"][0]
+    assert "depth 0" in res["errors"][1]
+    assert "n-gram chain" in res["errors"][2]
+
+
+@pytest.mark.parametrize("mode,width_plan,depth_plan", [("merge", True, True), ("choose", False, False)])
+def test_fused_step_launches_at_most_twelve(mode, width_plan, depth_plan):
+    """The worker's whole device step on the fused path (``bench.step_launches``): at most 12 launches, the same at
+    batch 1 and 32, where the torch path dispatches hundreds of operators."""
+    from bench import step_launches
+
+    fused = [step_launches.hybrid_launches(b, mode, width_plan=width_plan, depth_plan=depth_plan) for b in (1, 32)]
+    assert fused[0] == fused[1] <= step_launches.TARGET, fused
+    torch_ops = step_launches.hybrid_launches(1, mode, width_plan=width_plan, depth_plan=depth_plan, kernels="torch")
+    assert torch_ops > 20 * fused[0]
+
+
+def test_fused_setting_names_itself_where_triton_cannot_run():
+    """This process imported Triton without its interpreter, so Triton cannot run on the CPU here: "auto" takes the
+    torch path, "fused" is refused with the setting's name and the fix."""
+    from sglang_hybrid import kernels
+    from sglang_hybrid.sglang_plugin.config import HybridConfigError, HybridSettings
+    from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
+
+    if kernels.available("cpu"):
+        pytest.skip("this process runs Triton's interpreter")
+    assert HybridStep(HybridSettings(), num_steps=2, pool_size=2, device="cpu").fused is None
+    with pytest.raises(HybridConfigError, match="decision_kernels.*SGLANG_HYBRID_DECISION_KERNELS"):
+        HybridStep(HybridSettings(decision_kernels="fused"), num_steps=2, pool_size=2, device="cpu")
