@@ -145,7 +145,8 @@ def _hybrid_step_fn(step, b: int):
     def one_step():
         d = step.select(root, chain, conf, slots, gen, seq, width=w)
         if step.fused is not None:
-            fused_links_and_mask(d.tree.tokens, d.tree.valid, d.tree.ancestors, seq, int(b * 101))
+            fused_links_and_mask(d.tree.tokens, d.tree.valid, d.tree.ancestors, seq, int(b * 101),
+                                 workspace=step.workspace)
         else:
             _, anc = verify_nodes(d.tree.tokens, d.tree.valid, d.tree.ancestors)
             tree_links_torch(anc, seq)

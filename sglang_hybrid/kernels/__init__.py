@@ -20,6 +20,8 @@ import torch
 from sglang_hybrid.cost import CostTables
 from sglang_hybrid.step import Decision, DecisionStep, NgramDraft
 
+from .workspace import Workspace, alloc
+
 #: rows of the batch one program handles on a GPU (the selection's pairwise ranking is ``rows x pool x pool``)
 GPU_BLOCK_ROWS = 8
 #: on the CPU interpreter one program takes the whole batch up to this many rows (each program costs interpreter time)
@@ -87,12 +89,14 @@ class FusedDecisionStep:
     def __call__(self, root_tokens: torch.Tensor, model_tokens: torch.Tensor, model_conf: torch.Tensor,
                  ngram: NgramDraft, *, cost: Optional[CostTables] = None, draft_cost: Optional[CostTables] = None,
                  width: Optional[int] = None, model_bias: Optional[torch.Tensor] = None, counters=None,
-                 from_lookup: Optional[torch.Tensor] = None, chain_out: Optional[torch.Tensor] = None) -> Decision:
+                 from_lookup: Optional[torch.Tensor] = None, chain_out: Optional[torch.Tensor] = None,
+                 workspace: Optional[Workspace] = None) -> Decision:
         """The ``Decision`` of ``DecisionStep.__call__(root_tokens, ModelDraft(model_tokens, model_conf, S), ngram,
         cost=cost, draft_cost=draft_cost, width=width, model_bias=model_bias)``. With ``counters``
         (``HybridCounters``) the step is also counted on the device as ``HybridCounters.on_select`` counts it
         (``from_lookup``: the rows the prompt lookup supplied); the caller counts the host share
-        (``on_select_host``). ``chain_out`` (``[B, S]``, unit column stride): where to copy ``model_tokens``."""
+        (``on_select_host``). ``chain_out`` (``[B, S]``, unit column stride): where to copy ``model_tokens``.
+        ``workspace``: where the decision's tensors live (valid until the next call with it; None: fresh tensors)."""
         from . import decision
 
         d = self.decide
@@ -131,12 +135,12 @@ class FusedDecisionStep:
             temps=d.model_cal.temperatures, ngram_tables=d.ngram_cal, buckets=self._buckets, depths=depths,
             depths_t=self._depths_tensor(depths), cost=cost, draft_cost=draft_cost if adaptive else None,
             mode=d.mode, n_nodes=d.n_nodes, width=int(width), block_rows=self.block_rows, counters=counters,
-            from_lookup=from_lookup, chain_out=chain_out)
+            from_lookup=from_lookup, chain_out=chain_out, workspace=workspace)
 
 
 def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor, seq_lens: torch.Tensor,
                     root_tokens: torch.Tensor, span: Optional[int], model_bias: Optional[torch.Tensor] = None,
-                    model_bias_gen: Optional[torch.Tensor] = None):
+                    model_bias_gen: Optional[torch.Tensor] = None, workspace: Optional[Workspace] = None):
     """``HybridStep``'s n-gram side before the decision in one or two launches (``kernels.proposals``): records the
     root in the ring (``buffers``, ``alignment.ProposalBuffers``) and the context table (``context``,
     ``context_lookup.ContextTable`` or None), aligns the host's proposals and, with a context table, fills rows left
@@ -144,7 +148,8 @@ def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor
 
     Returns ``(proposals, from_lookup, bias)``: ``alignment.AlignedProposals`` (``[B, K]``, ``K`` the buffers'
     width), the rows the lookup supplied (bool ``[B]``, None without a context table) and each row's online EAGLE
-    offset gathered from ``model_bias``/``model_bias_gen`` (None without them)."""
+    offset gathered from ``model_bias``/``model_bias_gen`` (None without them). ``workspace``: where they live (valid
+    until the next call with it; None: fresh tensors)."""
     from sglang_hybrid.sglang_plugin import context_lookup
     from sglang_hybrid.sglang_plugin.alignment import AlignedProposals
 
@@ -155,10 +160,12 @@ def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor
     pw = buffers.tokens.shape[1]
     r = buffers.ring.shape[1] - 1
     i64 = torch.int64
-    out = [torch.empty((b, pw), dtype=i64, device=dev) for _ in range(6)]          # tokens, depth, features
-    length = torch.empty((b,), dtype=i64, device=dev)
-    shift = torch.empty((b,), dtype=i64, device=dev)
-    bias = torch.empty((b,), dtype=torch.float32, device=dev) if model_bias is not None else None
+    ws = workspace
+    out = [alloc(ws, f"proposal_{n}", (b, pw), i64, dev)
+           for n in ("tokens", "depth", "match_len", "count", "total", "source")]
+    length = alloc(ws, "proposal_length", (b,), i64, dev)
+    shift = alloc(ws, "proposal_shift", (b,), i64, dev)
+    bias = alloc(ws, "bias", (b,), torch.float32, dev) if model_bias is not None else None
     ctx_len = context.tokens.shape[1] - 1 if context is not None else 1
     block = INTERPRETER_BLOCK_ROWS if dev.type == "cpu" else GPU_BLOCK_ROWS
     kp._prepare_kernel[(triton_cdiv(b, block),)](
@@ -175,7 +182,7 @@ def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor
             span = ctx_len
         elif not 1 <= span <= ctx_len:
             raise ValueError(f"span must be in [1, {ctx_len}] (the table's context length), got {span}")
-        from_lookup = torch.empty((b,), dtype=torch.bool, device=dev)
+        from_lookup = alloc(ws, "from_lookup", (b,), torch.bool, dev)
         kp._lookup_kernel[(b,)](
             context.tokens, context.gen, slots, seq_lens, cur_gen, out[0], length, out[1], out[2], out[3], out[4],
             out[5], from_lookup, span, L=ctx_len, K=pw, K2=_pow2(pw), N_MAX=context_lookup.N_MAX,
@@ -187,26 +194,28 @@ def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor
 
 
 def fused_links_and_mask(tokens: torch.Tensor, valid: torch.Tensor, ancestors: torch.Tensor, seq_lens: torch.Tensor,
-                         seq_lens_sum: int, mask_buf: Optional[torch.Tensor] = None):
+                         seq_lens_sum: int, mask_buf: Optional[torch.Tensor] = None,
+                         workspace: Optional[Workspace] = None):
     """``verify_nodes`` + ``tree_links_torch`` + ``full_mask`` of ``sglang_plugin.tree_mask`` in one launch
     (``kernels.verify_input``): returns ``(draft_token [B*W], positions [B*W], retrieve_index, retrieve_next_token,
     retrieve_next_sibling [B, W], custom_mask)``. ``mask_buf``: a bool or uint8 buffer of at least
-    ``seq_lens_sum * W + W * W * B`` entries (None: a new one); only the requests' rows are written."""
+    ``seq_lens_sum * W + W * W * B`` entries (None: a new one, from ``workspace`` when given); only the requests'
+    rows are written."""
     from . import verify_input as kv
 
     b, w = tokens.shape
     dev = tokens.device
     numel = seq_lens_sum * w + w * w * b
     if mask_buf is None:
-        mask_buf = torch.empty(numel, dtype=torch.bool, device=dev)
+        mask_buf = alloc(workspace, "custom_mask", (numel,), torch.bool, dev)
     elif mask_buf.numel() < numel:
         raise ValueError(f"custom mask buffer holds {mask_buf.numel()} entries, FULL_MASK needs {numel}")
     elif mask_buf.dtype not in (torch.bool, torch.uint8):
         raise ValueError(f"custom mask buffer must be bool or uint8 (Triton's), got {mask_buf.dtype}")
     i64 = torch.int64
-    draft = torch.empty(b * w, dtype=tokens.dtype, device=dev)
-    positions = torch.empty(b * w, dtype=i64, device=dev)
-    links = torch.empty((3, b, w), dtype=i64, device=dev)
+    draft = alloc(workspace, "draft_token", (b * w,), tokens.dtype, dev)
+    positions = alloc(workspace, "positions", (b * w,), i64, dev)
+    links = alloc(workspace, "links", (3, b, w), i64, dev)
     kv._verify_input_kernel[(b,)](tokens, valid, ancestors, seq_lens, draft, positions, links[0], links[1], links[2],
                                   mask_buf, b, W=w, W2=_pow2(w), B2=_pow2(b), CH=MASK_CHUNK)
     return draft, positions, links[0], links[1], links[2], mask_buf
@@ -253,4 +262,5 @@ def _pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-__all__ = ["FusedDecisionStep", "available", "fused_after_verify", "fused_links_and_mask", "fused_proposals"]
+__all__ = ["FusedDecisionStep", "Workspace", "available", "fused_after_verify", "fused_links_and_mask",
+           "fused_proposals"]

@@ -41,6 +41,8 @@ from sglang_hybrid.request_bias import EPS as BIAS_EPS
 from sglang_hybrid.selector import VerifyTree
 from sglang_hybrid.step import Decision
 
+from .workspace import alloc
+
 #: token id of model-chain positions past the drafted depth in the scored-only depth blocks (``step._UNDRAFTED``)
 UNDRAFTED = 1 << 40
 #: the model calibration's clamp (``calibration._EPS``)
@@ -431,11 +433,13 @@ _COUNTER_SLOTS = _counter_slots()
 
 def launch(*, root, model_tokens, model_conf, bias, ng_tokens, ng_len, ng_match_len, ng_count, ng_total, ng_depth,
            ng_source, temps, ngram_tables, buckets, depths: tuple, depths_t, cost, draft_cost, mode: str, n_nodes: int,
-           width: int, block_rows: int, counters=None, from_lookup=None, chain_out=None) -> Decision:
+           width: int, block_rows: int, counters=None, from_lookup=None, chain_out=None,
+           workspace=None) -> Decision:
     """Run the three kernels; every argument already validated by ``FusedDecisionStep`` (shapes, devices, dtypes).
     ``depths``: the candidate depths as host ints (one entry when the engine does not draft adaptively).
     ``counters``: a ``HybridCounters`` whose device totals the plan kernel adds the step to (``from_lookup``: the rows
-    the prompt lookup supplied, or None). ``chain_out``: ``[B, S]`` (row stride free) to copy the EAGLE chain into."""
+    the prompt lookup supplied, or None). ``chain_out``: ``[B, S]`` (row stride free) to copy the EAGLE chain into.
+    ``workspace`` (``kernels.workspace.Workspace``): where the outputs live (None: fresh tensors)."""
     b, s = model_tokens.shape
     k = ng_tokens.shape[1]
     dev = root.device
@@ -444,11 +448,12 @@ def launch(*, root, model_tokens, model_conf, bias, ng_tokens, ng_len, ng_match_
     nd = len(depths)
     kblock = depths.index(s)
     f32, i64 = torch.float32, torch.int64
-    a_m = torch.empty((b, s), dtype=f32, device=dev)
-    s_m = torch.empty((b, s), dtype=f32, device=dev)
-    s_n = torch.empty((b, k), dtype=f32, device=dev)
-    ext = torch.empty((b, dm), dtype=f32, device=dev) if adaptive else s_m
-    rate = torch.empty((b,), dtype=f32, device=dev) if adaptive else None
+    ws = workspace
+    a_m = alloc(ws, "a_m", (b, s), f32, dev)
+    s_m = alloc(ws, "s_m", (b, s), f32, dev)
+    s_n = alloc(ws, "s_n", (b, k), f32, dev)
+    ext = alloc(ws, "ext", (b, dm), f32, dev) if adaptive else s_m
+    rate = alloc(ws, "rate", (b,), f32, dev) if adaptive else None
     nt = ngram_tables
     grid_b = triton.cdiv(b, block_rows)
     e2 = _pow2(max(nt.depth_edges.numel(), nt.match_edges.numel(), nt.ratio_edges.numel(), nt.count_edges.numel()))
@@ -468,16 +473,16 @@ def launch(*, root, model_tokens, model_conf, bias, ng_tokens, ng_len, ng_match_
         CAL_EPS_C=CAL_EPS, BIAS_EPS_C=BIAS_EPS)
 
     w_full = n_nodes + 1
-    csum = torch.empty((nd, b, w_full), dtype=torch.float64, device=dev)
-    nsel = torch.empty((nd, b), dtype=torch.int32, device=dev)
-    tokens = torch.empty((b, width), dtype=i64, device=dev)
-    parents = torch.empty((b, width), dtype=i64, device=dev)
-    ancestors = torch.empty((b, width, width), dtype=torch.bool, device=dev)
-    depth = torch.empty((b, width), dtype=i64, device=dev)
-    valid = torch.empty((b, width), dtype=torch.bool, device=dev)
-    source = torch.empty((b, width), dtype=torch.int8, device=dev)
-    survival = torch.empty((b, width), dtype=f32, device=dev)
-    expected = torch.empty((b,), dtype=f32, device=dev)
+    csum = alloc(ws, "csum", (nd, b, w_full), torch.float64, dev)
+    nsel = alloc(ws, "nsel", (nd, b), torch.int32, dev)
+    tokens = alloc(ws, "tokens", (b, width), i64, dev)
+    parents = alloc(ws, "parents", (b, width), i64, dev)
+    ancestors = alloc(ws, "ancestors", (b, width, width), torch.bool, dev)
+    depth = alloc(ws, "depth", (b, width), i64, dev)
+    valid = alloc(ws, "valid", (b, width), torch.bool, dev)
+    source = alloc(ws, "source", (b, width), torch.int8, dev)
+    survival = alloc(ws, "survival", (b, width), f32, dev)
+    expected = alloc(ws, "expected", (b,), f32, dev)
     _select_kernel[(grid_b, nd)](
         root, model_tokens, *model_tokens.stride(), ext, ng_tokens, *ng_tokens.stride(), s_n, ng_len, depths_t,
         csum, nsel, tokens, parents, ancestors, depth, valid, source, survival, expected,
@@ -485,10 +490,10 @@ def launch(*, root, model_tokens, model_conf, bias, ng_tokens, ng_len, ng_match_
         S=s, DM=dm, K=k, N_NODES=n_nodes, MERGE=mode == "merge", KBLOCK=kblock, WIDTH=width, BB=block_rows,
         P2=_pow2(dm + k), W2=_pow2(w_full), UNDRAFTED_C=UNDRAFTED)
 
-    out_width = torch.empty((), dtype=i64, device=dev)
-    b_star = torch.empty((), dtype=i64, device=dev)
-    lam = torch.empty((), dtype=f32, device=dev)
-    next_depth = torch.empty((), dtype=i64, device=dev)
+    out_width = alloc(ws, "next_width", (), i64, dev)
+    b_star = alloc(ws, "b_star", (), i64, dev)
+    lam = alloc(ws, "lam", (), f32, dev)
+    next_depth = alloc(ws, "next_depth", (), i64, dev)
     nj = buckets.numel()
     cz = cost if cost is not None else None
     dz = draft_cost if draft_cost is not None else None

@@ -63,6 +63,9 @@ class HybridStep:
             depths=self.depths if len(self.depths) > 1 else None)
         #: the same decision in three Triton kernels (setting ``decision_kernels``), or None: the torch operators
         self.fused = _fused_decision(settings.decision_kernels, self.decide, self.device)
+        #: the fused step's outputs and scratch, kept across steps (``kernels.workspace``: no allocation per step once
+        #: the largest batch has run; a step's decision is valid until the next ``select``)
+        self.workspace = kernels.Workspace(self.device) if self.fused is not None else None
         self.cost = CostModel.load(settings.cost_table).to(self.device) if settings.cost_table else None
         self.draft_cost = (CostModel.load(settings.draft_cost_table).to(self.device) if settings.draft_cost_table
                            else None)
@@ -111,14 +114,14 @@ class HybridStep:
         if self.fused is not None:
             ng, from_lookup, bias = kernels.fused_proposals(
                 self.buffers, self.context, slots, cur_gen, seq_lens, root_tokens, lookup_span, self.model_bias,
-                self.model_bias_gen)
+                self.model_bias_gen, workspace=self.workspace)
             # chains only: the fused decision reads no parents, and clamps the length to the k columns it sees
             ngram = NgramDraft(ng.tokens[:, :k], None, ng.length, ng.match_len[:, :k], ng.count[:, :k],
                                ng.total[:, :k], ng.depth[:, :k], ng.source[:, :k])
             chain = self._chain[:b, :s]
             d = self.fused(root_tokens, model_tokens, model_conf, ngram, cost=self.cost, width=width,
                            draft_cost=self.draft_cost, model_bias=bias, counters=self.counters,
-                           from_lookup=from_lookup, chain_out=chain)
+                           from_lookup=from_lookup, chain_out=chain, workspace=self.workspace)
             self.counters.on_select_host(d.tree.tokens.shape[1], depth=s, decision="fused")
         else:
             alignment.ring_write_root(self.buffers, slots, seq_lens, root_tokens)

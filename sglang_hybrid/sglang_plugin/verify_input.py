@@ -71,14 +71,16 @@ def _reconstruct_sglang(tree_mask_flat: torch.Tensor, seq_lens: torch.Tensor, bs
 def build_verify_input(tree: VerifyTree, seq_lens: torch.Tensor, *, num_steps: int, max_depth: int,
                        mask_mode: TreeMaskMode = TreeMaskMode.FULL_MASK, seq_lens_sum: Optional[int] = None,
                        mask_buf: Optional[torch.Tensor] = None,
-                       reconstruct: Optional[Callable] = None, fused: bool = False) -> HybridVerifyInput:
+                       reconstruct: Optional[Callable] = None, fused: bool = False,
+                       workspace=None) -> HybridVerifyInput:
     """Build the verify input for ``tree`` (``[B, W]`` layout of docs/ARCHITECTURE.md) over ``seq_lens [B]``.
 
     ``num_steps``: EAGLE steps (``spec_steps``); ``max_depth``: the deepest draft path the configuration allows
     (sets ``max_tree_depth`` statically, so CUDA graphs see one shape). ``reconstruct(tree_mask_flat, seq_lens, bs,
     W)``: override for the positions/retrieve computation (default: SGLang's kernel on CUDA, ``tree_links_torch``
     elsewhere). ``fused`` (FULL_MASK only): node tokens, links and mask in one Triton launch
-    (``kernels.fused_links_and_mask``, equal to the torch path on the requests' rows) instead.
+    (``kernels.fused_links_and_mask``, equal to the torch path on the requests' rows) instead; ``workspace``
+    (``kernels.Workspace``) holds its outputs (valid until the next step).
     """
     tokens, valid, anc = tree.tokens, tree.valid, tree.ancestors
     if tokens.dim() != 2 or anc.shape != (tokens.shape[0], tokens.shape[1], tokens.shape[1]):
@@ -94,7 +96,7 @@ def build_verify_input(tree: VerifyTree, seq_lens: torch.Tensor, *, num_steps: i
         from sglang_hybrid import kernels
 
         draft_token, positions, r_index, r_next, r_sib, custom_mask = kernels.fused_links_and_mask(
-            tokens, valid, anc, seq_lens, seq_lens_sum, mask_buf)
+            tokens, valid, anc, seq_lens, seq_lens_sum, mask_buf, workspace=workspace)
         return _verify_input(draft_token, custom_mask, positions, r_index, r_next, r_sib, num_steps, w, max_depth)
     # Padding nodes see only themselves: unreachable from the root in the retrieve lists.
     draft_token, anc = verify_nodes(tokens, valid, anc)

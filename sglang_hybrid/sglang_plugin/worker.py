@@ -444,7 +444,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
         return build_verify_input(tree, batch.seq_lens, num_steps=self.speculative_num_steps,
                                   max_depth=self.hybrid_step.max_depth_at(width), mask_mode=TreeMaskMode.FULL_MASK,
                                   seq_lens_sum=seq_lens_sum, mask_buf=verify_mask_buffer(attn, bs),
-                                  fused=self.hybrid_step.fused is not None)
+                                  fused=self.hybrid_step.fused is not None, workspace=self.hybrid_step.workspace)
 
     def _longest_context(self, batch) -> Optional[int]:
         """A host-known bound on the batch's committed tokens per request (root included), read without waiting for
