@@ -46,7 +46,7 @@ WORKLOADS = ("code", "code-edit", "chat", "mixed")
 ALPHAS = (0.5, 0.6, 0.7, 0.8)
 MODES = ("as built", "ideal")
 REAL_TRACE = Path("out/traces/smollm2_t0_final.jsonl")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def sweep_points() -> list:
