@@ -57,7 +57,7 @@ def _verify_input_kernel(
     start = W * before + W * W * b64
     rows_at = start + i.to(tl.int64) * (sl + W)                                    # [W]
     one = tl.full((W2, CH), 1, tl.int1)
-    for c0 in range(0, sl, CH):
+    for c0 in range(0, sl.to(tl.int32), CH):          # int32 bounds: a context is far below 2**31 tokens
         c = c0 + tl.arange(0, CH)
         tl.store(mask_ptr + rows_at[:, None] + c[None, :], one.to(mask_ptr.dtype.element_ty),
                  mask=im[:, None] & (c[None, :] < sl))
