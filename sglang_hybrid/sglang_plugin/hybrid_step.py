@@ -15,6 +15,11 @@ acceptance (``request_bias``; setting ``model_bias_eta``) lives in a slot-indexe
 generation it was learned for, so a request that takes over a slot starts from the calibration alone. Kept apart
 from the SGLang worker so it runs (and is tested) on CPU tensors with no SGLang objects. Static shapes, no host
 sync: CUDA-graph and ``torch.compile`` safe.
+
+Two paths compute the same step (setting ``decision_kernels``): the torch operators above (the reference, hundreds
+of small launches a step) and ``sglang_hybrid.kernels``, which fuses alignment, prompt lookup, decision, counters and
+the work after verify into Triton kernels whose outputs live in a ``Workspace`` reused from step to step (a step's
+``Decision`` is valid until the next ``select``); ``auto`` takes the fused path wherever Triton runs.
 """
 from __future__ import annotations
 
