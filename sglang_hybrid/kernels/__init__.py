@@ -24,12 +24,24 @@ from .workspace import Workspace, alloc
 
 #: rows of the batch one program handles on a GPU (the selection's pairwise ranking is ``rows x pool x pool``)
 GPU_BLOCK_ROWS = 8
+#: rows per iteration of a one-program kernel looping over the batch on a GPU (after verify: a few values per row)
+GPU_LOOP_ROWS = 32
 #: on the CPU interpreter one program takes the whole batch up to this many rows (each program costs interpreter time)
 INTERPRETER_BLOCK_ROWS = 256
 #: context positions the prompt lookup compares per loop iteration
 LOOKUP_CHUNK = 256
 #: FULL_MASK prefix columns written per loop iteration
 MASK_CHUNK = 256
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (at least 1): Triton's block shapes are powers of two."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _block_rows(device: torch.device, gpu_rows: int = GPU_BLOCK_ROWS) -> int:
+    """Rows per program (or per loop iteration): ``gpu_rows`` on a GPU, the whole batch in the CPU interpreter."""
+    return INTERPRETER_BLOCK_ROWS if device.type == "cpu" else gpu_rows
 
 
 def _interpreted() -> bool:
@@ -76,7 +88,7 @@ class FusedDecisionStep:
         if not available(self.device):
             raise ValueError(f"Triton cannot run on {self.device} here (CUDA with Triton, or the CPU with "
                              "TRITON_INTERPRET=1 set before Triton is imported)")
-        self.block_rows = INTERPRETER_BLOCK_ROWS if self.device.type == "cpu" else GPU_BLOCK_ROWS
+        self.block_rows = _block_rows(self.device)
         self._buckets = torch.tensor(decide.widths, dtype=torch.int64, device=self.device)
         self._depths = {}
 
@@ -153,6 +165,8 @@ def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor
     from sglang_hybrid.sglang_plugin import context_lookup
     from sglang_hybrid.sglang_plugin.alignment import AlignedProposals
 
+    import triton
+
     from . import proposals as kp
 
     b = slots.shape[0]
@@ -167,14 +181,14 @@ def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor
     shift = alloc(ws, "proposal_shift", (b,), i64, dev)
     bias = alloc(ws, "bias", (b,), torch.float32, dev) if model_bias is not None else None
     ctx_len = context.tokens.shape[1] - 1 if context is not None else 1
-    block = INTERPRETER_BLOCK_ROWS if dev.type == "cpu" else GPU_BLOCK_ROWS
-    kp._prepare_kernel[(triton_cdiv(b, block),)](
+    block = _block_rows(dev)
+    kp._prepare_kernel[(triton.cdiv(b, block),)](
         slots, seq_lens, cur_gen, root_tokens, buffers.tokens, buffers.length, buffers.at, buffers.gen,
         buffers.match_len, buffers.count, buffers.total, buffers.source, buffers.ring,
         context.tokens if context is not None else buffers.ring,
         model_bias if model_bias is not None else length, model_bias_gen if model_bias is not None else length,
         out[0], length, out[1], out[2], out[3], out[4], out[5], shift, bias if bias is not None else length,
-        b, PW=pw, PW2=_pow2(pw), R=r, L=ctx_len, HAS_CTX=context is not None, HAS_BIAS=model_bias is not None,
+        b, PW=pw, PW2=pow2(pw), R=r, L=ctx_len, HAS_CTX=context is not None, HAS_BIAS=model_bias is not None,
         BB=block)
     from_lookup = None
     if context is not None:
@@ -185,8 +199,8 @@ def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor
         from_lookup = alloc(ws, "from_lookup", (b,), torch.bool, dev)
         kp._lookup_kernel[(b,)](
             context.tokens, context.gen, slots, seq_lens, cur_gen, out[0], length, out[1], out[2], out[3], out[4],
-            out[5], from_lookup, span, L=ctx_len, K=pw, K2=_pow2(pw), N_MAX=context_lookup.N_MAX,
-            N2=_pow2(context_lookup.N_MAX), N_MIN=context_lookup.N_MIN, N_LONG=_pow2(context_lookup.N_LONG),
+            out[5], from_lookup, span, L=ctx_len, K=pw, K2=pow2(pw), N_MAX=context_lookup.N_MAX,
+            N2=pow2(context_lookup.N_MAX), N_MIN=context_lookup.N_MIN, N_LONG=pow2(context_lookup.N_LONG),
             CH=LOOKUP_CHUNK)
     props = AlignedProposals(tokens=out[0], length=length, depth=out[1], match_len=out[2], count=out[3],
                              total=out[4], source=out[5], shift=shift)
@@ -217,7 +231,7 @@ def fused_links_and_mask(tokens: torch.Tensor, valid: torch.Tensor, ancestors: t
     positions = alloc(workspace, "positions", (b * w,), i64, dev)
     links = alloc(workspace, "links", (3, b, w), i64, dev)
     kv._verify_input_kernel[(b,)](tokens, valid, ancestors, seq_lens, draft, positions, links[0], links[1], links[2],
-                                  mask_buf, b, W=w, W2=_pow2(w), B2=_pow2(b), CH=MASK_CHUNK)
+                                  mask_buf, b, W=w, W2=pow2(w), B2=pow2(b), CH=MASK_CHUNK)
     return draft, positions, links[0], links[1], links[2], mask_buf
 
 
@@ -247,19 +261,11 @@ def fused_after_verify(step, tree, slots: torch.Tensor, seq_lens_before: torch.T
         step.model_bias_gen if step.model_bias_gen is not None else dummy,
         tree.valid, tree.source, step.counters.totals,
         b,
-        C=c, D_EMIT=min(c, step.max_depth + 1), C2=_pow2(c), R=step.buffers.ring.shape[1] - 1,
+        C=c, D_EMIT=min(c, step.max_depth + 1), C2=pow2(c), R=step.buffers.ring.shape[1] - 1,
         L=ctx.tokens.shape[1] - 1 if ctx is not None else 1, HAS_CTX=ctx is not None, MODEL=chain is not None,
-        S=s, S2=_pow2(s), HAS_BIAS=bias is not None, ETA=float(step.model_bias_eta or 0.0), W=w, W2=_pow2(w),
-        BB=INTERPRETER_BLOCK_ROWS if slots.device.type == "cpu" else 32,
+        S=s, S2=pow2(s), HAS_BIAS=bias is not None, ETA=float(step.model_bias_eta or 0.0), W=w, W2=pow2(w),
+        BB=_block_rows(slots.device, GPU_LOOP_ROWS),
         C_ACC=m.ACC["none"], C_TESTED=m.MODEL_TESTED, C_PRED=m.MODEL_PRED, C_HIT=m.MODEL_HIT)
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 __all__ = ["FusedDecisionStep", "Workspace", "available", "fused_after_verify", "fused_links_and_mask",

@@ -41,16 +41,13 @@ from sglang_hybrid.request_bias import EPS as BIAS_EPS
 from sglang_hybrid.selector import VerifyTree
 from sglang_hybrid.step import Decision
 
+from . import pow2
 from .workspace import alloc
 
 #: token id of model-chain positions past the drafted depth in the scored-only depth blocks (``step._UNDRAFTED``)
 UNDRAFTED = 1 << 40
 #: the model calibration's clamp (``calibration._EPS``)
 CAL_EPS = 1e-6
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 @triton.jit
@@ -420,6 +417,11 @@ def _plan_kernel(
         tl.store(cp, tl.load(cp) + classes.to(tl.float64))
 
 
+def _table_size(cost) -> int:
+    """Entries of a cost table (1 for none: the kernel's table arguments are then unread placeholders)."""
+    return cost.sizes.numel() if cost is not None else 1
+
+
 def _counter_slots() -> dict:
     from sglang_hybrid.sglang_plugin import metrics as m
 
@@ -456,7 +458,7 @@ def launch(*, root, model_tokens, model_conf, bias, ng_tokens, ng_len, ng_match_
     rate = alloc(ws, "rate", (b,), f32, dev) if adaptive else None
     nt = ngram_tables
     grid_b = triton.cdiv(b, block_rows)
-    e2 = _pow2(max(nt.depth_edges.numel(), nt.match_edges.numel(), nt.ratio_edges.numel(), nt.count_edges.numel()))
+    e2 = pow2(max(nt.depth_edges.numel(), nt.match_edges.numel(), nt.ratio_edges.numel(), nt.count_edges.numel()))
     _survivals_kernel[(grid_b,)](
         model_conf, *model_conf.stride(), temps, bias if bias is not None else a_m,
         ng_match_len, *ng_match_len.stride(), ng_count, *ng_count.stride(), ng_total, *ng_total.stride(),
@@ -467,7 +469,7 @@ def launch(*, root, model_tokens, model_conf, bias, ng_tokens, ng_len, ng_match_
         chain_out.stride(0) if chain_out is not None else 0,
         b,
         COPY_CHAIN=chain_out is not None, S=s, K=k, DM=dm, NT=temps.numel(), HAS_BIAS=bias is not None,
-        ADAPTIVE=adaptive, BB=block_rows, C2=_pow2(k),
+        ADAPTIVE=adaptive, BB=block_rows, C2=pow2(k),
         N_DE=nt.depth_edges.numel(), N_ME=nt.match_edges.numel(), N_RE=nt.ratio_edges.numel(),
         N_CE=nt.count_edges.numel(), E2=e2, SH1=nt.shape[1], SH2=nt.shape[2], SH3=nt.shape[3], SH4=nt.shape[4],
         CAL_EPS_C=CAL_EPS, BIAS_EPS_C=BIAS_EPS)
@@ -488,27 +490,26 @@ def launch(*, root, model_tokens, model_conf, bias, ng_tokens, ng_len, ng_match_
         csum, nsel, tokens, parents, ancestors, depth, valid, source, survival, expected,
         b,
         S=s, DM=dm, K=k, N_NODES=n_nodes, MERGE=mode == "merge", KBLOCK=kblock, WIDTH=width, BB=block_rows,
-        P2=_pow2(dm + k), W2=_pow2(w_full), UNDRAFTED_C=UNDRAFTED)
+        P2=pow2(dm + k), W2=pow2(w_full), UNDRAFTED_C=UNDRAFTED)
 
     out_width = alloc(ws, "next_width", (), i64, dev)
     b_star = alloc(ws, "b_star", (), i64, dev)
     lam = alloc(ws, "lam", (), f32, dev)
     next_depth = alloc(ws, "next_depth", (), i64, dev)
     nj = buckets.numel()
-    cz = cost if cost is not None else None
-    dz = draft_cost if draft_cost is not None else None
+    cz, dz = cost, draft_cost
     _plan_kernel[(1,)](
         csum, nsel, buckets, depths_t,
-        cz.sizes if cz else csum, cz.seconds if cz else csum, cz._seg_slope if cz else csum,
-        dz.sizes if dz else csum, dz.seconds if dz else csum, dz._seg_slope if dz else csum,
+        *((cz.sizes, cz.seconds, cz._seg_slope) if cz is not None else (csum,) * 3),
+        *((dz.sizes, dz.seconds, dz._seg_slope) if dz is not None else (csum,) * 3),
         out_width, b_star, lam, next_depth,
         counters.totals if counters is not None else csum, ng_len,
         from_lookup if from_lookup is not None else ng_len, valid, source,
         b,
-        D=nd, J=nj, W_FULL=w_full, DJ2=_pow2(max(nd * nj, 2)), BB=block_rows, HAS_COST=cz is not None,
-        HAS_DRAFT=dz is not None, NS=cz.sizes.numel() if cz else 1, NS2=_pow2(cz.sizes.numel()) if cz else 1,
-        NDS=dz.sizes.numel() if dz else 1, NDS2=_pow2(dz.sizes.numel()) if dz else 1,
-        COUNT=counters is not None, HAS_LOOKUP=from_lookup is not None, WIDTH=width, W2=_pow2(width), **_COUNTER_SLOTS)
+        D=nd, J=nj, W_FULL=w_full, DJ2=pow2(max(nd * nj, 2)), BB=block_rows, HAS_COST=cz is not None,
+        HAS_DRAFT=dz is not None, NS=_table_size(cz), NS2=pow2(_table_size(cz)), NDS=_table_size(dz),
+        NDS2=pow2(_table_size(dz)),
+        COUNT=counters is not None, HAS_LOOKUP=from_lookup is not None, WIDTH=width, W2=pow2(width), **_COUNTER_SLOTS)
     tree = VerifyTree(tokens=tokens, parents=parents, ancestors=ancestors, depth=depth, valid=valid, source=source,
                       survival=survival, expected_accepted=expected)
     return Decision(tree, b_star, lam, s_m, s_n, out_width, next_depth, rate, a_m)

@@ -92,10 +92,10 @@ class HybridSettings(BaseModel):
                                           "corpus_cap_tokens, use_corpus, donate_prompts), checked by constructing "
                                           "one at start")
     decision_kernels: Literal["auto", "fused", "torch"] = Field(
-        "auto", description="how the decision step runs on the device: fused = three Triton kernels "
-                            "(sglang_hybrid.kernels; CUDA, or the CPU under TRITON_INTERPRET=1), torch = the reference "
-                            "operators (hundreds of small launches a step); auto = fused wherever Triton runs, else "
-                            "torch. Both decide the same trees (tests/test_fused_decision.py)")
+        "auto", description="how the per-step device work runs: fused = seven Triton launches (sglang_hybrid."
+                            "kernels; CUDA, or the CPU under TRITON_INTERPRET=1), torch = the reference operators "
+                            "(hundreds of small launches a step); auto = fused wherever Triton runs, else torch. Both "
+                            "decide the same trees (tests/test_fused_decision.py)")
     log_interval: int = Field(
         50, ge=0, description="decode steps between HYBRID counter log lines (0 = off)")
     counters_file: Optional[str] = Field(

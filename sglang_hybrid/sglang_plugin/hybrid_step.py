@@ -204,11 +204,12 @@ class HybridStep:
 def _fused_decision(choice: str, decide: DecisionStep, device: torch.device):
     """The fused decision for setting ``decision_kernels`` = ``choice``: "torch" -> None; "auto" -> fused where
     Triton runs on ``device``, else None; "fused" -> fused, or an error naming the setting where Triton cannot run."""
-    if choice == "torch" or (choice == "auto" and not kernels.available(device)):
+    if choice == "torch":
         return None
-    if not kernels.available(device):
+    if kernels.available(device):
+        return kernels.FusedDecisionStep(decide, device)
+    if choice == "fused":
         raise HybridConfigError(
             f"HYBRID setting 'decision_kernels' = 'fused' but Triton cannot run on {device} (CUDA with Triton, or "
             f"the CPU with TRITON_INTERPRET=1); set {ENV_PREFIX}DECISION_KERNELS=auto or torch")
-    return kernels.FusedDecisionStep(decide, device)
-
+    return None
