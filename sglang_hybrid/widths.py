@@ -194,5 +194,25 @@ def truncate(tree: VerifyTree, width: int) -> VerifyTree:
                       expected_accepted=torch.where(valid[:, 1:], survival[:, 1:], 0.0).sum(1))
 
 
+def widen(tree: VerifyTree, width: int) -> VerifyTree:
+    """``tree`` padded to ``width`` nodes per request with invalid nodes (the inverse of ``truncate``): a ragged
+    verify runs every step at the full width, where padding costs nothing, while the price still chooses how many nodes
+    each step may verify. ``width`` is a host int, at least the tree's."""
+    b, w = tree.tokens.shape
+    if isinstance(width, bool) or not isinstance(width, int) or width < w:
+        raise ValueError(f"width must be an int >= the tree's {w}, got {width!r}")
+    if width == w:
+        return tree
+    pad = width - w
+
+    def right(t: torch.Tensor, value) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, pad), value=value)
+
+    return VerifyTree(tokens=right(tree.tokens, -1), parents=right(tree.parents, -1),
+                      ancestors=torch.nn.functional.pad(tree.ancestors, (0, pad, 0, pad), value=False),
+                      depth=right(tree.depth, 0), valid=right(tree.valid, False), source=right(tree.source, -1),
+                      survival=right(tree.survival, 0.0), expected_accepted=tree.expected_accepted)
+
+
 __all__ = ["WidthChoice", "check_buckets", "choose_plan", "choose_width", "default_buckets", "default_depths",
-           "start_width", "truncate"]
+           "start_width", "truncate", "widen"]

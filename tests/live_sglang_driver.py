@@ -101,16 +101,24 @@ def retract_case(model: str, prompts: list[str]) -> dict:
     n_new = 16
     code = [p for p in prompts if "```python" in p][:2]
     reference = _reference(model, code, n_new)
+    from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
+
     tok = AutoTokenizer.from_pretrained(model)
     prompt_tokens = sum(len(tok(p)["input_ids"]) for p in code)
+    tmp = Path(tempfile.mkdtemp(prefix="hybrid_retract_"))
+    env = {ENV_PREFIX + "COUNTERS_FILE": str(tmp / "counters.json"), ENV_PREFIX + "LOG_INTERVAL": "1"}
+    os.environ.update(env)
     eng = _engine(model, hybrid=True, max_total_tokens=prompt_tokens + 32, schedule_conservativeness=0.01,
                   max_running_requests=2)
     try:
         out = eng.generate(code, dict(GREEDY, max_new_tokens=n_new))
     finally:
         eng.shutdown()
+        for key in env:
+            os.environ.pop(key, None)
     return {"reference": reference, "hybrid": [o["output_ids"] for o in out],
-            "retractions": [o["meta_info"].get("num_retractions", 0) for o in out], "pool": prompt_tokens + 32}
+            "retractions": [o["meta_info"].get("num_retractions", 0) for o in out], "pool": prompt_tokens + 32,
+            "counters": json.loads((tmp / "counters.json").read_text())}
 
 
 def sampling_case(model: str, prompts: list[str], counts: Path) -> dict:

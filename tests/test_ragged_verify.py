@@ -152,6 +152,34 @@ def padded_case(case: dict, seed: int) -> tuple:
     return padded, real
 
 
+def padded_tree(case: dict, width: int) -> tuple:
+    """The batch as the worker holds it: ``valid [B, W]`` (a prefix of each row) and the ancestor matrix restricted
+    to real nodes (``verify_nodes``), ``W = width``."""
+    from sglang_hybrid.sglang_plugin.tree_mask import verify_nodes
+
+    lens, bs = case["ext_lens"], len(case["ext_lens"])
+    anc = torch.zeros(bs, width, width, dtype=torch.bool)
+    valid = torch.zeros(bs, width, dtype=torch.bool)
+    for i, n in enumerate(lens):
+        anc[i, :n, :n] = case["ancestors"][i]
+        valid[i, :n] = True
+    _, anc = verify_nodes(torch.zeros(bs, width, dtype=torch.int64), valid, anc)
+    return valid, anc
+
+
+def plugin_layout(case: dict, width: int, mask_dtype=torch.uint8):
+    """The plugin's ``build_ragged_layout`` of the batch (what ``RaggedTritonAttnBackend`` hands the kernel)."""
+    from sglang_hybrid.sglang_plugin.ragged.layout import build_ragged_layout, mask_numel_bound, node_counts
+
+    valid, anc = padded_tree(case, width)
+    seq_lens = torch.tensor(case["prefix_lens"])
+    counts = node_counts(valid)
+    total, seq_sum = int(counts.sum()), int(seq_lens.sum())
+    buf = torch.zeros(mask_numel_bound(width, total, seq_sum) + 5, dtype=mask_dtype)   # a reused, larger buffer
+    return build_ragged_layout(valid, anc, seq_lens, seq_sum, counts, total=total, max_nodes=int(counts.max()),
+                               mask_out=buf)
+
+
 # ----------------------------------------------------------------------------------------------- dense reference
 def dense_reference(case: dict, prefix_visible: bool = True) -> torch.Tensor:
     """``softmax(Q K^T * scale + mask) V`` per request in float64; mask: the prefix (all visible, or none), then
@@ -237,6 +265,10 @@ def kernel_run(tmp_path_factory):
     base = cases["gqa2_uint8"]
     # Positive control: a causal mask over the extend part instead of the tree.
     cases["wrong_causal"] = with_mask(base, [torch.ones(n, n, dtype=torch.bool).tril() for n in base["ext_lens"]])
+    # The plugin's own ragged layout of the same batch (trees held at width 30, as the worker holds them).
+    layout = plugin_layout(base, 30)
+    cases["plugin_layout"] = {**base, "qo_indptr": layout.qo_indptr, "custom_mask": layout.custom_mask,
+                              "mask_indptr": layout.mask_indptr, "max_len_extend": layout.max_nodes}
     # Today's padded layout of the same batch (every request at W = 28).
     cases["padded"], real_rows = padded_case(base, seed=11)
     # skip_prefix_custom_mask=True (the backend's default) never reads the prefix columns: zero them.
@@ -267,6 +299,113 @@ def test_ragged_tree_verify_triton_extend_matches_dense_reference(kernel_run, na
     err = _max_err(o, dense_reference(case))
     print(f"{name}: ext {case['ext_lens']} prefix {case['prefix_lens']} max |kernel - reference| {err:.2e}")
     assert err < ATOL
+
+
+def test_ragged_tree_verify_plugin_layout_matches_dense_reference(kernel_run):
+    """The plugin's ``build_ragged_layout`` (qo_indptr, mask_indptr, packed mask, max_len_extend) drives SGLang's
+    kernel to the dense reference on the ragged batch."""
+    cases, outputs, _ = kernel_run
+    o = outputs["plugin_layout"]
+    assert not torch.isnan(o).any()
+    assert _max_err(o, dense_reference(cases["gqa2_uint8"])) < ATOL
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ragged_layout_equals_brute_force(seed):
+    """``build_ragged_layout`` against the per-request brute force (``ragged_full_mask`` above): the same mask entries
+    up to ``mask_indptr[B]``, the same offsets, compact rows in request and node order; gather then scatter restores
+    the real rows and zeroes the absent ones."""
+    from sglang_hybrid.sglang_plugin.ragged.layout import gather_rows, scatter_rows
+
+    g = torch.Generator().manual_seed(seed)
+    bs = int(torch.randint(1, 9, (), generator=g))
+    width = int(torch.randint(2, 31, (), generator=g))
+    ext = torch.randint(1, width + 1, (bs,), generator=g).tolist()
+    prefix = torch.randint(0, 90, (bs,), generator=g).tolist()
+    case = make_case(seed, prefix, ext, 2, 1, chains=(0,))
+    for dtype in (torch.bool, torch.uint8):
+        layout = plugin_layout(case, width, dtype)
+        want, want_indptr = ragged_full_mask(case["ancestors"], prefix, dtype)
+        assert torch.equal(layout.mask_indptr, want_indptr)
+        assert torch.equal(layout.custom_mask[: int(want_indptr[-1])], want)
+        assert torch.equal(layout.qo_indptr.to(torch.int64), case["qo_indptr"])
+        assert (layout.total, layout.max_nodes) == (sum(ext), max(ext))
+    want_index = torch.cat([b * width + torch.arange(n) for b, n in enumerate(ext)])
+    assert torch.equal(layout.token_index, want_index)
+    rows = torch.randn(bs * width, 3, generator=g)
+    back = scatter_rows(gather_rows(rows, layout), layout)
+    assert torch.equal(back[want_index], rows[want_index])
+    absent = torch.ones(bs * width, dtype=torch.bool)
+    absent[want_index] = False
+    assert (back[absent] == 0).all()
+
+
+def test_ragged_layout_does_not_depend_on_the_padded_width():
+    """The same trees held at width 28 or at width 63 (``widths.widen``, what a ragged step at a narrower bucket
+    does) give the same compact forward: counts, offsets and mask; only the padded rows the compact ones map to
+    differ."""
+    case = make_case(3, [12, 0, 77], [28, 1, 6], 2, 1)
+    narrow, wide = plugin_layout(case, 28), plugin_layout(case, 63)
+    for name in ("counts", "qo_indptr", "mask_indptr"):
+        assert torch.equal(getattr(narrow, name), getattr(wide, name))
+    end = int(narrow.mask_indptr[-1])
+    assert torch.equal(narrow.custom_mask[:end], wide.custom_mask[:end])
+    req = torch.div(narrow.token_index, 28, rounding_mode="floor")
+    assert torch.equal(wide.token_index, narrow.token_index + req * (63 - 28))
+
+
+def test_ragged_layout_errors_name_the_problem():
+    from sglang_hybrid.sglang_plugin.ragged.layout import build_ragged_layout, node_counts, ragged_full_mask as build
+
+    case = make_case(0, [3, 4], [2, 3], 2, 1)
+    valid, anc = padded_tree(case, 4)
+    seq_lens, counts = torch.tensor([3, 4]), node_counts(valid)
+    with pytest.raises(ValueError, match="total verify tokens 9 outside"):
+        build_ragged_layout(valid, anc, seq_lens, 7, counts, total=9, max_nodes=3)
+    with pytest.raises(ValueError, match="max nodes per request 5 outside"):
+        build_ragged_layout(valid, anc, seq_lens, 7, counts, total=5, max_nodes=5)
+    with pytest.raises(ValueError, match="counts must be"):
+        build_ragged_layout(valid, anc, seq_lens, 7, counts[:1], total=5, max_nodes=3)
+    index = torch.tensor([0, 1, 4, 5, 6])
+    with pytest.raises(ValueError, match="holds 3 entries"):
+        build(anc, counts, index, seq_lens, 7, torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="bool or uint8"):
+        build(anc, counts, index, seq_lens, 7, torch.ones(100, dtype=torch.int32))
+
+
+def test_ragged_layout_compiles_fullgraph():
+    """The layout build is static-shape tensor code given its host ints: ``torch.compile(fullgraph=True)`` traces it
+    (no host read, no data-dependent branch) and gives the eager result."""
+    from sglang_hybrid.sglang_plugin.ragged.layout import build_ragged_layout, node_counts
+
+    case = make_case(7, [5, 0, 40], [4, 1, 9], 2, 1)
+    valid, anc = padded_tree(case, 12)
+    seq_lens, counts = torch.tensor(case["prefix_lens"]), node_counts(valid)
+
+    def build(valid, anc, seq_lens, counts):
+        lay = build_ragged_layout(valid, anc, seq_lens, 45, counts, total=14, max_nodes=9)
+        return lay.token_index, lay.qo_indptr, lay.mask_indptr, lay.custom_mask
+
+    torch._dynamo.reset()
+    got = torch.compile(build, fullgraph=True, backend="eager")(valid, anc, seq_lens, counts)
+    for a, b in zip(got, build(valid, anc, seq_lens, counts)):
+        assert torch.equal(a, b)
+
+
+def test_ragged_counters_report_tokens_and_node_ranges():
+    """``HybridCounters.on_ragged``: per step the verified tokens, what padding to the width would have cost, and
+    the fewest-most tokens per request; in the periodic summary (cumulative) and its log line."""
+    from sglang_hybrid.sglang_plugin.metrics import HybridCounters, format_summary
+
+    counters = HybridCounters("cpu", log_interval=1)
+    counters.on_ragged([1, 17, 3], 28)
+    counters.on_ragged([4, 4], 6)
+    counters.on_ragged([2, 17, 1], 28)
+    out = counters.maybe_log()
+    assert (out["ragged_steps"], out["ragged_tokens"], out["ragged_padded_tokens"]) == (3, 49, 180)
+    assert out["ragged_node_range_steps"] == {"1-17": 2, "4-4": 1}
+    assert "ragged_tokens=49/180" in format_summary(out)
+    assert HybridCounters("cpu").snapshot()["ragged_steps"] == 0
 
 
 def test_ragged_tree_verify_wrong_mask_is_detected(kernel_run):

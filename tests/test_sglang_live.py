@@ -40,14 +40,17 @@ def smollm2():
         pytest.skip(str(e))
 
 
-def _run(cmd, timeout):
+def _run(cmd, timeout, settings=None):
+    """Run ``cmd`` without the caller's HYBRID settings, with ``settings`` (``SGLANG_HYBRID_*`` variables) instead."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_HYBRID_")}
+    env.update(settings or {})
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     return proc
 
 
-def _check(*args, timeout=HANG_GUARD_S):
-    proc = _run([sys.executable, "-m", "sglang_hybrid.check", "--cpu", "--prompts", str(PROMPTS), *args], timeout)
+def _check(*args, timeout=HANG_GUARD_S, settings=None):
+    proc = _run([sys.executable, "-m", "sglang_hybrid.check", "--cpu", "--prompts", str(PROMPTS), *args], timeout,
+                settings)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return proc, lines
 
@@ -56,10 +59,21 @@ def _prompt_ids():
     return [json.loads(line)["id"] for line in PROMPTS.read_text().splitlines() if line.strip()]
 
 
-def test_self_check_choose_and_merge_equal_plain_greedy():
-    """Three concurrent requests of different lengths (two code edits, one ShareGPT chat), HYBRID choose and merge:
-    token-identical to plain greedy decoding, and the n-gram branch is chosen and accepted on the code edits."""
-    proc, lines = _check("--modes", "none,choose,merge", "--max-new-tokens", "20")
+def _assert_ragged(counters: dict) -> None:
+    """Every HYBRID verify step of the run was ragged (the CPU engine's default, setting ``ragged_verify``) and
+    verified fewer target tokens than padding to the step's width would have."""
+    assert counters["steps"] > 0 and counters["ragged_steps"] == counters["steps"], counters
+    assert 0 < counters["ragged_tokens"] < counters["ragged_padded_tokens"], counters
+
+
+def test_self_check_choose_and_merge_ragged_equal_plain_greedy():
+    """Three concurrent requests of different lengths (two code edits, one ShareGPT chat), HYBRID choose and merge with
+    the long n-gram chain (``ngram_k = 24``: verify widths 25 and 28), verified ragged: token-identical to plain greedy
+    decoding, the n-gram branch chosen and accepted on the code edits, and in both modes steps where one request
+    verified a long n-gram copy (16 or more draft nodes) while another verified an EAGLE chain of at most 3 (the
+    counters' fewest-most verify tokens per request, root included)."""
+    proc, lines = _check("--modes", "none,choose,merge", "--max-new-tokens", "20",
+                         settings={"SGLANG_HYBRID_NGRAM_K": "24"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     verdict = lines[-1]
     assert verdict["verdict"] == "PASS" and verdict["modes"] == ["choose", "merge"] and verdict["prompts"] == 3
@@ -83,6 +97,10 @@ def test_self_check_choose_and_merge_equal_plain_greedy():
     assert merge["chosen_mixed"] > 0 and merge["mean_accepted_mixed"] > 0, merge
     assert merge["ngram_available"] > 0, merge
     for counters in (choose, merge):
+        _assert_ragged(counters)
+        spread = [key for key in counters["ragged_node_range_steps"]
+                  if int(key.split("-")[0]) <= 4 and int(key.split("-")[1]) >= 17]
+        assert spread, counters["ragged_node_range_steps"]
         # every verify tested EAGLE chain tokens against the emitted ones (what the online offset learns from)
         assert counters["model_tested"] > 0 and 0 < counters["model_predicted"] < 1, counters
         assert 0 < counters["model_accepted"] < 1, counters
@@ -91,13 +109,14 @@ def test_self_check_choose_and_merge_equal_plain_greedy():
     assert max(by_mode[("choose", i)]["accept_length"] for i in code) > 1.5
 
 
-def test_streaming_abort_then_batch_equal_plain_greedy():
+def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
     """A streaming HYBRID request aborted mid-generation (its slot and drafter state released), then a code edit and
     a chat as one batch: every output token-identical to plain greedy decoding. The engine runs under cost tables
-    that make verify slots and draft forwards dear, so it switches between its (EAGLE depth, verify width) runtime
-    states (one SGLang runtime state each, chosen on the device and applied one step late): the counters show steps at
-    more than one width and more than one depth. The online EAGLE offset is on (``model_bias_eta = 0.1``), and the
-    n-gram chain is the long one recommended with a cost table (``ngram_k = 24``)."""
+    that make verify slots and draft forwards dear, so it switches EAGLE depths (one SGLang runtime state each) and
+    width buckets (under ragged verify a cap on each step's trees), both chosen on the device and applied one step
+    late: the counters show steps at more than one width and more than one depth, every step verified ragged. The
+    online EAGLE offset is on (``model_bias_eta = 0.1``), and the n-gram chain is the long one recommended with a
+    cost table (``ngram_k = 24``)."""
     proc = _run([sys.executable, str(DRIVER), "abort", str(PROMPTS)], timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -109,18 +128,21 @@ def test_streaming_abort_then_batch_equal_plain_greedy():
     depths = {int(d): n for d, n in res["counters"]["depth_steps"].items() if n > 0}
     assert len(depths) >= 2 and set(depths) <= {1, 2, 3}, depths        # adaptive drafting: depths 1, 2, 3
     assert res["counters"]["model_tested"] > 0, res["counters"]          # chains tested: the offset learned
+    _assert_ragged(res["counters"])
     # every step decided by the fused Triton kernels (SGLang's CPU engine runs Triton's interpreter)
     assert res["counters"]["decision_steps"] == {"fused": res["counters"]["steps"]}, res["counters"]
 
 
-def test_retracted_requests_equal_plain_greedy():
+def test_retracted_requests_ragged_equal_plain_greedy():
     """A KV pool too small for the batch: SGLang retracts running requests and re-prefills them later; HYBRID's
-    n-gram state for them restarts. Outputs stay token-identical to plain greedy decoding."""
+    n-gram state for them restarts. Every step verified ragged; outputs stay token-identical to plain greedy
+    decoding."""
     proc = _run([sys.executable, str(DRIVER), "retract", str(PROMPTS)], timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sum(res["retractions"]) > 0, res["retractions"]
     assert res["hybrid"] == res["reference"]
+    _assert_ragged(res["counters"])
 
 
 def test_tree_sampling_live_temperature_top_p():
@@ -139,14 +161,15 @@ def test_tree_sampling_live_temperature_top_p():
     # HYBRID's verify steps were sampling verify steps (the op runs once per verify step)
     assert 0 < counters["steps"] <= stand_in["calls"], (counters, stand_in)
     assert counters["chosen_model"] + counters["chosen_ngram"] + counters["chosen_mixed"] > 0, counters
+    _assert_ragged(counters)                                            # sampling verify on the ragged forward
     assert [len(ids) for ids in res["output_ids"]] == [res["n_new"]] * 2
     assert all(0 <= t < res["vocab"] for ids in res["output_ids"] for t in ids)
     assert all(isinstance(t, str) and t.strip() for t in res["text"]), res["text"]
 
 
-def test_tensor_parallel_two_ranks_equal_plain_greedy(tmp_path):
-    """tp_size=2 on the CPU engine (gloo): every rank verifies rank 0's tree (TreeBroadcast); the text equals plain
-    greedy decoding with the same tp_size."""
+def test_tensor_parallel_two_ranks_ragged_equal_plain_greedy(tmp_path):
+    """tp_size=2 on the CPU engine (gloo): every rank verifies rank 0's tree (TreeBroadcast), ragged (both ranks
+    compact the same rows); the text equals plain greedy decoding with the same tp_size."""
     one = tmp_path / "one.jsonl"
     one.write_text(PROMPTS.read_text().splitlines()[0] + "\n")        # the first code edit
     proc = _run([sys.executable, "-m", "sglang_hybrid.check", "--cpu", "--tp-size", "2", "--prompts", str(one),
@@ -156,3 +179,4 @@ def test_tensor_parallel_two_ranks_equal_plain_greedy(tmp_path):
     assert lines[-1]["verdict"] == "PASS"
     merged = [r for r in lines[:-1] if r["mode"] == "merge"]
     assert merged and all(r["matches_none"] is True and r["verify_steps"] for r in merged)
+    _assert_ragged(merged[0]["hybrid_counters_batch"])

@@ -11,7 +11,7 @@ from sglang_hybrid.selector import Candidates, Source, select
 from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
 from sglang_hybrid.survival import chain_parents
 from sglang_hybrid.widths import (check_buckets, choose_width, default_buckets, default_depths, start_width,
-                                  truncate)
+                                  truncate, widen)
 
 torch.set_num_threads(1)
 
@@ -88,6 +88,23 @@ def test_truncate_keeps_a_prefix_closed_tree_of_the_best_nodes():
                 assert (dropped <= worst_kept + 1e-6).all()
     with pytest.raises(ValueError, match=r"width must be an int in \[1, 13\]"):
         truncate(tree, 14)
+
+
+def test_widen_pads_with_absent_nodes_and_inverts_truncate():
+    """A ragged verify step holds every tree at the full width: ``widen`` adds absent nodes only (the contract of
+    docs/ARCHITECTURE.md for invalid nodes), so the widened tree verifies the same nodes, and ``truncate`` undoes it."""
+    tree = truncate(_random_tree(2), 5)
+    wide = widen(tree, 13)
+    assert wide.tokens.shape == (4, 13) and wide.ancestors.shape == (4, 13, 13)
+    for a, b in zip(truncate(wide, 5), tree):
+        assert torch.equal(a, b)
+    assert not wide.valid[:, 5:].any() and (wide.tokens[:, 5:] == -1).all() and (wide.parents[:, 5:] == -1).all()
+    assert (wide.source[:, 5:] == -1).all() and (wide.survival[:, 5:] == 0).all() and (wide.depth[:, 5:] == 0).all()
+    assert not wide.ancestors[:, 5:].any() and not wide.ancestors[:, :, 5:].any()
+    assert torch.equal(wide.expected_accepted, tree.expected_accepted)
+    assert widen(tree, 5) is tree
+    with pytest.raises(ValueError, match="width must be an int >= the tree's 5"):
+        widen(tree, 4)
 
 
 def test_bucket_settings_are_checked():

@@ -96,6 +96,11 @@ class HybridSettings(BaseModel):
                             "kernels; CUDA, or the CPU under TRITON_INTERPRET=1), torch = the reference operators "
                             "(hundreds of small launches a step); auto = fused wherever Triton runs, else torch. Both "
                             "decide the same trees (tests/test_fused_decision.py)")
+    ragged_verify: Literal["auto", "on", "off"] = Field(
+        "auto", description="verify each request's own nodes only (the target forward runs on the sum of the "
+                            "requests' tree sizes, not batch x width; docs/sglang.md, 'Ragged verify'). In this "
+                            "release it runs eager, on SGLang's Triton attention backend without KV window planning: "
+                            "SGLang's CPU engine; auto = on there, padded elsewhere; on = refuse to start elsewhere")
     log_interval: int = Field(
         50, ge=0, description="decode steps between HYBRID counter log lines (0 = off)")
     counters_file: Optional[str] = Field(

@@ -9,7 +9,9 @@ verifying), *model* (EAGLE only), *ngram* (n-gram only), *mixed* (a merged tree,
 Logged: requests per class, mean accepted draft tokens per class, mean price lambda, mean budget b*, how often an
 n-gram proposal existed and how often it came from the device prompt lookup (the host's did not align), mean drafted
 nodes, the share of verify slots that were padding, how many steps ran at each verify width bucket and EAGLE draft
-depth (host counts: both are chosen on the host), and the EAGLE side's calibration seen live: over the chain tokens
+depth (host counts: both are chosen on the host), under ragged verify the target tokens verified against what padding
+would have cost and the fewest and most tokens per request of each step (host counts: the worker reads the node
+counts to size the forward), and the EAGLE side's calibration seen live: over the chain tokens
 each verify tested (``request_bias.chain_outcome``), the mean acceptance HYBRID priced them with against the fraction
 the target accepted (two numbers far apart say the model calibration does not fit this deployment).
 
@@ -66,12 +68,17 @@ class HybridCounters:
     def __init__(self, device, log_interval: int = 0, snapshot_path: Optional[str] = None):
         self.device = torch.device(device)
         self.snapshot_path = snapshot_path
+        #: called with the cumulative summary at every log line (rank 0 under --enable-metrics: prometheus.py)
+        self.exporter = None
         #: decode steps per verify width and per EAGLE draft depth (host ints: both are known on the host when the
         #: step is launched)
         self.width_steps: dict[int, int] = {}
         self.depth_steps: dict[int, int] = {}
         #: steps decided by each decision path ("fused": the Triton kernels, "torch": the reference operators)
         self.decision_steps: dict[str, int] = {}
+        #: ragged verify (host ints: the worker reads each step's node counts to size the forward): steps, target
+        #: tokens verified, the tokens padding to the width would have cost, and steps per "min-max" nodes per request
+        self.ragged = {"steps": 0, "tokens": 0, "padded_tokens": 0, "node_range_steps": {}}
         self.totals = torch.zeros(SIZE, dtype=torch.float64, device=self.device)
         self.log_interval = log_interval
         self._host_steps = 0
@@ -89,6 +96,15 @@ class HybridCounters:
             self.depth_steps[depth] = self.depth_steps.get(depth, 0) + 1
         if decision is not None:
             self.decision_steps[decision] = self.decision_steps.get(decision, 0) + 1
+
+    def on_ragged(self, counts: list, width: int) -> None:
+        """Count one ragged verify step from its per-request node counts (root included; host ints)."""
+        r = self.ragged
+        r["steps"] += 1
+        r["tokens"] += sum(counts)
+        r["padded_tokens"] += len(counts) * width
+        key = f"{min(counts)}-{max(counts)}"
+        r["node_range_steps"][key] = r["node_range_steps"].get(key, 0) + 1
 
     def on_select(self, tree, ngram_len: torch.Tensor, lam: torch.Tensor, b_star: torch.Tensor,
                   depth: Optional[int] = None, from_lookup: Optional[torch.Tensor] = None,
@@ -131,7 +147,8 @@ class HybridCounters:
 
     def snapshot(self) -> dict:
         """Host dict of the totals (synchronous: for tests and shutdown, not the step)."""
-        return summarize(self.totals.detach().cpu(), self.width_steps, self.depth_steps, self.decision_steps)
+        return summarize(self.totals.detach().cpu(), self.width_steps, self.depth_steps, self.decision_steps,
+                         self.ragged)
 
     def maybe_log(self) -> Optional[dict]:
         """Called once per step on the host; logs (and returns) the interval's summary when a copy has landed.
@@ -153,13 +170,15 @@ class HybridCounters:
         out = None
         if self._pending and (self._event is None or self._event.query()):
             cur = self._staging.clone()
-            out = summarize(cur - self._last, self.width_steps, self.depth_steps, self.decision_steps)
+            out = summarize(cur - self._last, self.width_steps, self.depth_steps, self.decision_steps, self.ragged)
             self._last = cur
             self._pending = False
             logger.info("HYBRID %s", format_summary(out))
+            total = summarize(cur, self.width_steps, self.depth_steps, self.decision_steps, self.ragged)
             if self.snapshot_path:
-                write_snapshot(self.snapshot_path,
-                               summarize(cur, self.width_steps, self.depth_steps, self.decision_steps))
+                write_snapshot(self.snapshot_path, total)
+            if self.exporter is not None:
+                self.exporter(total)
         return out
 
 
@@ -172,9 +191,10 @@ def write_snapshot(path: str, summary: dict) -> None:
 
 
 def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: Optional[dict] = None,
-              decision_steps: Optional[dict] = None) -> dict:
+              decision_steps: Optional[dict] = None, ragged: Optional[dict] = None) -> dict:
     """Host summary of a counter vector; ``width_steps`` / ``depth_steps`` / ``decision_steps`` (cumulative steps per
-    verify width, per EAGLE draft depth and per decision path) are copied in."""
+    verify width, per EAGLE draft depth and per decision path) and ``ragged`` (``HybridCounters.ragged``, cumulative)
+    are copied in."""
     v = v.tolist()
     reqs = max(v[REQS], 1.0)
     out = {"steps": int(v[STEPS]), "requests": int(v[REQS]),
@@ -194,6 +214,9 @@ def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: 
     out["width_steps"] = {str(w): n for w, n in sorted((width_steps or {}).items())}
     out["depth_steps"] = {str(d): n for d, n in sorted((depth_steps or {}).items())}
     out["decision_steps"] = dict(sorted((decision_steps or {}).items()))
+    r = ragged or {"steps": 0, "tokens": 0, "padded_tokens": 0, "node_range_steps": {}}
+    out["ragged_steps"], out["ragged_tokens"], out["ragged_padded_tokens"] = r["steps"], r["tokens"], r["padded_tokens"]
+    out["ragged_node_range_steps"] = dict(r["node_range_steps"])
     for cause, i in FALLBACKS.items():
         out[f"fallback_{cause}"] = int(v[i])
     return out
@@ -208,6 +231,8 @@ def format_summary(s: dict) -> str:
         parts.append(f"eagle_priced={s['model_predicted']:.2f} eagle_accepted={s['model_accepted']:.2f}")
     if s.get("width_steps"):
         parts.append("widths=" + ",".join(f"{w}:{n}" for w, n in s["width_steps"].items()))
+    if s.get("ragged_steps"):
+        parts.append(f"ragged_tokens={s['ragged_tokens']}/{s['ragged_padded_tokens']}")
     if s.get("depth_steps"):
         parts.append("depths=" + ",".join(f"{d}:{n}" for d, n in s["depth_steps"].items()))
     for c in CLASSES:

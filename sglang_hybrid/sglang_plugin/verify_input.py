@@ -47,6 +47,8 @@ class HybridVerifyInput(EagleVerifyInput):
     """``EagleVerifyInput`` for an irregular tree of static maximum depth ``hybrid_max_depth``."""
 
     hybrid_max_depth: int = 0
+    #: the step's ragged layout (``ragged.layout.RaggedLayout``) when the verify forward runs ragged, else None
+    ragged: Optional[object] = None
 
     @property
     def max_tree_depth(self) -> int:

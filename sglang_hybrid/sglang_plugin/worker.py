@@ -60,9 +60,11 @@ from .config import load_settings
 from .hybrid_step import HybridStep
 from .metrics import HybridCounters
 from .ngram_host import NgramFeeder
+from .ragged import layout as ragged_layout
+from .ragged.target import RaggedVerifyTarget
 from .tp_sync import TreeBroadcast
-from .verify_input import TreeMaskMode, build_verify_input
-from sglang_hybrid.widths import start_width
+from .verify_input import TreeMaskMode, build_verify_input, verify_nodes
+from sglang_hybrid.widths import start_width, widen
 
 logger = logging.getLogger(__name__)
 
@@ -313,6 +315,15 @@ class HybridWorkerV2(EAGLEWorkerV2):
         cuda = torch.device(self.device).type == "cuda"
         self._plan_host = [torch.zeros(2, dtype=torch.int64, pin_memory=cuda) for _ in range(_PLAN_BUFFERS)]
         self._plan_next_buf = 0
+        #: the target worker SGLang's verify body runs: the real one, or its ragged proxy (``_enable_ragged``)
+        self._verify_target = None
+        #: whether the device's (depth, width) plan reaches the host (more than one depth or width to choose from)
+        self._plans_switch = False
+        #: under ragged verify: runtime states per depth at the full width, and the width bucket (host int, one step
+        #: late like the depth) caps the trees instead (``_tree_width``; None: the full width)
+        self._ragged_widths = False
+        self._full_width = self.speculative_num_draft_tokens
+        self._tree_width: Optional[int] = None
         if self._draft_worker is not None:
             self._draft_worker.hybrid_owner = self
 
@@ -347,16 +358,65 @@ class HybridWorkerV2(EAGLEWorkerV2):
 
     def init_cuda_graphs(self):
         super().init_cuda_graphs()
-        self._build_runtime_states()
+        ragged = self._ragged_wanted()
+        self._build_runtime_states(ragged)
+        if ragged:
+            self._enable_ragged()
+        else:
+            self._verify_target = self.target_worker
 
-    def _build_runtime_states(self) -> None:
+    def _ragged_wanted(self) -> bool:
+        """Whether verify runs ragged (setting ``ragged_verify``).
+
+        It runs where this release supports it: eager verify on SGLang's Triton backend, which is SGLang's CPU engine
+        (off the CPU SGLang captures verify graphs per batch size at one width, and the host read of the step's node
+        counts would stall it; docs/sglang.md, "Ragged verify"). ``auto`` keeps the padded verify elsewhere and
+        ``on`` stops the start there."""
+        from sglang.srt.utils import is_cpu
+
+        mode = self.settings.ragged_verify
+        backend = type(self.target_worker.model_runner.attn_backend).__name__
+        why = None
+        if not is_cpu():
+            why = ("this release runs ragged verify eager on SGLang's CPU engine only (verify CUDA graphs keyed by "
+                   "token tiers and the FlashInfer backend are not wired yet)")
+        elif backend != "TritonAttnBackend":
+            why = f"ragged verify plans through SGLang's Triton backend, the target runs {backend}"
+        if mode == "off" or (mode == "auto" and why is not None):
+            logger.info("HYBRID: padded verify (setting ragged_verify=%s%s)", mode, f": {why}" if why else "")
+            return False
+        if why is not None:
+            raise RuntimeError(f"HYBRID setting ragged_verify=on: {why}. Set SGLANG_HYBRID_RAGGED_VERIFY=auto (padded "
+                               "verify here) or run on SGLang's CPU engine with --attention-backend triton")
+        return True
+
+    def _enable_ragged(self) -> None:
+        """Every target backend (one per runtime state) plans ragged batches, and verify runs through
+        ``RaggedVerifyTarget``."""
+        from .ragged import triton_backend
+
+        backends = [self.target_worker.model_runner.attn_backend]
+        backends += [s.target_attn_backend for s in self.runtime_states.values()]
+        for backend in backends:
+            triton_backend.enable(backend)
+        self._verify_target = RaggedVerifyTarget(self.target_worker)
+        logger.info("HYBRID: ragged verify (each request verifies its own nodes; setting ragged_verify=%s)",
+                    self.settings.ragged_verify)
+
+    def _build_runtime_states(self, ragged: bool) -> None:
         """One ``SpecRuntimeState`` per (EAGLE depth, verify width) pair, built by SGLang's own
         ``build_adaptive_runtime_state`` (fresh target and draft attention backends sized for the pair, its draft,
         verify and draft-extend CUDA graphs when graphs are on), in the contexts SGLang's adaptive speculation builds
-        them in."""
+        them in. Under ragged verify one per depth, at the full width: padding costs nothing there, and the step's
+        width bucket only caps the nodes each request verifies (``build_verify``)."""
         step = self.hybrid_step
-        if self._draft_worker is None or step is None or len(step.widths) * len(step.depths) <= 1:
+        if self._draft_worker is None or step is None:
             return
+        self._plans_switch = len(step.widths) * len(step.depths) > 1
+        self._ragged_widths = ragged
+        if not self._plans_switch:
+            return
+        widths = (self.speculative_num_draft_tokens,) if ragged else step.widths
         dw = self._draft_worker
         with (_eagle_v2.draft_tp_context(dw.parallel_layout), _eagle_v2.speculative_moe_backend_context(),
               _eagle_v2.speculative_moe_a2a_backend_context()):
@@ -369,7 +429,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
                 draft_extend_attn_backend=dw.draft_extend_attn_backend,
                 cuda_graph_runner_for_draft_extend=dw.cuda_graph_runner_for_draft_extend)
             for d in step.depths:
-                for w in step.widths:
+                for w in widths:
                     if (d, w) not in self.runtime_states:
                         self.runtime_states[(d, w)] = self.build_adaptive_runtime_state(d, w)
         logger.info("HYBRID: runtime states (EAGLE depth, verify width) %s",
@@ -386,7 +446,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
         Its copy was enqueued before that step's verify, whose outputs are already on the host: the event has
         completed and ``synchronize`` returns at once. Every TP rank sees the same sequence of steps and the same
         broadcast plan, so all switch alike."""
-        if not self.runtime_states or not self._plan_fifo:
+        if not self._plans_switch or not self._plan_fifo:
             return
         host, event = self._plan_fifo.popleft()
         if event is not None:
@@ -394,16 +454,20 @@ class HybridWorkerV2(EAGLEWorkerV2):
         self._apply_plan(*(int(v) for v in host))
 
     def _apply_plan(self, depth: int, width: int) -> None:
-        """Switch to the runtime state of (``depth``, ``width``) unless it is the current one."""
+        """Switch to the runtime state of (``depth``, ``width``) unless it is the current one (under ragged verify the
+        depth's, with ``width`` kept as the next trees' width)."""
+        key = (depth, width)
+        if self._ragged_widths:
+            self._tree_width, key = width, (depth, self._full_width)
         current = (self.speculative_num_steps, self.speculative_num_draft_tokens)
-        state = self.runtime_states.get((depth, width))
-        if state is None and self.runtime_states and (depth, width) != current:
+        state = self.runtime_states.get(key)
+        if state is None and self.runtime_states and key != current:
             self.fallbacks("plan_missing", 1,
                            f"the step chose EAGLE depth {depth} and verify width {width}, for which no runtime state "
                            f"was built (built: {sorted(self.runtime_states)}); kept depth {current[0]} and width "
                            f"{current[1]}. The decision's depths and widths (settings) and the states built at start "
                            "(_build_runtime_states) disagree")
-        if state is None or (depth, width) == current:
+        if state is None or key == current:
             return
         # SGLang's apply_runtime_state swaps every depth- and width-dependent resource, but returns early when the step
         # count is unchanged (it was written for step switching); HYBRID also switches width at a fixed step count, so
@@ -424,7 +488,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
     def build_verify(self, batch, draft_input, draft_tokens: torch.Tensor, conf: torch.Tensor):
         """Called by ``HybridDraftWorker.draft`` with the EAGLE chain; returns the verify input."""
         attn = self.target_worker.model_runner.attn_backend
-        if type(attn).__name__ not in TREE_MASK_BACKEND_CLASSES:
+        if not any(c.__name__ in TREE_MASK_BACKEND_CLASSES for c in type(attn).__mro__):   # ragged: a subclass
             raise NotImplementedError(
                 f"HYBRID needs an attention backend whose topk=1 verify applies the tree mask "
                 f"({', '.join(TREE_MASK_BACKEND_CLASSES)}), got {type(attn).__name__}; use --attention-backend "
@@ -433,18 +497,33 @@ class HybridWorkerV2(EAGLEWorkerV2):
         cur_gen = self._cur_gen if self._cur_gen is not None else self.hybrid_step.buffers.gen[slots]
         width = self.speculative_num_draft_tokens
         decision = self.hybrid_step.select(draft_input.bonus_tokens, draft_tokens, conf, slots, cur_gen,
-                                           batch.seq_lens, width=width, lookup_span=self._lookup_span(batch))
+                                           batch.seq_lens, width=self._tree_width or width,
+                                           lookup_span=self._lookup_span(batch))
         tree, plan = self.tree_broadcast(decision.tree, torch.stack([decision.next_depth, decision.next_width]))
+        tree = widen(tree, width)           # ragged verify at a narrower bucket: absent nodes cost nothing
         self._stage_plan(plan)
         self._last_tree = tree
         # Same mask placement rule as SGLang's build_eagle_verify_input: the backend's preallocated buffer (which its
         # verify CUDA graph reads) when it has one and the batch fits, else a fresh tensor.
         bs = batch.seq_lens.shape[0]
         seq_lens_sum = batch.seq_lens_sum if batch.seq_lens_sum is not None else bs * attn.max_context_len
-        return build_verify_input(tree, batch.seq_lens, num_steps=self.speculative_num_steps,
-                                  max_depth=self.hybrid_step.max_depth_at(width), mask_mode=TreeMaskMode.FULL_MASK,
-                                  seq_lens_sum=seq_lens_sum, mask_buf=verify_mask_buffer(attn, bs),
-                                  fused=self.hybrid_step.fused is not None, workspace=self.hybrid_step.workspace)
+        verify_input = build_verify_input(
+            tree, batch.seq_lens, num_steps=self.speculative_num_steps, max_depth=self.hybrid_step.max_depth_at(width),
+            mask_mode=TreeMaskMode.FULL_MASK, seq_lens_sum=seq_lens_sum, mask_buf=verify_mask_buffer(attn, bs),
+            fused=self.hybrid_step.fused is not None, workspace=self.hybrid_step.workspace)
+        if isinstance(self._verify_target, RaggedVerifyTarget):
+            verify_input.ragged = self._ragged_layout(tree, batch.seq_lens, seq_lens_sum)
+        return verify_input
+
+    def _ragged_layout(self, tree, seq_lens: torch.Tensor, seq_lens_sum: int) -> "ragged_layout.RaggedLayout":
+        """The step's ragged layout. Its node counts are read to the host once (they size the forward: eager only,
+        see ``_resolve_ragged``) and counted (``HybridCounters.on_ragged``)."""
+        counts = ragged_layout.node_counts(tree.valid)
+        host = counts.tolist()
+        self.counters.on_ragged(host, tree.valid.shape[1])
+        _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
+        return ragged_layout.build_ragged_layout(tree.valid, anc, seq_lens, seq_lens_sum, counts, total=sum(host),
+                                                 max_nodes=max(host))
 
     def _longest_context(self, batch) -> Optional[int]:
         """A host-known bound on the batch's committed tokens per request (root included), read without waiting for
@@ -482,7 +561,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
         """Start the copy of the chosen (depth, width) to the host (non-blocking on CUDA); ``_switch_plan`` reads it
         when the step's results are processed. The queue is bounded: entries whose results never came (a batch
         dropped between launch and processing) are discarded oldest first."""
-        if not self.runtime_states:
+        if not self._plans_switch:
             return
         while len(self._plan_fifo) >= _PLAN_IN_FLIGHT:
             self._plan_fifo.popleft()
@@ -540,7 +619,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
 
     def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None):
         return run_eagle_verify(
-            batch, pp_proxy_tensors=pp_proxy_tensors, target_worker=self.target_worker,
+            batch, pp_proxy_tensors=pp_proxy_tensors, target_worker=self._verify_target or self.target_worker,
             req_to_token_pool=self.req_to_token_pool, token_to_kv_pool_allocator=self.token_to_kv_pool_allocator,
             plan_stream=self.plan_stream, plan_stream_ctx=self.plan_stream_ctx, topk=_TREE_VERIFY_TOPK,
             num_draft_tokens=self.speculative_num_draft_tokens, device=self.device, metadata_ready_pre_pad=False,

@@ -1,0 +1,64 @@
+"""The target worker as SGLang's verify body sees it, running the verify forward on the ragged rows only.
+
+Why a proxy around the target worker: SGLang's verify body (``run_eagle_verify``) builds a padded ``B x W`` forward
+batch and, after the forward, walks the trees, commits KV and feeds the draft extend from ``B x W`` rows. Only the
+forward itself needs to change, so ``RaggedVerifyTarget.forward_batch_generation`` compacts the batch's node tokens
+and positions to the layout's ``T`` rows (``layout.gather_rows``) and its KV writes too (SGLang's own
+``KVLocPlan.bind`` with the compact rows as a flat index into the verify window), runs the real forward (the
+backend plans it ragged: ``triton_backend``), then scatters the logits and hidden states back to their padded rows
+(``layout.scatter_rows``). Absent nodes get no KV write and zero logits; they are unreachable from the root, so
+neither is ever read. Everything else is delegated to the real worker untouched.
+"""
+from __future__ import annotations
+
+from .layout import gather_rows, scatter_rows
+
+
+class RaggedVerifyTarget:
+    """Delegates to ``target_worker``; a verify forward whose ``spec_info.ragged`` is set runs compact."""
+
+    def __init__(self, target_worker):
+        self._target = target_worker
+
+    def __getattr__(self, name):
+        return getattr(self._target, name)
+
+    def forward_batch_generation(self, batch=None, forward_batch=None, is_verify: bool = False, **kwargs):
+        layout = getattr(getattr(forward_batch, "spec_info", None), "ragged", None)
+        if not is_verify or layout is None or forward_batch.forward_mode.is_idle():
+            return self._target.forward_batch_generation(batch=batch, forward_batch=forward_batch,
+                                                         is_verify=is_verify, **kwargs)
+        fb = forward_batch
+        if fb.forward_metadata_ready:
+            raise RuntimeError(
+                "ragged verify: the verify batch was already planned (a CUDA graph loaded it at the padded width); "
+                "ragged verify runs eager only in this release (setting ragged_verify)")
+        plan, cols = fb.kv_loc_plan, fb.kv_loc_cols
+        if cols is not None:
+            raise RuntimeError("ragged verify: the verify batch already writes part of its KV window (kv_loc_cols); "
+                               "it compacts whole verify windows only")
+        translator = self._target.model_runner.kv_index_translator
+        padded = fb.input_ids, fb.positions
+        fb.input_ids, fb.positions = (gather_rows(t, layout) for t in padded)
+        # KV writes: SGLang's own plan selects the compact rows of the verify window (``cols`` as a flat index into
+        # the window: out_cache_loc and its virtual mirror both follow).
+        plan.bind(fb, translator, cols=layout.token_index)
+        # The batch's token count feeds SGLang's padding bookkeeping (num_token_non_padded): recount after compaction.
+        fb._init_num_token_non_padded(device=fb.input_ids.device, is_draft_worker=False)
+        try:
+            out = self._target.forward_batch_generation(batch=batch, forward_batch=fb, is_verify=True, **kwargs)
+        finally:
+            fb.input_ids, fb.positions = padded
+            plan.bind(fb, translator, cols=None)
+            fb._init_num_token_non_padded(device=fb.input_ids.device, is_draft_worker=False)
+        logits = out.logits_output
+        if logits.hidden_states_token_indices is not None:
+            raise RuntimeError("ragged verify: the forward returned hidden states of selected tokens only "
+                               "(hidden_states_token_indices); it scatters full-row outputs only")
+        logits.next_token_logits = scatter_rows(logits.next_token_logits, layout)
+        if logits.hidden_states is not None:
+            logits.hidden_states = scatter_rows(logits.hidden_states, layout)
+        return out
+
+
+__all__ = ["RaggedVerifyTarget"]
