@@ -13,7 +13,9 @@
 #       changed .py files form the code-editing set; these give 534 requests)
 #   SERVER_ARGS="--attention-backend flashinfer" (default; added to every launch, so all algorithms share a backend)
 #   PYTHON=python3
-#   ONLY="HYBRID EAGLE" (subset of algorithms)   SKIP_CHECK=1 (skip the greedy check)
+#   ONLY="HYBRID EAGLE" (subset of algorithms)   SKIP_CHECK=1 (skip the greedy checks)
+#   SKIP_RAGGED=1 (skip the ragged-verify greedy check: HYBRID with SGLANG_HYBRID_RAGGED_VERIFY=on on the eager
+#       Triton backend, against plain decoding on the same backend)
 #   EAGLE_ALGO=EAGLE|EAGLE3 (baseline's algorithm name; default guessed from the draft's name)
 #   SGLANG_HYBRID_* (HYBRID settings, see docs/sglang.md), e.g. SGLANG_HYBRID_COST_TABLE=cost.json
 # Output: OUT_DIR/{check,runs}/..., OUT_DIR/summary.txt (throughput ratios vs no speculation and vs EAGLE).
@@ -102,11 +104,16 @@ algo_args() {
     esac
 }
 
-start_server() {  # $1 = algorithm
-    local log="$OUT/logs/server_$1.log"
+# Ragged verify runs eager on the Triton backend (docs/sglang.md, "Ragged verify"): "<algo>_RAGGED" launches <algo>
+# there (after SERVER_ARGS, so these flags win), HYBRID with ragged verify forced on.
+RAGGED_ARGS="--attention-backend triton --disable-cuda-graph"
+
+start_server() {  # $1 = algorithm, or algorithm_RAGGED
+    local log="$OUT/logs/server_$1.log" extra="" ragged="${SGLANG_HYBRID_RAGGED_VERIFY:-auto}"
+    case "$1" in *_RAGGED) extra=$RAGGED_ARGS; ragged=on ;; esac
     # shellcheck disable=SC2046,SC2086
-    $PY -m sglang.launch_server --model-path "$MODEL" --port "$PORT" --max-running-requests 128 \
-        $(algo_args "$1") $SERVER_ARGS >"$log" 2>&1 &
+    SGLANG_HYBRID_RAGGED_VERIFY=$ragged $PY -m sglang.launch_server --model-path "$MODEL" --port "$PORT" \
+        --max-running-requests 128 $(algo_args "${1%_RAGGED}") $SERVER_ARGS $extra >"$log" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 1 900); do
         if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then return 0; fi
@@ -137,15 +144,11 @@ json.dump(res, open(out, "w"))
 EOF
 }
 
-if [ "${SKIP_CHECK:-0}" != 1 ]; then
-    for algo in none HYBRID; do
-        start_server "$algo"
-        greedy_outputs "$algo"
-        stop_server
-    done
-    $PY - "$OUT/check/none.json" "$OUT/check/HYBRID.json" <<'EOF' | tee "$OUT/check/result.txt"
+compare_greedy() {  # $1 = reference run, $2 = HYBRID run (names under $OUT/check)
+    $PY - "$OUT/check/$1.json" "$OUT/check/$2.json" "$2" <<'EOF'
 import json, sys
-a, b = (json.load(open(p)) for p in sys.argv[1:])
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+print(f"{sys.argv[3]}:")
 ok = 0
 for i, (x, y) in enumerate(zip(a, b)):
     xa, ya = x["output_ids"] or x["text"], y["output_ids"] or y["text"]
@@ -159,6 +162,20 @@ print(f"greedy check: {ok}/{len(a)} identical to plain decoding: {'PASS' if ok =
 print("note: bf16 kernels for verify (many tokens) and decode (one token) can round differently; a late divergence "
       "after identical prefixes is numerics, an early one a bug. Retry with SERVER_ARGS='--attention-backend flashinfer --enable-deterministic-inference'.")
 EOF
+}
+
+if [ "${SKIP_CHECK:-0}" != 1 ]; then
+    CHECK_RUNS="none HYBRID"
+    [ "${SKIP_RAGGED:-0}" = 1 ] || CHECK_RUNS="$CHECK_RUNS none_RAGGED HYBRID_RAGGED"
+    for algo in $CHECK_RUNS; do
+        start_server "$algo"
+        greedy_outputs "$algo"
+        stop_server
+    done
+    {
+        compare_greedy none HYBRID
+        [ "${SKIP_RAGGED:-0}" = 1 ] || compare_greedy none_RAGGED HYBRID_RAGGED
+    } | tee "$OUT/check/result.txt"
 fi
 
 # ---------------------------------------------------------------------------------------------------- throughput

@@ -350,3 +350,33 @@ def test_ragged_plan_switches_depth_states_and_caps_tree_width():
     assert applied == ["d1"] and worker._tree_width == 4
     hw.HybridWorkerV2._apply_plan(worker, 2, 4)                         # a depth without a state: counted
     assert counters.snapshot()["fallback_plan_missing"] == 1
+
+
+@pytest.mark.parametrize("mode, backend, graphs, cpu, want", [
+    ("auto", "TritonAttnBackend", False, True, True),        # the CPU engine: ragged by default
+    ("auto", "TritonAttnBackend", False, False, False),      # a GPU: the per-step host read is a sync, so padded
+    ("on", "TritonAttnBackend", False, False, True),         # ... unless asked for
+    ("off", "TritonAttnBackend", False, True, False),
+    ("auto", "FlashInferAttnBackend", False, True, False),
+    ("auto", "TritonAttnBackend", True, False, False),
+    ("on", "FlashInferAttnBackend", False, False, "Triton backend, the target runs FlashInferAttnBackend"),
+    ("on", "TritonAttnBackend", True, False, "CUDA graphs captured at one width"),
+])
+def test_ragged_verify_setting_resolves_where_it_can_run(monkeypatch, mode, backend, graphs, cpu, want):
+    """``ragged_verify``: auto is on only on the CPU engine's eager Triton verify; on runs it wherever verify is eager
+    on the Triton backend and stops a start where it cannot run, naming the flags to change."""
+    from types import SimpleNamespace
+
+    import sglang.srt.utils as sglang_utils
+
+    monkeypatch.setattr(sglang_utils, "is_cpu", lambda: cpu)
+    runner = SimpleNamespace(attn_backend=type(backend, (), {})(),
+                             decode_cuda_graph_runner=object() if graphs else None)
+    worker = SimpleNamespace(settings=SimpleNamespace(ragged_verify=mode),
+                             target_worker=SimpleNamespace(model_runner=runner))
+    if isinstance(want, str):
+        with pytest.raises(RuntimeError, match=want) as err:
+            hw.HybridWorkerV2._ragged_wanted(worker)
+        assert "--attention-backend triton --disable-cuda-graph" in str(err.value)
+    else:
+        assert hw.HybridWorkerV2._ragged_wanted(worker) is want

@@ -366,28 +366,33 @@ class HybridWorkerV2(EAGLEWorkerV2):
             self._verify_target = self.target_worker
 
     def _ragged_wanted(self) -> bool:
-        """Whether verify runs ragged (setting ``ragged_verify``).
+        """Whether verify runs ragged (setting ``ragged_verify``; docs/sglang.md, "Ragged verify").
 
-        It runs where this release supports it: eager verify on SGLang's Triton backend, which is SGLang's CPU engine
-        (off the CPU SGLang captures verify graphs per batch size at one width, and the host read of the step's node
-        counts would stall it; docs/sglang.md, "Ragged verify"). ``auto`` keeps the padded verify elsewhere and
-        ``on`` stops the start there."""
+        It can run where verify is eager on SGLang's Triton backend (verify CUDA graphs are captured per batch size at
+        one width; token-tier graphs and FlashInfer are not built yet). ``auto`` turns it on only on SGLang's CPU
+        engine, where reading the step's node counts to the host costs nothing; on a GPU that read would stall the
+        host until the draft and the decision finish, so there it takes ``on`` (the GPU check in
+        ``bench/sglang_gpu.sh`` does). ``on`` where it cannot run stops the start with the fix."""
         from sglang.srt.utils import is_cpu
 
         mode = self.settings.ragged_verify
-        backend = type(self.target_worker.model_runner.attn_backend).__name__
-        why = None
-        if not is_cpu():
-            why = ("this release runs ragged verify eager on SGLang's CPU engine only (verify CUDA graphs keyed by "
-                   "token tiers and the FlashInfer backend are not wired yet)")
-        elif backend != "TritonAttnBackend":
-            why = f"ragged verify plans through SGLang's Triton backend, the target runs {backend}"
-        if mode == "off" or (mode == "auto" and why is not None):
-            logger.info("HYBRID: padded verify (setting ragged_verify=%s%s)", mode, f": {why}" if why else "")
+        runner = self.target_worker.model_runner
+        backend = type(runner.attn_backend).__name__
+        cannot = None
+        if backend != "TritonAttnBackend":
+            cannot = f"ragged verify plans through SGLang's Triton backend, the target runs {backend}"
+        elif runner.decode_cuda_graph_runner is not None:
+            cannot = "verify runs in CUDA graphs captured at one width (token-tier graphs are not built yet)"
+        if mode == "on" and cannot is not None:
+            raise RuntimeError(f"HYBRID setting ragged_verify=on: {cannot}. Run with --attention-backend triton "
+                               "--disable-cuda-graph, or set SGLANG_HYBRID_RAGGED_VERIFY=auto (padded verify here)")
+        why_padded = cannot or (None if is_cpu() or mode == "on" else
+                                "off the CPU engine ragged verify reads each step's node counts to the host, a sync "
+                                "(ragged_verify=on runs it anyway)")
+        if mode == "off" or why_padded is not None:
+            logger.info("HYBRID: padded verify (setting ragged_verify=%s%s)", mode,
+                        f": {why_padded}" if why_padded else "")
             return False
-        if why is not None:
-            raise RuntimeError(f"HYBRID setting ragged_verify=on: {why}. Set SGLANG_HYBRID_RAGGED_VERIFY=auto (padded "
-                               "verify here) or run on SGLang's CPU engine with --attention-backend triton")
         return True
 
     def _enable_ragged(self) -> None:
