@@ -6,6 +6,8 @@ environment set before ``sglang`` is imported, so never inside the pytest proces
     python tests/live_sglang_driver.py retract PROMPTS.jsonl    # HYBRID merge with a KV pool too small for the batch
     python tests/live_sglang_driver.py sampling PROMPTS.jsonl   # HYBRID at temperature 0.8, top-p 0.9: SGLang's
                                                                 # sampling verify with the CPU tree-sampling stand-in
+    python tests/live_sglang_driver.py kv_window PROMPTS.jsonl  # HYBRID with SGLang's KV window planning (a GPU
+                                                                # branch) lifted onto the CPU, padded verify
 
 Prints one JSON object on the last line of stdout: the greedy reference (plain decoding, ``torch_native``) and what
 HYBRID produced, so the test compares token ids itself.
@@ -147,12 +149,40 @@ def sampling_case(model: str, prompts: list[str], counts: Path) -> dict:
             "counters": json.loads((tmp / "counters.json").read_text())}
 
 
+def kv_window_case(model: str, prompts: list[str]) -> dict:
+    """A code edit and the chat with SGLang's KV window planning on (``cpu_engine.kv_window``: the draft plans each
+    iteration's write window and HYBRID hands the plan to its verify, as on a GPU), padded verify (``ragged_verify =
+    off``) under the dear-slot verify cost table but no draft cost table, so every step drafts 3 EAGLE tokens while
+    the width buckets go down to 2: steps at widths up to the depth, where SGLang plans no window (a case only HYBRID
+    produces), beside wider ones, where it does."""
+    from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
+
+    n_new = 8
+    prompts = prompts[:2]
+    reference = _reference(model, prompts, n_new)
+    tmp = Path(tempfile.mkdtemp(prefix="hybrid_kv_window_"))
+    env = {**_dear_slots(tmp), ENV_PREFIX + "RAGGED_VERIFY": "off"}
+    del env[ENV_PREFIX + "DRAFT_COST_TABLE"]
+    os.environ.update(env)
+    eng = _engine(model, hybrid=True)
+    try:
+        out = eng.generate(prompts, dict(GREEDY, max_new_tokens=n_new))
+    finally:
+        eng.shutdown()
+        for key in env:
+            os.environ.pop(key, None)
+    return {"reference": reference, "hybrid": [o["output_ids"] for o in out],
+            "counters": json.loads((tmp / "counters.json").read_text())}
+
+
 def main() -> None:
     case, prompts_file = sys.argv[1], sys.argv[2]
     from sglang_hybrid.cpu_engine import prepare_environment
 
     counts = Path(tempfile.mkdtemp(prefix="hybrid_tree_sampling_")) / "stand_in_counts.json"
-    prepare_environment(tree_sampling_counts=str(counts) if case == "sampling" else None)
+    # the retraction case also plans KV windows: its ragged verify then compacts a planned window, as on a GPU
+    prepare_environment(tree_sampling_counts=str(counts) if case == "sampling" else None,
+                        kv_window=case in ("kv_window", "retract"))
     from sglang_hybrid.check import load_tokenizer, read_prompts, render
     from sglang_hybrid.reference.models import ensure_converted
 
@@ -164,7 +194,7 @@ def main() -> None:
     if case == "sampling":
         result = sampling_case(model, prompts, counts)
     else:
-        result = {"abort": abort_case, "retract": retract_case}[case](model, prompts)
+        result = {"abort": abort_case, "retract": retract_case, "kv_window": kv_window_case}[case](model, prompts)
     print(json.dumps(result), flush=True)
 
 

@@ -1,4 +1,5 @@
-"""Ragged tree verify, first brick: SGLang's Triton extend attention kernel on a ragged batch of tree masks.
+"""Ragged tree verify: the plugin's layout (``sglang_plugin/ragged/layout.py``) and SGLang's Triton extend attention
+kernel on a ragged batch of tree masks.
 
 Each request verifies its own number of nodes (ragged ``qo_indptr``: 1, 3, 28, 2, ... tokens) with its own tree mask
 (each node sees the whole prefix and its ancestors in the tree, itself included). The kernel is SGLang 0.5.23's
@@ -10,7 +11,9 @@ FULL_MASK tree mask (per request ``n_i x (prefix_i + n_i)`` row-major, starting 
 and the default ``skip_prefix_custom_mask=True``. It runs in Triton's CPU interpreter (``TRITON_INTERPRET=1``), in a
 subprocess because the flag must be set before Triton is imported and this test session may already have imported
 it; the subprocess is this file run as a script. The outputs are compared with a dense float64 torch reference
-``softmax(Q K^T * scale + mask) V`` per request.
+``softmax(Q K^T * scale + mask) V`` per request. The plugin's layout is checked against a per-request brute force
+(``ragged_full_mask`` below) and, through the kernel, against the same reference; the live engine runs it in every
+case of ``tests/test_sglang_live.py``.
 """
 from __future__ import annotations
 

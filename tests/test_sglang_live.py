@@ -135,14 +135,36 @@ def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
 
 def test_retracted_requests_ragged_equal_plain_greedy():
     """A KV pool too small for the batch: SGLang retracts running requests and re-prefills them later; HYBRID's
-    n-gram state for them restarts. Every step verified ragged; outputs stay token-identical to plain greedy
-    decoding."""
+    n-gram state for them restarts. Every step verified ragged, from a KV write window planned by the draft as on a
+    GPU (``cpu_engine.kv_window``); outputs stay token-identical to plain greedy decoding."""
     proc = _run([sys.executable, str(DRIVER), "retract", str(PROMPTS)], timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sum(res["retractions"]) > 0, res["retractions"]
     assert res["hybrid"] == res["reference"]
     _assert_ragged(res["counters"])
+    # KV window planning lifted onto the CPU (as on a GPU): every ragged step compacted a planned window
+    assert res["counters"]["kv_window_steps"] == res["counters"]["steps"], res["counters"]
+
+
+def test_kv_window_planning_live_equal_plain_greedy():
+    """SGLang's KV window planning, a GPU branch SGLang gates off on CPU, lifted onto the CPU engine
+    (``sglang_hybrid/cpu_engine/kv_window.py``): the draft plans each decode iteration's write window and HYBRID hands
+    the plan to its verify input. With padded verify under a cost table that makes slots dear and a fixed EAGLE depth
+    of 3, steps at widths above the depth plan a window and steps at or below it do not (SGLang plans only when the
+    window is wider than the draft): token-identical to plain greedy decoding. The retraction case runs the planned
+    window ragged."""
+    proc = _run([sys.executable, str(DRIVER), "kv_window", str(PROMPTS)], timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["hybrid"] == res["reference"]
+    counters = res["counters"]
+    assert counters["ragged_steps"] == 0 and counters["steps"] > 0, counters       # padded verify, as asked
+    assert counters["depth_steps"] == {"3": counters["steps"]}, counters
+    widths = {int(w): n for w, n in counters["width_steps"].items() if n > 0}
+    wider = sum(n for w, n in widths.items() if w > 3)
+    # windows planned exactly on the steps wider than the draft; both kinds of step ran
+    assert counters["kv_window_steps"] == wider and 0 < wider < counters["steps"], counters
 
 
 def test_tree_sampling_live_temperature_top_p():

@@ -31,11 +31,13 @@ CPU_ENV = {
 }
 
 
-def prepare_environment(tp_size: int = 1, tree_sampling_counts: Optional[str] = None) -> None:
+def prepare_environment(tp_size: int = 1, tree_sampling_counts: Optional[str] = None,
+                        kv_window: bool = False) -> None:
     """Set the CPU engine's environment and path; call before the first ``import sglang`` of the process.
 
     ``tree_sampling_counts``: a JSON file path: run SGLang's sampling verify (temperature > 0) with the CPU stand-in
-    tree-sampling op (``tree_sampling.py``; SGLang verifies greedily on CPU otherwise) and count its calls there."""
+    tree-sampling op (``tree_sampling.py``; SGLang verifies greedily on CPU otherwise) and count its calls there.
+    ``kv_window``: plan each decode iteration's KV write window as SGLang does on a GPU (``kv_window.py``)."""
     for name in ("sglang", "triton"):
         if name in sys.modules:
             raise RuntimeError(
@@ -51,6 +53,10 @@ def prepare_environment(tp_size: int = 1, tree_sampling_counts: Optional[str] = 
             f"{r * per}-{r * per + per - 1}" if per > 1 else str(r * per % cores) for r in range(tp_size))
     if tree_sampling_counts:
         os.environ[TREE_SAMPLING_ENV] = str(tree_sampling_counts)
+    if kv_window:
+        from .kv_window import KV_WINDOW_ENV
+
+        os.environ[KV_WINDOW_ENV] = "1"
     stand_in = str(STAND_IN_DIR)
     if stand_in not in sys.path:
         sys.path.insert(0, stand_in)

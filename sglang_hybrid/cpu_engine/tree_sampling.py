@@ -51,16 +51,15 @@ reaches ``1 - p``), ties kept, renormalised.
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import json
 import os
-import sys
 from typing import Callable, List, Tuple
 
 import torch
 
 from . import TREE_SAMPLING_ENV
+from .import_hook import patch_after_import
+
 _EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
 
 
@@ -247,37 +246,11 @@ def _patch_eagle_utils(counts_path: str) -> None:
         setattr(module, name, value)
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Applies ``_patch_eagle_utils`` right after SGLang's ``eagle_utils`` module has executed."""
-
-    def __init__(self, counts_path: str):
-        self.counts_path = counts_path
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != _EAGLE_UTILS:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module, counts_path = spec.loader.exec_module, self.counts_path
-
-        def exec_then_patch(module):
-            exec_module(module)
-            _patch_eagle_utils(counts_path)
-
-        spec.loader.exec_module = exec_then_patch
-        return spec
-
-
 def install_when_imported() -> bool:
     """If ``TREE_SAMPLING_ENV`` is set in this process: patch SGLang's ``eagle_utils`` now (already imported) or right
     after its import. Returns whether it is set. Called by the stand-in ``sgl_kernel`` at import."""
     counts_path = os.environ.get(TREE_SAMPLING_ENV)
     if not counts_path:
         return False
-    if _EAGLE_UTILS in sys.modules:
-        _patch_eagle_utils(counts_path)
-    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport(counts_path))
+    patch_after_import(_EAGLE_UTILS, lambda _module: _patch_eagle_utils(counts_path))
     return True

@@ -79,6 +79,9 @@ class HybridCounters:
         #: ragged verify (host ints: the worker reads each step's node counts to size the forward): steps, target
         #: tokens verified, the tokens padding to the width would have cost, and steps per "min-max" nodes per request
         self.ragged = {"steps": 0, "tokens": 0, "padded_tokens": 0, "node_range_steps": {}}
+        #: decode steps whose KV write window SGLang's draft planned (``KVLocPlan``: on a GPU whenever the verify
+        #: width exceeds the draft depth; host int)
+        self.kv_window_steps = 0
         self.totals = torch.zeros(SIZE, dtype=torch.float64, device=self.device)
         self.log_interval = log_interval
         self._host_steps = 0
@@ -147,8 +150,11 @@ class HybridCounters:
 
     def snapshot(self) -> dict:
         """Host dict of the totals (synchronous: for tests and shutdown, not the step)."""
-        return summarize(self.totals.detach().cpu(), self.width_steps, self.depth_steps, self.decision_steps,
-                         self.ragged)
+        return self._summary(self.totals.detach().cpu())
+
+    def _summary(self, v: torch.Tensor) -> dict:
+        """``summarize`` of the device vector ``v`` (host copy) with the host counts, which are cumulative."""
+        return summarize(v, self.width_steps, self.depth_steps, self.decision_steps, self.ragged, self.kv_window_steps)
 
     def maybe_log(self) -> Optional[dict]:
         """Called once per step on the host; logs (and returns) the interval's summary when a copy has landed.
@@ -170,11 +176,11 @@ class HybridCounters:
         out = None
         if self._pending and (self._event is None or self._event.query()):
             cur = self._staging.clone()
-            out = summarize(cur - self._last, self.width_steps, self.depth_steps, self.decision_steps, self.ragged)
+            out = self._summary(cur - self._last)
             self._last = cur
             self._pending = False
             logger.info("HYBRID %s", format_summary(out))
-            total = summarize(cur, self.width_steps, self.depth_steps, self.decision_steps, self.ragged)
+            total = self._summary(cur)
             if self.snapshot_path:
                 write_snapshot(self.snapshot_path, total)
             if self.exporter is not None:
@@ -191,10 +197,11 @@ def write_snapshot(path: str, summary: dict) -> None:
 
 
 def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: Optional[dict] = None,
-              decision_steps: Optional[dict] = None, ragged: Optional[dict] = None) -> dict:
+              decision_steps: Optional[dict] = None, ragged: Optional[dict] = None,
+              kv_window_steps: int = 0) -> dict:
     """Host summary of a counter vector; ``width_steps`` / ``depth_steps`` / ``decision_steps`` (cumulative steps per
-    verify width, per EAGLE draft depth and per decision path) and ``ragged`` (``HybridCounters.ragged``, cumulative)
-    are copied in."""
+    verify width, per EAGLE draft depth and per decision path), ``ragged`` (``HybridCounters.ragged``) and
+    ``kv_window_steps`` (cumulative) are copied in."""
     v = v.tolist()
     reqs = max(v[REQS], 1.0)
     out = {"steps": int(v[STEPS]), "requests": int(v[REQS]),
@@ -217,6 +224,7 @@ def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: 
     r = ragged or {"steps": 0, "tokens": 0, "padded_tokens": 0, "node_range_steps": {}}
     out["ragged_steps"], out["ragged_tokens"], out["ragged_padded_tokens"] = r["steps"], r["tokens"], r["padded_tokens"]
     out["ragged_node_range_steps"] = dict(r["node_range_steps"])
+    out["kv_window_steps"] = kv_window_steps
     for cause, i in FALLBACKS.items():
         out[f"fallback_{cause}"] = int(v[i])
     return out

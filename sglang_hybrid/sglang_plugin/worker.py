@@ -287,6 +287,7 @@ class HybridDraftWorker(EagleDraftWorker):
         if kv_loc_plan is not None:
             verify_input.kv_loc_plan = kv_loc_plan
             verify_input.prepared_out_cache_loc = kv_loc_plan.write_virtual
+            self.hybrid_owner.counters.kv_window_steps += 1
         return verify_input
 
 

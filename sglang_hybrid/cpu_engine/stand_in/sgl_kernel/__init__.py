@@ -12,7 +12,9 @@ interpreter (``TRITON_INTERPRET=1``) runs on CPU. Any other attribute resolves t
 
 Tree speculative sampling (SGLang's sampling verify, which SGLang never runs on CPU) has its stand-in in
 ``sglang_hybrid/cpu_engine/tree_sampling.py``; when ``prepare_environment(tree_sampling_counts=...)`` asked for it,
-importing this package installs it in the engine's process (``install_when_imported``).
+importing this package installs it in the engine's process (``install_when_imported``). Likewise KV window planning
+(``sglang_hybrid/cpu_engine/kv_window.py``), which SGLang gates off on CPU, when ``prepare_environment(kv_window=True)``
+asked for it.
 """
 from __future__ import annotations
 
@@ -120,6 +122,15 @@ def _install_tree_sampling() -> None:
 
 
 _install_tree_sampling()
+
+
+def _install_kv_window() -> None:
+    from sglang_hybrid.cpu_engine.kv_window import install_when_imported
+
+    install_when_imported()
+
+
+_install_kv_window()
 
 
 def __getattr__(name: str):
