@@ -178,9 +178,9 @@ def plugin_layout(case: dict, width: int, mask_dtype=torch.uint8):
     seq_lens = torch.tensor(case["prefix_lens"])
     counts = node_counts(valid)
     total, seq_sum = int(counts.sum()), int(seq_lens.sum())
-    buf = torch.zeros(mask_numel_bound(width, total, seq_sum) + 5, dtype=mask_dtype)   # a reused, larger buffer
-    return build_ragged_layout(valid, anc, seq_lens, seq_sum, counts, total=total, max_nodes=int(counts.max()),
-                               mask_out=buf)
+    max_nodes = int(counts.max())
+    buf = torch.zeros(mask_numel_bound(max_nodes, total, seq_sum) + 5, dtype=mask_dtype)   # a reused, larger buffer
+    return build_ragged_layout(valid, anc, seq_lens, seq_sum, counts, total=total, max_nodes=max_nodes, mask_out=buf)
 
 
 # ----------------------------------------------------------------------------------------------- dense reference

@@ -59,11 +59,14 @@ def _prompt_ids():
     return [json.loads(line)["id"] for line in PROMPTS.read_text().splitlines() if line.strip()]
 
 
-def _assert_ragged(counters: dict) -> None:
-    """Every HYBRID verify step of the run was ragged (the CPU engine's default, setting ``ragged_verify``) and
-    verified fewer target tokens than padding to the step's width would have."""
+def _assert_ragged(counters: dict, fewer: bool = True) -> None:
+    """Every HYBRID verify step of the run was ragged (the CPU engine's default, setting ``ragged_verify``) and, with
+    ``fewer``, verified fewer target tokens than padding to the step's width would have (a lone request whose every
+    tree fills the width saves nothing)."""
     assert counters["steps"] > 0 and counters["ragged_steps"] == counters["steps"], counters
-    assert 0 < counters["ragged_tokens"] < counters["ragged_padded_tokens"], counters
+    assert 0 < counters["ragged_tokens"] <= counters["ragged_padded_tokens"], counters
+    if fewer:
+        assert counters["ragged_tokens"] < counters["ragged_padded_tokens"], counters
 
 
 def test_self_check_choose_and_merge_ragged_equal_plain_greedy():
@@ -201,4 +204,4 @@ def test_tensor_parallel_two_ranks_ragged_equal_plain_greedy(tmp_path):
     assert lines[-1]["verdict"] == "PASS"
     merged = [r for r in lines[:-1] if r["mode"] == "merge"]
     assert merged and all(r["matches_none"] is True and r["verify_steps"] for r in merged)
-    _assert_ragged(merged[0]["hybrid_counters_batch"])
+    _assert_ragged(merged[0]["hybrid_counters_batch"], fewer=False)      # one request: its trees may fill the width

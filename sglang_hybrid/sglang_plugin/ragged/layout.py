@@ -50,25 +50,26 @@ def node_counts(valid: torch.Tensor) -> torch.Tensor:
     return valid.sum(1, dtype=torch.int64)
 
 
-def mask_numel_bound(width: int, total: int, seq_lens_sum: int) -> int:
-    """Entries a ragged mask can need: ``sum_b n_b (s_b + n_b) <= W * sum(s) + W * T`` (``n_b <= W``); one more
-    entry past the bound takes the writes of absent columns (see ``ragged_full_mask``)."""
-    return width * (seq_lens_sum + total) + 1
+def mask_numel_bound(max_nodes: int, total: int, seq_lens_sum: int) -> int:
+    """Entries a ragged mask can need: ``sum_b n_b (s_b + n_b) <= n_max * (sum(s) + T)`` (``n_b <= n_max``); one
+    more entry past the bound takes the writes of absent columns (see ``ragged_full_mask``)."""
+    return max_nodes * (seq_lens_sum + total) + 1
 
 
 def ragged_full_mask(ancestors: torch.Tensor, counts: torch.Tensor, token_index: torch.Tensor,
-                     seq_lens: torch.Tensor, seq_lens_sum: int,
-                     out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     seq_lens: torch.Tensor, seq_lens_sum: int, out: torch.Tensor | None = None,
+                     max_nodes: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(custom_mask, mask_indptr)`` of the ragged layout from ``ancestors [B, W, W]`` (reflexive, restricted to real
     nodes: ``tree_mask.verify_nodes``).
 
-    ``seq_lens_sum``: a host int ``>= sum(seq_lens)``. The mask starts all ones (every prefix column is visible);
+    ``seq_lens_sum``: a host int ``>= sum(seq_lens)``; ``max_nodes``: a host int ``>= max(counts)`` (default: the
+    padded width), which sizes the mask with ``seq_lens_sum`` (``mask_numel_bound``). The mask starts all ones (every prefix column is visible);
     then each compact row writes its ``W`` tree columns, those past the request's ``n_b`` into the one spare entry at
     the end (a fixed-shape scatter: no host read of the per-request counts)."""
     bs, w, _ = ancestors.shape
     dev = ancestors.device
     total = int(token_index.shape[0])
-    numel = mask_numel_bound(w, total, seq_lens_sum)
+    numel = mask_numel_bound(w if max_nodes is None else max_nodes, total, seq_lens_sum)
     if out is None:
         out = torch.ones(numel, dtype=torch.bool, device=dev)
     else:
@@ -109,7 +110,7 @@ def build_ragged_layout(valid: torch.Tensor, ancestors: torch.Tensor, seq_lens: 
     qo = torch.zeros(bs + 1, dtype=torch.int64, device=valid.device)
     qo[1:] = torch.cumsum(counts, 0)
     token_index = torch.nonzero_static(valid.reshape(-1), size=total).reshape(-1)
-    mask, mask_indptr = ragged_full_mask(ancestors, counts, token_index, seq_lens, seq_lens_sum, mask_out)
+    mask, mask_indptr = ragged_full_mask(ancestors, counts, token_index, seq_lens, seq_lens_sum, mask_out, max_nodes)
     return RaggedLayout(counts=counts, token_index=token_index, qo_indptr=qo.to(torch.int32),
                         mask_indptr=mask_indptr, custom_mask=mask, total=total, max_nodes=max_nodes, width=w)
 
