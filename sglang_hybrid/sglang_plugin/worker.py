@@ -60,6 +60,7 @@ from .config import load_settings
 from .hybrid_step import HybridStep
 from .metrics import HybridCounters
 from .ngram_host import NgramFeeder
+from .prometheus import server_exporter
 from .ragged import layout as ragged_layout
 from .ragged.target import RaggedVerifyTarget
 from .tp_sync import TreeBroadcast
@@ -356,6 +357,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
         self.tree_broadcast = TreeBroadcast(group)
         if getattr(group, "rank_in_group", 0) == 0:
             self.counters.snapshot_path = self.settings.counters_file
+            self.counters.exporter = server_exporter(self.settings.log_interval)
 
     def init_cuda_graphs(self):
         super().init_cuda_graphs()
