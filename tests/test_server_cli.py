@@ -3,7 +3,6 @@ message), and that the CPU recipe it builds is what SGLang's own argument pipeli
 winning over the recipe's. Tiny model configs (config.json only: resolution reads configs, never weights)."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -15,33 +14,7 @@ from sglang.srt.server_args import prepare_server_args  # noqa: E402
 from sglang_hybrid import serve  # noqa: E402
 from sglang_hybrid.sglang_plugin import register  # noqa: E402
 
-pytestmark = pytest.mark.sglang
-
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-          "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
-          "vocab_size": 512, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
-          "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False, "rope_theta": 10000.0}
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    paths = {}
-    for name, arch, layers in (("target", "LlamaForCausalLM", 2), ("eagle", "LlamaForCausalLMEagle", 1)):
-        (root / name).mkdir()
-        (root / name / "config.json").write_text(json.dumps(dict(CONFIG, architectures=[arch],
-                                                                 num_hidden_layers=layers)))
-        paths[name] = str(root / name)
-    return paths
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    import os
-
-    for k in list(os.environ):
-        if k.startswith("SGLANG_HYBRID_"):
-            monkeypatch.delenv(k)
+pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("clean_hybrid_env")]
 
 
 @pytest.mark.parametrize("argv, words", [

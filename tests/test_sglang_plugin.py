@@ -25,35 +25,7 @@ from sglang_hybrid.sglang_plugin.config import (ENV_CACHE, ENV_EAGLE3, HybridCon
                                                  HybridSettings, load_settings)
 from sglang_hybrid.sglang_plugin.spec_algo import HybridSpecAlgo  # noqa: E402
 
-pytestmark = pytest.mark.sglang
-
-TARGET = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-          "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
-          "vocab_size": 512, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
-          "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False, "rope_theta": 10000.0}
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    paths = {}
-    for name, arch, layers in (("target", "LlamaForCausalLM", 2), ("eagle", "LlamaForCausalLMEagle", 1),
-                               ("eagle3", "LlamaForCausalLMEagle3", 1)):
-        d = root / name
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(dict(TARGET, architectures=[arch], num_hidden_layers=layers)))
-        paths[name] = str(d)
-    return paths
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    import os
-
-    for k in list(os.environ):
-        if k.startswith("SGLANG_HYBRID_"):
-            monkeypatch.delenv(k)
-    yield
+pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("clean_hybrid_env")]
 
 
 def _argv(models, *extra, draft="eagle"):
