@@ -119,17 +119,12 @@ def padded_case(case: dict, seed: int) -> tuple:
     """Today's layout: every request padded to ``W = max n_i`` nodes, the mask built by the plugin's own
     ``verify_nodes`` + ``full_mask`` (padding nodes see the prefix and themselves), ``qo_indptr = arange * W``. Padding
     rows get their own random q/k/v, written to fresh KV slots. Returns the kernel case and the real rows' indices."""
-    from sglang_hybrid.sglang_plugin.tree_mask import full_mask, verify_nodes
+    from sglang_hybrid.sglang_plugin.tree_mask import full_mask
 
     g = torch.Generator().manual_seed(seed)
     lens, bs = case["ext_lens"], len(case["ext_lens"])
     w = max(lens)
-    anc = torch.zeros(bs, w, w, dtype=torch.bool)
-    valid = torch.zeros(bs, w, dtype=torch.bool)
-    for i, n in enumerate(lens):
-        anc[i, :n, :n] = case["ancestors"][i]
-        valid[i, :n] = True
-    _, anc = verify_nodes(torch.zeros(bs, w, dtype=torch.int64), valid, anc)
+    _, anc = padded_tree(case, w)
     seq_lens = torch.tensor(case["prefix_lens"])
     numel = int(seq_lens.sum()) * w + w * w * bs
     mask = full_mask(anc, seq_lens, int(seq_lens.sum()), torch.empty(numel, dtype=torch.uint8))  # backend's uint8
