@@ -316,7 +316,7 @@ def test_fallback_plan_missing_is_counted_and_logged_once(caplog):
     applied = []
     worker = SimpleNamespace(runtime_states={(3, 8): "d3w8", (3, 5): "d3w5"}, speculative_num_steps=3,
                              speculative_num_draft_tokens=8, fallbacks=hw.Fallbacks(counters),
-                             apply_runtime_state=applied.append, _ragged_widths=False)
+                             apply_runtime_state=applied.append, _ragged=False)
     with caplog.at_level("WARNING", logger=hw.logger.name):
         hw.HybridWorkerV2._apply_plan(worker, 2, 5)
         hw.HybridWorkerV2._apply_plan(worker, 2, 5)
@@ -326,7 +326,7 @@ def test_fallback_plan_missing_is_counted_and_logged_once(caplog):
     logs = _fallback_logs(caplog, "plan_missing")
     assert len(logs) == 1 and "depth 2 and verify width 5" in logs[0].getMessage()
     fixed = SimpleNamespace(runtime_states={}, speculative_num_steps=3, speculative_num_draft_tokens=8,
-                            fallbacks=hw.Fallbacks(counters), _ragged_widths=False)
+                            fallbacks=hw.Fallbacks(counters), _ragged=False)
     hw.HybridWorkerV2._apply_plan(fixed, 2, 5)                          # fixed shapes (one state, or DP): no plan
     assert counters.snapshot()["fallback_plan_missing"] == 2
 
@@ -342,7 +342,7 @@ def test_ragged_plan_switches_depth_states_and_caps_tree_width():
     applied = []
     worker = SimpleNamespace(runtime_states={(3, 28): "d3", (1, 28): "d1"}, speculative_num_steps=3,
                              speculative_num_draft_tokens=28, fallbacks=hw.Fallbacks(counters),
-                             apply_runtime_state=applied.append, _ragged_widths=True, _full_width=28,
+                             apply_runtime_state=applied.append, _ragged=True, _full_width=28,
                              _tree_width=None)
     hw.HybridWorkerV2._apply_plan(worker, 3, 6)                         # the current depth: only the cap moves
     assert applied == [] and worker._tree_width == 6

@@ -321,9 +321,9 @@ class HybridWorkerV2(EAGLEWorkerV2):
         self._verify_target = None
         #: whether the device's (depth, width) plan reaches the host (more than one depth or width to choose from)
         self._plans_switch = False
-        #: under ragged verify: runtime states per depth at the full width, and the width bucket (host int, one step
-        #: late like the depth) caps the trees instead (``_tree_width``; None: the full width)
-        self._ragged_widths = False
+        #: ragged verify (``_ragged_wanted``): runtime states per depth at the full width, and the width bucket (host
+        #: int, one step late like the depth) caps the trees instead (``_tree_width``; None: the full width)
+        self._ragged = False
         self._full_width = self.speculative_num_draft_tokens
         self._tree_width: Optional[int] = None
         if self._draft_worker is not None:
@@ -361,9 +361,9 @@ class HybridWorkerV2(EAGLEWorkerV2):
 
     def init_cuda_graphs(self):
         super().init_cuda_graphs()
-        ragged = self._ragged_wanted()
-        self._build_runtime_states(ragged)
-        if ragged:
+        self._ragged = self._ragged_wanted()
+        self._build_runtime_states()
+        if self._ragged:
             self._enable_ragged()
         else:
             self._verify_target = self.target_worker
@@ -411,7 +411,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
         logger.info("HYBRID: ragged verify (each request verifies its own nodes; setting ragged_verify=%s)",
                     self.settings.ragged_verify)
 
-    def _build_runtime_states(self, ragged: bool) -> None:
+    def _build_runtime_states(self) -> None:
         """One ``SpecRuntimeState`` per (EAGLE depth, verify width) pair, built by SGLang's own
         ``build_adaptive_runtime_state`` (fresh target and draft attention backends sized for the pair, its draft,
         verify and draft-extend CUDA graphs when graphs are on), in the contexts SGLang's adaptive speculation builds
@@ -421,10 +421,9 @@ class HybridWorkerV2(EAGLEWorkerV2):
         if self._draft_worker is None or step is None:
             return
         self._plans_switch = len(step.widths) * len(step.depths) > 1
-        self._ragged_widths = ragged
         if not self._plans_switch:
             return
-        widths = (self.speculative_num_draft_tokens,) if ragged else step.widths
+        widths = (self.speculative_num_draft_tokens,) if self._ragged else step.widths
         dw = self._draft_worker
         with (_eagle_v2.draft_tp_context(dw.parallel_layout), _eagle_v2.speculative_moe_backend_context(),
               _eagle_v2.speculative_moe_a2a_backend_context()):
@@ -465,7 +464,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
         """Switch to the runtime state of (``depth``, ``width``) unless it is the current one (under ragged verify the
         depth's, with ``width`` kept as the next trees' width)."""
         key = (depth, width)
-        if self._ragged_widths:
+        if self._ragged:
             self._tree_width, key = width, (depth, self._full_width)
         current = (self.speculative_num_steps, self.speculative_num_draft_tokens)
         state = self.runtime_states.get(key)
@@ -519,13 +518,13 @@ class HybridWorkerV2(EAGLEWorkerV2):
             tree, batch.seq_lens, num_steps=self.speculative_num_steps, max_depth=self.hybrid_step.max_depth_at(width),
             mask_mode=TreeMaskMode.FULL_MASK, seq_lens_sum=seq_lens_sum, mask_buf=verify_mask_buffer(attn, bs),
             fused=self.hybrid_step.fused is not None, workspace=self.hybrid_step.workspace)
-        if isinstance(self._verify_target, RaggedVerifyTarget):
+        if self._ragged:
             verify_input.ragged = self._ragged_layout(tree, batch.seq_lens, seq_lens_sum)
         return verify_input
 
     def _ragged_layout(self, tree, seq_lens: torch.Tensor, seq_lens_sum: int) -> "ragged_layout.RaggedLayout":
         """The step's ragged layout. Its node counts are read to the host once (they size the forward: eager only,
-        see ``_resolve_ragged``) and counted (``HybridCounters.on_ragged``)."""
+        see ``_ragged_wanted``) and counted (``HybridCounters.on_ragged``)."""
         counts = ragged_layout.node_counts(tree.valid)
         host = counts.tolist()
         self.counters.on_ragged(host, tree.valid.shape[1])
