@@ -8,12 +8,15 @@ environment set before ``sglang`` is imported, so never inside the pytest proces
                                                                 # sampling verify with the CPU tree-sampling stand-in
     python tests/live_sglang_driver.py kv_window PROMPTS.jsonl  # HYBRID with SGLang's KV window planning (a GPU
                                                                 # branch) lifted onto the CPU, padded verify
+    python tests/live_sglang_driver.py eagle3 PROMPTS.jsonl     # HYBRID with an EAGLE-3 head (reduced draft
+                                                                # vocabulary, auxiliary hidden states)
 
 Prints one JSON object on the last line of stdout: the greedy reference (plain decoding, ``torch_native``) and what
 HYBRID produced, so the test compares token ids itself.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -21,26 +24,42 @@ import tempfile
 from pathlib import Path
 
 HEAD = Path(__file__).resolve().parents[1] / "sglang_hybrid" / "data" / "eagle_smollm2"
+#: environment variable naming a directory where plain greedy references are kept between driver runs (``_reference``)
+REFERENCE_CACHE = "HYBRID_LIVE_REFERENCE_CACHE"
 GREEDY = {"temperature": 0.0}
 
 
-def _engine(model: str, *, hybrid: bool, **overrides):
+def _engine(model: str, *, hybrid: bool, head: Path = HEAD, **overrides):
     import sglang
 
     from sglang_hybrid.cpu_engine import engine_kwargs
 
-    spec = dict(speculative_algorithm="HYBRID", speculative_draft_model_path=str(HEAD), speculative_num_steps=3)
+    spec = dict(speculative_algorithm="HYBRID", speculative_draft_model_path=str(head), speculative_num_steps=3)
     kw = engine_kwargs(model, speculative=spec if hybrid else None)
     kw.update(overrides)
     return sglang.Engine(**kw)
 
 
 def _reference(model: str, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+    """Plain greedy decoding of ``prompts`` (no speculation). With ``REFERENCE_CACHE`` set (the live suite sets it to
+    one directory per session) the outputs are kept there by model, prompts and length, so cases that decode the same
+    prompts to the same length start one plain engine between them: greedy decoding is deterministic on one engine
+    build, and the cached ids are the same engine's."""
+    cache = os.environ.get(REFERENCE_CACHE)
+    path = None
+    if cache:
+        key = hashlib.sha256(json.dumps([model, prompts, max_new_tokens]).encode()).hexdigest()[:16]
+        path = Path(cache) / f"reference_{key}.json"
+        if path.exists():
+            return json.loads(path.read_text())
     eng = _engine(model, hybrid=False)
     try:
-        return [o["output_ids"] for o in eng.generate(prompts, dict(GREEDY, max_new_tokens=max_new_tokens))]
+        out = [o["output_ids"] for o in eng.generate(prompts, dict(GREEDY, max_new_tokens=max_new_tokens))]
     finally:
         eng.shutdown()
+    if path is not None:
+        path.write_text(json.dumps(out))
+    return out
 
 
 def _dear_slots(tmp: Path) -> dict:
@@ -175,6 +194,37 @@ def kv_window_case(model: str, prompts: list[str]) -> dict:
             "counters": json.loads((tmp / "counters.json").read_text())}
 
 
+def eagle3_case(model: str, prompts: list[str]) -> dict:
+    """A code edit and the chat through HYBRID (default settings, merge) with an EAGLE-3 head written at test time
+    (``tests/eagle3_head.py``: SGLang's EAGLE-3 layout, a reduced draft vocabulary with ``d2t``, three auxiliary
+    hidden states of the target; random weights that draft one planted token, mapped by ``d2t`` to the commonest token
+    of the plain outputs). SGLang's launcher detects the architecture, the target captures its auxiliary states and
+    the draft maps its ids to the target's before HYBRID builds its trees."""
+    from collections import Counter
+
+    from eagle3_head import write_eagle3_head
+
+    from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
+
+    n_new = 8
+    prompts = prompts[:2]
+    reference = _reference(model, prompts, n_new)
+    token = Counter(t for ids in reference for t in ids).most_common(1)[0][0]
+    tmp = Path(tempfile.mkdtemp(prefix="hybrid_eagle3_"))
+    head = write_eagle3_head(tmp / "head", json.loads((Path(model) / "config.json").read_text()), token)
+    env = {ENV_PREFIX + "COUNTERS_FILE": str(tmp / "counters.json"), ENV_PREFIX + "LOG_INTERVAL": "1"}
+    os.environ.update(env)
+    eng = _engine(model, hybrid=True, head=tmp / "head")
+    try:
+        out = eng.generate(prompts, dict(GREEDY, max_new_tokens=n_new))
+    finally:
+        eng.shutdown()
+        for key in env:
+            os.environ.pop(key, None)
+    return {"reference": reference, "hybrid": [o["output_ids"] for o in out], "head": head,
+            "counters": json.loads((tmp / "counters.json").read_text())}
+
+
 def main() -> None:
     case, prompts_file = sys.argv[1], sys.argv[2]
     from sglang_hybrid.cpu_engine import prepare_environment
@@ -194,7 +244,8 @@ def main() -> None:
     if case == "sampling":
         result = sampling_case(model, prompts, counts)
     else:
-        result = {"abort": abort_case, "retract": retract_case, "kv_window": kv_window_case}[case](model, prompts)
+        result = {"abort": abort_case, "retract": retract_case, "kv_window": kv_window_case,
+                  "eagle3": eagle3_case}[case](model, prompts)
     print(json.dumps(result), flush=True)
 
 

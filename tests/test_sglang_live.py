@@ -40,6 +40,16 @@ def smollm2():
         pytest.skip(str(e))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def reference_cache(tmp_path_factory):
+    """One directory for the driver's plain greedy references (``live_sglang_driver.REFERENCE_CACHE``): the abort,
+    KV-window and EAGLE-3 cases decode the same two prompts to the same length, so one plain engine serves them."""
+    path = tmp_path_factory.mktemp("plain_references")
+    os.environ["HYBRID_LIVE_REFERENCE_CACHE"] = str(path)
+    yield path
+    os.environ.pop("HYBRID_LIVE_REFERENCE_CACHE", None)
+
+
 def _run(cmd, timeout, settings=None):
     """Run ``cmd`` without the caller's HYBRID settings, with ``settings`` (``SGLANG_HYBRID_*`` variables) instead."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_HYBRID_")}
@@ -168,6 +178,31 @@ def test_kv_window_planning_live_equal_plain_greedy():
     wider = sum(n for w, n in widths.items() if w > 3)
     # windows planned exactly on the steps wider than the draft; both kinds of step ran
     assert counters["kv_window_steps"] == wider and 0 < wider < counters["steps"], counters
+
+
+def test_eagle3_head_live_equal_plain_greedy():
+    """HYBRID with an EAGLE-3 draft head (``tests/eagle3_head.py``: SGLang's ``LlamaForCausalLMEagle3`` layout, a
+    12,288-token draft vocabulary with ``d2t``, ``fc`` over three auxiliary hidden states of the target), written at
+    test time with random weights and one planted draft id that ``d2t`` maps to the commonest token of the plain
+    outputs: token-identical to plain greedy decoding. EAGLE-3's drafts reach HYBRID's trees in the target vocabulary:
+    the planted id read as a target id is another token, yet EAGLE chains were accepted, so the comparison with the
+    n-gram drafter's tokens and the target's own ran on mapped ids."""
+    proc = _run([sys.executable, str(DRIVER), "eagle3", str(PROMPTS)], timeout=HANG_GUARD_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["hybrid"] == res["reference"]
+    head, counters = res["head"], res["counters"]
+    assert head["planted_draft_id"] != head["planted_target_id"] and head["draft_vocab_size"] < 49152, head
+    assert counters["steps"] > 0, counters
+    # the head's confidence comes from fc's bias, which SGLang applies only to the 3 x 576 auxiliary states: the
+    # target captured them (without them the planted row's probability would be ~1/12,288)
+    assert counters["model_predicted"] > 0.9, counters
+    # EAGLE-3 chain tokens tested against the emitted ones, some accepted: mapped to target ids before the tree
+    assert counters["model_tested"] > 0 and counters["model_accepted"] > 0, counters
+    assert counters["chosen_model"] > 0 and counters["mean_accepted_model"] > 0, counters
+    # the first drafted token's probability recomputed from the reduced-vocabulary draft-extend logits
+    assert counters["fallback_conf_placeholder"] == 0, counters
+    _assert_ragged(counters)
 
 
 def test_tree_sampling_live_temperature_top_p():

@@ -162,10 +162,11 @@ _SGLANG_KERNELS = textwrap.dedent("""
     # reconstruct_tree imports the compiled CPU op at module level; it is not installed and never called here.
     _sk = types.ModuleType("sgl_kernel"); _sks = types.ModuleType("sgl_kernel.speculative")
     _sks.reconstruct_indices_from_tree_mask = None; _sk.speculative = _sks
+    _sk.fill_accept_out_cache_loc_cpu = _sk.fill_bonus_tokens_cpu = None     # eagle.py's CPU imports, unused here
     sys.modules.setdefault("sgl_kernel", _sk); sys.modules.setdefault("sgl_kernel.speculative", _sks)
     import torch
     torch.set_num_threads(1)
-    from sglang.kernels.ops.speculative import reconstruct_tree, spec_tree
+    from sglang.kernels.ops.speculative import eagle, reconstruct_tree, spec_tree
     from sglang.srt.utils import next_power_of_2
     def run(d):
         bs, w = d["bs"], d["w"]
@@ -181,9 +182,15 @@ _SGLANG_KERNELS = textwrap.dedent("""
             predicts, accept_index, accept_num, d["candidates"], d["retrieve_index"], d["retrieve_next_token"],
             d["retrieve_next_sibling"], d["target_predict"], batch_size=bs, num_speculative_tokens=depth,
             num_draft_tokens=w)
+        # the commit path SGLang takes only on a GPU (``predict.is_cuda`` in run_eagle_verify, ``accept_lens.is_cuda``
+        # in the draft extend), fed what the verify kernel just produced on HYBRID's tree
+        accept_lens = (accept_num + 1).to(torch.int32)
+        new_seq_lens, bonus = eagle.prepare_verify_commit_outputs(predicts, accept_index, accept_lens, d["seq_lens"])
+        correct, select, ids = eagle.prepare_draft_extend_inputs(accept_lens, predicts, w)
         return {"positions": pos, "retrieve_index": ri.view(bs, w), "retrieve_next_token": rn.view(bs, w),
                 "retrieve_next_sibling": rs.view(bs, w), "predicts": predicts, "accept_index": accept_index,
-                "accept_num": accept_num}
+                "accept_num": accept_num, "commit": {"new_seq_lens": new_seq_lens, "bonus": bonus},
+                "draft_extend": {"correct": correct, "select": select, "ids": ids}}
     torch.save([run(d) for d in torch.load(sys.argv[1])], sys.argv[2])
 """)
 
@@ -207,7 +214,8 @@ def _target_logits(tree: VerifyTree, seed: int) -> torch.Tensor:
 
 def test_sglang_kernels_accept_builder_output(tmp_path):
     """SGLang's own Triton tree kernels (CPU interpreter) on our verify input: identical positions/retrieve arrays,
-    and greedy acceptance equal to ``sglang_hybrid.verify.greedy_accept`` (the project's reference)."""
+    greedy acceptance equal to ``sglang_hybrid.verify.greedy_accept`` (the project's reference), and its GPU-only
+    commit kernels equal to its CPU branch (``_assert_commit_paths_agree``)."""
     tree = mixed_batch()
     bs = tree.tokens.shape[0]
     seq_lens = torch.tensor([7, 3, 12, 1, 9, 4])
@@ -244,7 +252,26 @@ def test_sglang_kernels_accept_builder_output(tmp_path):
             assert (got["accept_index"][r, n + 1:] == -1).all()
             assert bool(tree.valid[r, path].all())                       # never a padding node
             assert int(got["predicts"][r * W + int(path[-1])]) == int(ref.bonus[r])
+        _assert_commit_paths_agree(got, seq_lens, ref.bonus)
     assert len(lens_seen) >= 3
+
+
+def _assert_commit_paths_agree(got: dict, seq_lens: torch.Tensor, bonus: torch.Tensor) -> None:
+    """SGLang's GPU-only commit kernels (``prepare_verify_commit_outputs``, ``prepare_draft_extend_inputs``, run in
+    the interpreter) agree with what its CPU branch computes from the same verify outputs (``run_eagle_verify``:
+    ``seq_lens + accept_lens`` and the last accepted token; ``_draft_extend_for_decode``: ``accept_lens - 1`` and
+    ``row * width + accept_lens - 1``), and with HYBRID's reference bonus token, on HYBRID's trees, whose accepted
+    paths need not be a front prefix of the block (the draft extend reads the block after SGLang's ``topk > 1``
+    compaction, which HYBRID's verify requests)."""
+    accept_lens = got["accept_num"] + 1
+    bs = accept_lens.shape[0]
+    accept_tokens = got["predicts"][got["accept_index"]].view(-1)           # the CPU branch's gather
+    cpu_bonus = accept_tokens[torch.arange(bs) * got["accept_index"].shape[1] + accept_lens - 1]
+    assert torch.equal(got["commit"]["new_seq_lens"], seq_lens + accept_lens)
+    assert torch.equal(got["commit"]["bonus"].long(), cpu_bonus) and torch.equal(cpu_bonus, bonus.long())
+    assert torch.equal(got["draft_extend"]["correct"].long(), accept_lens - 1)
+    assert torch.equal(got["draft_extend"]["select"], torch.arange(bs) * W + accept_lens - 1)
+    assert torch.equal(got["draft_extend"]["ids"], got["predicts"])
 
 
 def test_tree_links_torch_compiles_fullgraph():
