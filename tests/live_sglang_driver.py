@@ -11,11 +11,15 @@ environment set before ``sglang`` is imported, so never inside the pytest proces
     python tests/live_sglang_driver.py eagle3 PROMPTS.jsonl     # HYBRID with an EAGLE-3 head (reduced draft
                                                                 # vocabulary, auxiliary hidden states)
 
+The engines' extend attention is SGLang's Triton kernel (interpreter) unless ``HYBRID_CPU_ENGINE_TORCH_ATTENTION`` is
+set in the environment (``sglang_hybrid/cpu_engine/torch_attention.py``; ``test_sglang_live.py`` chooses per case).
+
 Prints one JSON object on the last line of stdout: the greedy reference (plain decoding, ``torch_native``) and what
 HYBRID produced, so the test compares token ids itself.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -38,6 +42,22 @@ def _engine(model: str, *, hybrid: bool, head: Path = HEAD, **overrides):
     kw = engine_kwargs(model, speculative=spec if hybrid else None)
     kw.update(overrides)
     return sglang.Engine(**kw)
+
+
+@contextlib.contextmanager
+def _hybrid(model: str, env: dict, **overrides):
+    """A HYBRID engine started with the HYBRID settings ``env`` (``SGLANG_HYBRID_*`` variables, read at start) in
+    this process's environment; on exit it is shut down and the settings removed."""
+    os.environ.update(env)
+    try:
+        eng = _engine(model, hybrid=True, **overrides)
+        try:
+            yield eng
+        finally:
+            eng.shutdown()
+    finally:
+        for key in env:
+            os.environ.pop(key, None)
 
 
 def _reference(model: str, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
@@ -88,9 +108,7 @@ def abort_case(model: str, prompts: list[str]) -> dict:
     reference = _reference(model, prompts, n_new)
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_abort_"))
     env = {**_dear_slots(tmp), ENV_PREFIX + "MODEL_BIAS_ETA": "0.1", ENV_PREFIX + "NGRAM_K": "24"}
-    os.environ.update(env)
-    eng = _engine(model, hybrid=True)
-    try:
+    with _hybrid(model, env) as eng:
         async def stream_then_abort():
             chunks, last = 0, None
             gen = await eng.async_generate(prompts[0], dict(GREEDY, max_new_tokens=64), stream=True)
@@ -102,10 +120,6 @@ def abort_case(model: str, prompts: list[str]) -> dict:
 
         chunks, last = eng.loop.run_until_complete(stream_then_abort())
         after = eng.generate(prompts, dict(GREEDY, max_new_tokens=n_new))
-    finally:
-        eng.shutdown()
-        for key in env:
-            os.environ.pop(key, None)
     return {"reference": reference, "hybrid": [o["output_ids"] for o in after],
             "aborted_chunks": chunks, "aborted_finish": last["meta_info"]["finish_reason"],
             "aborted_tokens": last["meta_info"]["completion_tokens"],
@@ -128,15 +142,9 @@ def retract_case(model: str, prompts: list[str]) -> dict:
     prompt_tokens = sum(len(tok(p)["input_ids"]) for p in code)
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_retract_"))
     env = {ENV_PREFIX + "COUNTERS_FILE": str(tmp / "counters.json"), ENV_PREFIX + "LOG_INTERVAL": "1"}
-    os.environ.update(env)
-    eng = _engine(model, hybrid=True, max_total_tokens=prompt_tokens + 32, schedule_conservativeness=0.01,
-                  max_running_requests=2)
-    try:
+    with _hybrid(model, env, max_total_tokens=prompt_tokens + 32, schedule_conservativeness=0.01,
+                 max_running_requests=2) as eng:
         out = eng.generate(code, dict(GREEDY, max_new_tokens=n_new))
-    finally:
-        eng.shutdown()
-        for key in env:
-            os.environ.pop(key, None)
     return {"reference": reference, "hybrid": [o["output_ids"] for o in out],
             "retractions": [o["meta_info"].get("num_retractions", 0) for o in out], "pool": prompt_tokens + 32,
             "counters": json.loads((tmp / "counters.json").read_text())}
@@ -153,16 +161,10 @@ def sampling_case(model: str, prompts: list[str], counts: Path) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_sampling_"))
     env = {ENV_PREFIX + "COUNTERS_FILE": str(tmp / "counters.json"), ENV_PREFIX + "LOG_INTERVAL": "1",
            ENV_PREFIX + "MODE": "merge"}
-    os.environ.update(env)
-    eng = _engine(model, hybrid=True)
-    try:
+    with _hybrid(model, env) as eng:
         out = eng.generate(prompts[:2], {"temperature": 0.8, "top_p": 0.9, "max_new_tokens": n_new,
                                          "ignore_eos": True})
         vocab = eng.tokenizer_manager.tokenizer.vocab_size
-    finally:
-        eng.shutdown()
-        for key in env:
-            os.environ.pop(key, None)
     return {"output_ids": [o["output_ids"] for o in out], "text": [o["text"] for o in out], "vocab": vocab,
             "n_new": n_new, "stand_in": json.loads(counts.read_text()) if counts.exists() else None,
             "counters": json.loads((tmp / "counters.json").read_text())}
@@ -182,14 +184,8 @@ def kv_window_case(model: str, prompts: list[str]) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_kv_window_"))
     env = {**_dear_slots(tmp), ENV_PREFIX + "RAGGED_VERIFY": "off"}
     del env[ENV_PREFIX + "DRAFT_COST_TABLE"]
-    os.environ.update(env)
-    eng = _engine(model, hybrid=True)
-    try:
+    with _hybrid(model, env) as eng:
         out = eng.generate(prompts, dict(GREEDY, max_new_tokens=n_new))
-    finally:
-        eng.shutdown()
-        for key in env:
-            os.environ.pop(key, None)
     return {"reference": reference, "hybrid": [o["output_ids"] for o in out],
             "counters": json.loads((tmp / "counters.json").read_text())}
 
@@ -213,14 +209,8 @@ def eagle3_case(model: str, prompts: list[str]) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_eagle3_"))
     head = write_eagle3_head(tmp / "head", json.loads((Path(model) / "config.json").read_text()), token)
     env = {ENV_PREFIX + "COUNTERS_FILE": str(tmp / "counters.json"), ENV_PREFIX + "LOG_INTERVAL": "1"}
-    os.environ.update(env)
-    eng = _engine(model, hybrid=True, head=tmp / "head")
-    try:
+    with _hybrid(model, env, head=tmp / "head") as eng:
         out = eng.generate(prompts, dict(GREEDY, max_new_tokens=n_new))
-    finally:
-        eng.shutdown()
-        for key in env:
-            os.environ.pop(key, None)
     return {"reference": reference, "hybrid": [o["output_ids"] for o in out], "head": head,
             "counters": json.loads((tmp / "counters.json").read_text())}
 

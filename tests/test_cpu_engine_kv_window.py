@@ -22,16 +22,52 @@ def test_kv_window_gate_is_the_only_use_of_is_cpu_in_sglangs_module():
     assert "and not _is_cpu" in inspect.getsource(eagle_worker_common.prepare_for_draft)
 
 
+def test_kv_window_fused_commit_gate_is_the_prediction_device():
+    """SGLang 0.5.23 takes the fused commit branch of ``run_eagle_verify`` on ``predict.is_cuda`` alone, and for
+    ``topk > 1`` (HYBRID's verify) replaces ``predict`` by the compacted copy of ``_finalize_accept_tree_path`` before
+    returning it: the claim of ``claim_cuda_predictions`` reaches that test and no later reader."""
+    source = inspect.getsource(eagle_worker_common.run_eagle_verify)
+    assert "fused_commit_outputs = predict.is_cuda and not batch.forward_mode.is_idle()" in source
+    assert source.count("predict.is_cuda") == 1
+    assert "predict = _finalize_accept_tree_path(" in source
+
+
+def test_kv_window_claimed_predictions_reach_the_commit_kernel(monkeypatch, caplog):
+    """The wrapped ``eagle_sample`` hands back predictions that claim CUDA (values and device unchanged, operations
+    on them plain tensors); the wrapped commit kernel logs its first call only; installing twice wraps once."""
+    import torch
+
+    from sglang_hybrid.cpu_engine import kv_window
+
+    predict = torch.tensor([5, 7, 9])
+    monkeypatch.setattr(eagle_worker_common, "eagle_sample", lambda *a, **k: (predict, torch.tensor([1]),
+                                                                              torch.tensor([[0, -1]])))
+    calls = []
+    monkeypatch.setattr(eagle_worker_common, "prepare_verify_commit_outputs", lambda *a, **k: calls.append(a) or a)
+    kv_window.claim_cuda_predictions(eagle_worker_common)
+    kv_window.claim_cuda_predictions(eagle_worker_common)
+    got, _, _ = eagle_worker_common.eagle_sample()
+    assert got.is_cuda and not predict.is_cuda and got.device.type == "cpu" and torch.equal(got, predict)
+    assert type(got[torch.tensor([0, 2])]) is torch.Tensor and type(got.clone()) is torch.Tensor
+    with caplog.at_level("WARNING", logger=kv_window.__name__):
+        eagle_worker_common.prepare_verify_commit_outputs(got)
+        eagle_worker_common.prepare_verify_commit_outputs(got)
+    assert len(calls) == 2 and [r.message for r in caplog.records].count(kv_window.COMMIT_LOG) == 1
+
+
 def test_kv_window_installs_from_the_environment(monkeypatch):
     from sglang_hybrid.cpu_engine import kv_window
 
-    monkeypatch.setattr(eagle_worker_common, "_is_cpu", True)               # restored after the test
+    monkeypatch.setattr(eagle_worker_common, "_is_cpu", True)               # restored after the test, as are
+    for name in ("eagle_sample", "prepare_verify_commit_outputs"):          # the two functions it wraps
+        monkeypatch.setattr(eagle_worker_common, name, getattr(eagle_worker_common, name))
     monkeypatch.delenv(kv_window.KV_WINDOW_ENV, raising=False)
     assert kv_window.install_when_imported() is False
     assert eagle_worker_common._is_cpu is True
     monkeypatch.setenv(kv_window.KV_WINDOW_ENV, "1")
     assert kv_window.install_when_imported() is True                         # module already imported: at once
     assert eagle_worker_common._is_cpu is False
+    assert eagle_worker_common.eagle_sample.claims_cuda
 
 
 def test_patch_after_import_waits_for_the_import(monkeypatch, tmp_path):

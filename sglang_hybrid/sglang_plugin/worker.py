@@ -56,6 +56,7 @@ from sglang.srt.speculative.eagle_worker_common import prepare_for_draft, run_ea
 from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
+from . import memory_budget
 from .config import load_settings
 from .hybrid_step import HybridStep
 from .metrics import HybridCounters
@@ -421,9 +422,10 @@ class HybridWorkerV2(EAGLEWorkerV2):
         if self._draft_worker is None or step is None:
             return
         self._plans_switch = len(step.widths) * len(step.depths) > 1
+        widths = (self.speculative_num_draft_tokens,) if self._ragged else step.widths
+        memory_budget.check_start(self, [(d, w) for d in step.depths for w in widths])   # logs; refuses if too big
         if not self._plans_switch:
             return
-        widths = (self.speculative_num_draft_tokens,) if self._ragged else step.widths
         dw = self._draft_worker
         with (_eagle_v2.draft_tp_context(dw.parallel_layout), _eagle_v2.speculative_moe_backend_context(),
               _eagle_v2.speculative_moe_a2a_backend_context()):

@@ -14,7 +14,8 @@ Tree speculative sampling (SGLang's sampling verify, which SGLang never runs on 
 ``sglang_hybrid/cpu_engine/tree_sampling.py``; when ``prepare_environment(tree_sampling_counts=...)`` asked for it,
 importing this package installs it in the engine's process (``install_when_imported``). Likewise KV window planning
 (``sglang_hybrid/cpu_engine/kv_window.py``), which SGLang gates off on CPU, when ``prepare_environment(kv_window=True)``
-asked for it.
+asked for it, and the torch twin of SGLang's Triton extend attention (``sglang_hybrid/cpu_engine/torch_attention.py``)
+when the environment asks for it (``HYBRID_CPU_ENGINE_TORCH_ATTENTION``, a test switch).
 """
 from __future__ import annotations
 
@@ -131,6 +132,15 @@ def _install_kv_window() -> None:
 
 
 _install_kv_window()
+
+
+def _install_torch_attention() -> None:
+    from sglang_hybrid.cpu_engine.torch_attention import install_when_imported
+
+    install_when_imported()
+
+
+_install_torch_attention()
 
 
 def __getattr__(name: str):

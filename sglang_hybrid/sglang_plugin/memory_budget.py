@@ -1,0 +1,488 @@
+"""Start-up memory budget: what HYBRID's speculative machinery takes on the device, against SGLang's plain EAGLE.
+
+Why: HYBRID builds one SGLang ``SpecRuntimeState`` per (EAGLE depth, verify width) pair (one per depth under ragged
+verify; ``worker._build_runtime_states``), and each state owns its own attention backends and its own draft, verify
+and draft-extend CUDA graph sets. Their static buffers grow with ``max_bs x width x context``, and they are allocated
+after SGLang has sized its KV pool, out of the memory it left free. A configuration that does not fit would otherwise
+fail deep inside a graph capture with an out-of-memory error naming no setting. So the worker computes this budget at
+start (``check_start``), logs it, and stops with the settings to change when it does not fit.
+
+Every size below is SGLang 0.5.23's own sizing, read from its source (paths relative to ``sglang/``; "~" = approximate
+line), and FlashInfer 0.7.2's (the version SGLang 0.5.23 requires; not installed on CPU machines, read from its wheel):
+
+* FlashInfer backend (``srt/layers/attention/flashinfer_backend.py``): one process-wide workspace of
+  ``SGLANG_FLASHINFER_WORKSPACE_SIZE`` = 384 MiB (``srt/environ.py`` ~1221) shared by every backend built with
+  ``init_new_workspace=False`` (``get_buffer("flashinfer_workspace")``, ~457-472): the target's, the draft decode
+  steps' and the draft extend's. Plain EAGLE therefore holds ONE. ``build_adaptive_runtime_state`` builds each extra
+  state's target backend with ``init_new_workspace=True`` (``srt/speculative/eagle_worker_v2.py`` ~1797-1803): one more
+  384 MiB workspace per extra runtime state (the design note's assumption, verified). Each FlashInfer wrapper allocates
+  an 8 MiB int workspace on the device (FlashInfer ``decode.py`` ~1347, ``prefill.py`` ~2152 paged, ~4171 ragged):
+  a backend builds 4 (2 with ``skip_prefill``, ~523-562), and a captured graph set builds one wrapper set per
+  captured batch size and keeps it (``_prepare_cuda_graph_metadata`` ~1315-1341, ``_create_decode_wrappers`` /
+  ``_create_prefill_wrappers`` ~1142-1198): 35 x 8 MiB per graph set at 128 requests, ``steps - 1`` times that for
+  the draft decode. ``init_cuda_graph_state`` (~1100-1140)
+  allocates int32 KV indices of ``max_num_tokens x context`` and, unless ``skip_prefill``, a uint8 custom mask of the
+  same count: ``5 x max_bs x width x context`` bytes for the target verify and the draft extend. The multi-step draft
+  backend (~2442-2482, 2630-2646) holds ``steps - 1`` decode backends and int32 KV indices of
+  ``steps x max_bs x topk x context`` (``srt/speculative/spec_utils.py`` ~298-309).
+* Triton backend (``srt/layers/attention/triton_backend.py``): no workspace; ``init_cuda_graph_state`` (~1160-1255)
+  allocates float32 split-KV logits ``max_num_tokens x heads x kv_splits x head_dim`` and their LSE, the lean-decode
+  partials (one row set per SM), int64 KV indices ``max_num_tokens x context`` and, for the target verify, the uint8
+  FULL_MASK verify mask ``max_bs x width x (context + width)`` (``srt/layers/attention/verify_mask.py`` ~11-26,
+  57-81); the multi-step draft backend (~2762-2790) int64 KV indices ``steps x max_bs x topk x context``.
+* Graph runners: the target verify runner captures ``width`` tokens per request at every captured batch size and
+  sizes its backend for ``max_bs x width`` tokens (``srt/model_executor/runner/decode_cuda_graph_runner.py``
+  ~386-429); its input buffers (``srt/model_executor/runner_utils/buffers.py`` ~154-172) and the draft runners'
+  (``srt/speculative/eagle_draft_cuda_graph_runner.py`` ~157-225, ``eagle_draft_extend_cuda_graph_runner.py``
+  ~134-245) are coalesced process-wide by (name, size, dtype) (``srt/model_executor/input_buffers.py`` ~16-40), so
+  runners of the same width share them. The draft decode graph exists only for ``steps > 1``
+  (``eagle_worker_v2.py`` ~507); the draft extend graph for every state (~638).
+* Logits: one float32 buffer per vocabulary, ``max_bs x max_draft_tokens`` rows, shared by every graph runner of the
+  process (``srt/model_executor/graph_shared_output.py`` ~36-71, rows ``model_runner.py`` ~905-930).
+* Captured batch sizes: SGLang's speculative list up to ``--cuda-graph-max-bs`` (default
+  ``min(256, --max-running-requests)`` on an H200, ``srt/arg_groups/memory_hook.py`` ~135-178;
+  list ``srt/arg_groups/cuda_graph_hook.py`` ~500-532): 35 sizes at 128.
+* Draft KV: inside SGLang's KV pool, sized with the target's (``srt/model_executor/pool_configurator.py`` ~262-303):
+  it takes KV tokens, not free memory; reported per token. The draft weights are loaded before the pool is sized
+  (``srt/mem_cache/kv_cache_configurator.py`` ~2990-3050 charges them to ``--mem-fraction-static``).
+
+Left out, the same for EAGLE and HYBRID or below a MiB: the graph memory pool (the captured forwards' activations;
+one pool per process reused from capture to capture, ``srt/model_executor/runner_utils/pool.py`` ~109-115, whose
+largest capture is the 8,192-token prefill graph, not a ``max_bs x width`` verify), the prefill graphs, index arrays
+of ``max_bs + 1`` entries, the draft runner's own default backend, and HYBRID's KB-sized tensors (counters,
+calibration and cost tables, the draft's per-step confidence). Pinned host memory (each FlashInfer wrapper also pins
+8 MiB of host memory) is not device memory and is not counted.
+
+HYBRID's own device buffers (``hybrid_buffer_bytes``): the proposal buffers and ring (``alignment.alloc_buffers``),
+the device prompt lookup's table (``context_lookup.alloc_context``: slots x the ``req_to_token`` row), the EAGLE chain
+copy, the online offsets, and the fused step's workspace at the largest batch (``kernels.Workspace``; its verify mask
+when the backend has no preallocated one, FlashInfer's case, bounded by the KV pool's tokens).
+
+No SGLang import at module level: the budget is plain arithmetic, testable from numbers (tests/test_memory_budget.py);
+``check_start`` is the worker's entry point and reads the live objects.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+MiB = 1 << 20
+GiB = 1 << 30
+#: ``SGLANG_FLASHINFER_WORKSPACE_SIZE`` default (``srt/environ.py`` ~1221)
+FLASHINFER_WORKSPACE_BYTES = 384 * MiB
+#: device int workspace every FlashInfer wrapper allocates in its constructor
+FLASHINFER_WRAPPER_BYTES = 8 * MiB
+#: Triton lean-decode rows per program (``kernels/ops/attention/decode_attention.py`` ~1323)
+TRITON_LEAN_BLOCK_M = 16
+BACKENDS = ("flashinfer", "triton")
+
+
+class HybridMemoryError(RuntimeError):
+    """HYBRID's runtime states do not fit the memory SGLang left; the message names the settings to change."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Per-rank attention shape of a model: ``heads`` and ``kv_heads`` already divided by the attention TP size."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    dtype_bytes: int = 2
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What the budget depends on. ``cuda_graph_bs``: the captured decode batch sizes (empty: no CUDA graphs, e.g. the
+    CPU engine or ``--disable-cuda-graph``); ``context_len``: the model's context length (SGLang sizes graph buffers by
+    it, not by the requests' real lengths); ``draft_logits_vocab``: the draft head's vocabulary (EAGLE-3's hot vocab,
+    else the target's); ``draft_input_hidden``: the width of the target hidden states fed to the draft extend (EAGLE-3:
+    the concatenated aux layers); ``draft_weight_bytes``: the draft model's own parameters (tensors shared with the
+    target excluded); ``kv_pool_tokens``: the KV pool's token capacity (bounds a verify mask), None = unknown."""
+
+    target: ModelShape
+    draft: ModelShape
+    draft_logits_vocab: int
+    draft_input_hidden: int
+    draft_weight_bytes: int
+    max_running_requests: int
+    context_len: int
+    cuda_graph_bs: tuple = ()
+    attention_backend: str = "flashinfer"
+    topk: int = 1
+    flashinfer_workspace_bytes: int = FLASHINFER_WORKSPACE_BYTES
+    triton_kv_splits: int = 8
+    sm_count: int = 132
+    kv_pool_tokens: Optional[int] = None
+
+    def __post_init__(self):
+        if self.attention_backend not in BACKENDS:
+            raise ValueError(f"no memory model for attention backend {self.attention_backend!r} (HYBRID runs "
+                             f"{' and '.join(BACKENDS)})")
+
+    @property
+    def max_bs(self) -> int:
+        return max(self.cuda_graph_bs) if self.cuda_graph_bs else 0
+
+
+@dataclass(frozen=True)
+class HybridBuffers:
+    """HYBRID's own device buffers, in bytes: the fixed ones (allocated when the worker allocates its memory pool) and
+    the fused step's workspace, which grows to its largest size during the first steps at the largest batch."""
+
+    fixed: int
+    workspace: int
+
+    @property
+    def total(self) -> int:
+        return self.fixed + self.workspace
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The speculative machinery of one layout, in bytes.
+
+    ``states``: the (EAGLE depth, verify width) runtime states, the start-up one first (SGLang's own, built before
+    HYBRID's hook runs); ``per_state``: bytes each state adds; ``items``: the same total by component; ``graph_sets``:
+    captured CUDA graph sets (a draft decode, a target verify or a draft extend graph set, each with one graph per
+    captured batch size: ``graphs``); ``from_free``: the part allocated after SGLang sized its KV pool (everything but
+    the draft weights), ``to_build``: the part the start-up check still has to place (the states after the first and
+    the workspace that has not grown yet); ``draft_kv_per_token``: draft KV bytes per KV-pool token (inside the
+    pool)."""
+
+    layout: str
+    states: tuple
+    per_state: tuple
+    items: dict = field(default_factory=dict)
+    graph_sets: int = 0
+    graphs: int = 0
+    from_free: int = 0
+    to_build: int = 0
+    draft_kv_per_token: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.items.values())
+
+
+# -- SGLang's per-object sizes -----------------------------------------------------------------------------------------
+def _fi_backend(skip_prefill: bool) -> int:
+    """Wrapper int workspaces a ``FlashInferAttnBackend`` builds (ragged + decode, + paged and verify prefill)."""
+    return (2 if skip_prefill else 4) * FLASHINFER_WRAPPER_BYTES
+
+
+def _triton_graph_state(dep: Deployment, shape: ModelShape, max_bs: int, tokens: int, *, kv_indices: bool,
+                        verify_width: int = 0) -> int:
+    """``TritonAttnBackend.init_cuda_graph_state(max_bs, tokens)``: split-KV logits and LSE (float32), lean partials,
+    split counts and int64 KV indices (unless shared from a multi-step backend), and the target's verify mask."""
+    h, s, dv = shape.heads, dep.triton_kv_splits, shape.head_dim
+    n = tokens * h * s * dv * 4 + tokens * h * s * 4
+    n += dep.sm_count * TRITON_LEAN_BLOCK_M * (2 + dv) * 4 + dep.sm_count * 4 + 4     # lean partials, locks, flag
+    if kv_indices:
+        n += tokens * 4 + tokens * dep.context_len * 8
+    if verify_width:
+        n += max_bs * verify_width * (dep.context_len + verify_width)
+    return n
+
+
+def _verify_graphs(dep: Deployment, width: int) -> int:
+    """Target verify graph set at ``width``: its backend's graph state and per-size wrappers (input buffers apart)."""
+    m, c, n_bs = dep.max_bs, dep.context_len, len(dep.cuda_graph_bs)
+    tokens = m * width
+    if dep.attention_backend == "flashinfer":
+        return tokens * c * 5 + n_bs * FLASHINFER_WRAPPER_BYTES
+    return _triton_graph_state(dep, dep.target, m, tokens, kv_indices=True, verify_width=width)
+
+
+def _extend_graphs(dep: Deployment, width: int) -> int:
+    """Draft extend graph set at ``width`` (the draft backend's graph state and per-size wrappers)."""
+    m, c, n_bs = dep.max_bs, dep.context_len, len(dep.cuda_graph_bs)
+    tokens = m * width
+    if dep.attention_backend == "flashinfer":
+        return tokens * c * 5 + n_bs * FLASHINFER_WRAPPER_BYTES
+    return _triton_graph_state(dep, dep.draft, m, tokens, kv_indices=True)
+
+
+def _draft_graphs(dep: Deployment, depth: int) -> int:
+    """Draft decode graph set at ``depth`` (>= 2): multi-step KV indices, its ``depth - 1`` backends' graph state."""
+    m, c, n_bs, k = dep.max_bs, dep.context_len, len(dep.cuda_graph_bs), dep.topk
+    if dep.attention_backend == "flashinfer":
+        return depth * m * k * c * 4 + (depth - 1) * n_bs * FLASHINFER_WRAPPER_BYTES
+    steps = depth * m * k * c * 8 + m * k * 4
+    return steps + (depth - 1) * _triton_graph_state(dep, dep.draft, m, m * k, kv_indices=False)
+
+
+def _input_buffers(dep: Deployment, depth: int, width: int) -> dict:
+    """Named static input buffers of a state's three graph runners: ``{(name, numel, itemsize): component}``; SGLang
+    keeps one tensor per key process-wide. A verify mask of ``(max_bs x fill + tokens) x width`` bools (fill value 1
+    for FlashInfer and Triton); the draft extend's ``select_index`` is not shared (per-runner key)."""
+    m, t, d = dep.max_bs, dep.target, dep.draft
+    n = m * width
+    out = {}
+    verify = (("input_ids", n, 8), ("input_embeds", n * t.hidden, t.dtype_bytes), ("out_cache_loc", n, 8),
+              ("positions", n, 8), ("mrope_positions", 3 * n, 8), ("custom_mask", (m + n) * width, 1),
+              ("req_pool_indices", m, 8), ("seq_lens", m, 8))
+    extend = (("input_ids", n, 8), ("out_cache_loc", n, 8), ("positions", n, 8), ("mrope_positions", 3 * n, 8),
+              ("hidden_states", n * dep.draft_input_hidden, d.dtype_bytes), ("req_pool_indices", m, 8),
+              ("seq_lens", m, 8), ("extend_seq_lens", m, 4), ("num_correct_drafts", m, 4),
+              ("num_accept_tokens", m, 4), (f"select_index@{depth},{width}", m, 8))
+    out.update({k: "verify" for k in verify})
+    for k in extend:
+        out.setdefault(k, "draft extend")
+    if depth > 1:
+        r = m * dep.topk
+        draft = (("input_ids", r, 8), ("out_cache_loc", r * depth, 8), ("positions", r, 8),
+                 ("mrope_positions", 3 * r, 8), ("hidden_states", m * d.hidden, d.dtype_bytes), ("topk_p", r, 4),
+                 ("topk_index", r, 8), ("req_pool_indices", m, 8), ("seq_lens", m, 8), ("extend_seq_lens", m, 4))
+        for k in draft:
+            out.setdefault(k, "draft decode")
+    return out
+
+
+def _state(dep: Deployment, depth: int, width: int, *, startup: bool) -> dict:
+    """Bytes one runtime state adds, by component (input buffers apart). The start-up state's target backend is the
+    one SGLang builds with or without speculation (the shared workspace); every later state builds a fresh target
+    backend with its own workspace (``build_adaptive_runtime_state``)."""
+    fi = dep.attention_backend == "flashinfer"
+    graphs = bool(dep.cuda_graph_bs)
+    items = {"verify": _verify_graphs(dep, width) if graphs else 0,
+             "draft extend": (_extend_graphs(dep, width) if graphs else 0) + (_fi_backend(False) if fi else 0),
+             "draft decode": 0, "target workspaces": 0}
+    if depth > 1:
+        items["draft decode"] = ((_draft_graphs(dep, depth) if graphs else 0)
+                                 + ((depth - 1) * _fi_backend(True) if fi else 0))
+    if not startup and fi:
+        items["target workspaces"] = dep.flashinfer_workspace_bytes + _fi_backend(False)
+    return items
+
+
+def budget(dep: Deployment, states: Sequence, *, layout: str, max_draft_tokens: int,
+           own: Optional[HybridBuffers] = None) -> Budget:
+    """The budget of building ``states`` ((depth, width) pairs, the start-up state first) at ``dep``.
+    ``max_draft_tokens``: the widest width SGLang was configured with (rows of the shared logits buffers); ``own``:
+    HYBRID's own buffers (None for plain EAGLE)."""
+    states = tuple(dict.fromkeys((int(d), int(w)) for d, w in states))
+    if not states:
+        raise ValueError("a budget needs at least the start-up runtime state")
+    items = {"verify": 0, "draft extend": 0, "draft decode": 0, "target workspaces": 0, "input buffers": 0}
+    per_state = []
+    keys: dict = {}
+    for i, (d, w) in enumerate(states):
+        part = _state(dep, d, w, startup=i == 0)
+        fresh = 0
+        if dep.cuda_graph_bs:
+            for key in _input_buffers(dep, d, w):
+                if key not in keys:
+                    keys[key] = True
+                    fresh += key[1] * key[2]
+        part["input buffers"] = fresh
+        for k, v in part.items():
+            items[k] += v
+        per_state.append(sum(part.values()))
+    graphs = bool(dep.cuda_graph_bs)
+    rows = dep.max_bs * max_draft_tokens
+    logits = 0
+    if graphs:
+        logits = rows * dep.target.vocab * 4
+        if dep.draft_logits_vocab != dep.target.vocab:
+            logits += rows * dep.draft_logits_vocab * 4
+    items["logits buffers"] = logits
+    items["draft weights"] = dep.draft_weight_bytes
+    items["hybrid buffers"] = own.total if own is not None else 0
+    sets = sum(2 + (d > 1) for d, _ in states) if graphs else 0
+    d = dep.draft
+    total = sum(items.values())
+    return Budget(layout=layout, states=states, per_state=tuple(per_state), items=items, graph_sets=sets,
+                  graphs=sets * len(dep.cuda_graph_bs), from_free=total - dep.draft_weight_bytes,
+                  to_build=sum(per_state[1:]) + (own.workspace if own is not None else 0),
+                  draft_kv_per_token=2 * d.layers * d.kv_heads * d.head_dim * d.dtype_bytes)
+
+
+def eagle_budget(dep: Deployment, num_steps: int) -> Budget:
+    """SGLang's plain EAGLE (topk 1) at ``num_steps``: one state, ``num_steps + 1`` draft tokens."""
+    return budget(dep, [(num_steps, num_steps + 1)], layout="EAGLE", max_draft_tokens=num_steps + 1)
+
+
+def hybrid_buffer_bytes(*, pool_size: int, num_steps: int, ngram_k: int, proposal_width: int,
+                        context_cols: Optional[int], model_bias: bool, fused: bool, max_bs: int, width: int,
+                        depths: int, mask_entries: int) -> HybridBuffers:
+    """HYBRID's own device buffers (``HybridStep``), from its allocation code.
+
+    Fixed: the proposal buffers (int64, ``alignment.alloc_buffers``: tokens and four features ``[P, pw]``, length,
+    position and generation ``[P]``, the ring ``[P, max(2 pw, 16) + 1]``), the prompt lookup table
+    (``context_lookup.alloc_context``: int32 ``[P, context_cols + 1]`` and int64 ``[P]``; ``context_cols`` = SGLang's
+    ``req_to_token`` row, None = setting off), the EAGLE chain copy (int64 ``[P, steps]``) and the online offsets
+    (float32 and int64 ``[P]``, setting ``model_bias_eta``).
+
+    Workspace (``fused``: the fused step, ``kernels/__init__.py`` and ``kernels/decision.py``): at ``max_bs`` requests,
+    the full ``width`` and ``depths`` candidate depths, its proposals, decision and verify-input arrays, plus the verify
+    mask when the target backend keeps none (``mask_entries`` bools, 0 when it does)."""
+    p, pw = pool_size, proposal_width
+    ring = max(2 * pw, 16)
+    fixed = 8 * (5 * p * pw + 3 * p + p * (ring + 1)) + 8 * p * num_steps
+    if context_cols is not None:
+        fixed += 4 * p * (context_cols + 1) + 8 * p
+    if model_bias:
+        fixed += 12 * p
+    ws = 0
+    if fused and max_bs:
+        b, w, k, s = max_bs, width, ngram_k, num_steps
+        adaptive = depths > 1
+        ws = 6 * b * pw * 8 + 2 * b * 8 + (4 * b if model_bias else 0) + (b if context_cols is not None else 0)
+        ws += 2 * b * s * 4 + b * k * 4 + ((b * s * 4 + b * 4) if adaptive else 0)
+        ws += depths * b * w * 8 + depths * b * 4
+        ws += 3 * b * w * 8 + b * w * w + 2 * b * w + b * w * 4 + b * 4 + (8 + 8 + 4 + 8)
+        ws += 5 * b * w * 8 + mask_entries
+    return HybridBuffers(fixed=fixed, workspace=ws)
+
+
+def workspace_mask_entries(dep: Deployment, width: int) -> int:
+    """Entries of the FULL_MASK verify mask HYBRID's workspace keeps (``worker.verify_mask_buffer``): none where the
+    target backend preallocated one (SGLang's Triton backend under graphs), else one for the largest batch, ``seq_len x
+    width + width x width`` per request, the contexts bounded by the model's context and by the KV pool's tokens."""
+    if dep.attention_backend == "triton" and dep.cuda_graph_bs:
+        return 0
+    batch = dep.max_bs or dep.max_running_requests
+    seq_sum = batch * dep.context_len
+    if dep.kv_pool_tokens:
+        seq_sum = min(seq_sum, dep.kv_pool_tokens)
+    return seq_sum * width + width * width * batch
+
+
+def post_capture_reserve_bytes(tp_size: int = 1, pp_size: int = 1) -> int:
+    """Free memory to keep for the runtime once every graph is captured: SGLang's own reserve when it sizes the KV pool
+    after capture (1536 MiB + tp x pp / 8 GiB, ``srt/arg_groups/memory_hook.py`` ~291-295)."""
+    return int((1536 + tp_size * pp_size / 8 * 1024) * MiB)
+
+
+# -- the start-up check ------------------------------------------------------------------------------------------------
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def log_line(hybrid: Budget, eagle: Budget, free: Optional[int], reserve: Optional[int]) -> str:
+    """The one start-up line: HYBRID's machinery by component and graph sets, against plain EAGLE's."""
+    parts = ", ".join(f"{k} {_gib(v)}" for k, v in hybrid.items.items() if v)
+    ratio = hybrid.total / eagle.total if eagle.total else float("inf")
+    n = len(hybrid.states)
+    line = (f"HYBRID start-up memory: {n} runtime state{'s' if n > 1 else ''} {list(hybrid.states)}, "
+            f"{hybrid.graph_sets} graph sets ({hybrid.graphs} graphs), speculative machinery {_gib(hybrid.total)} "
+            f"({parts}); plain EAGLE at the same settings {_gib(eagle.total)}, {eagle.graph_sets} graph sets "
+            f"({ratio:.2f}x); draft KV {hybrid.draft_kv_per_token} B/token in the KV pool")
+    if free is not None:
+        line += (f"; still to build {_gib(hybrid.to_build)} + runtime reserve {_gib(reserve)} "
+                 f"against {_gib(free)} free")
+    return line
+
+
+def check_fits(hybrid: Budget, free: int, reserve: int, *, total_memory: Optional[int] = None,
+               mem_fraction_static: Optional[float] = None) -> None:
+    """Raise ``HybridMemoryError`` naming the settings to change when the states still to build and the runtime
+    reserve do not fit ``free`` bytes."""
+    need = hybrid.to_build + reserve
+    if need <= free:
+        return
+    short = need - free
+    extra = len(hybrid.states) - 1
+    each = max(hybrid.per_state[1:], default=0)
+    room = free - reserve - (hybrid.to_build - sum(hybrid.per_state[1:]))
+    fit = max(int(room // each), 0) if each else 0
+    fix = [f"fewer runtime states: HYBRID builds one per (EAGLE depth, verify width) pair, {len(hybrid.states)} here, "
+           f"up to {_gib(each)} each, and about {fit} more than the first fit; shorten the HYBRID settings "
+           "verify_widths / draft_depths (e.g. SGLANG_HYBRID_VERIFY_WIDTHS='[4]', SGLANG_HYBRID_DRAFT_DEPTHS='[]'), "
+           "or leave out draft_cost_table (one depth) or cost_table (one width)" if extra else
+           "the single runtime state itself does not fit"]
+    fix.append("a lower --cuda-graph-max-bs (every graph buffer grows with the largest captured batch)")
+    fix.append("a shorter --context-length (graph buffers are sized by it)")
+    if mem_fraction_static is not None and total_memory:
+        fix.append(f"a lower --mem-fraction-static (at most {mem_fraction_static - short / total_memory:.3f}, "
+                   f"now {mem_fraction_static:.3f}: it leaves the memory SGLang does not give the KV pool)")
+    else:
+        fix.append("a lower --mem-fraction-static")
+    raise HybridMemoryError(
+        f"HYBRID's runtime states do not fit the GPU memory SGLang left after sizing its KV pool: building the "
+        f"{extra} states after the first and HYBRID's workspace needs {_gib(hybrid.to_build)}, plus "
+        f"{_gib(reserve)} kept free for the runtime (SGLang's post-capture reserve), but {_gib(free)} is free "
+        f"({_gib(short)} short). Change one of: " + "; ".join(fix) + ".")
+
+
+def deployment_of(worker, tp_size: int) -> Deployment:
+    """The worker's live configuration: model shapes, captured batch sizes and backend as SGLang built them."""
+    import torch
+    from sglang.srt.environ import envs
+    from sglang.srt.speculative.eagle_utils import get_draft_input_from_target_hidden_dim
+
+    target_runner = worker.target_worker.model_runner
+    draft_runner = worker._draft_worker.draft_runner
+
+    def shape(runner) -> ModelShape:
+        mc = runner.model_config
+        return ModelShape(hidden=mc.hidden_size, layers=mc.num_hidden_layers,
+                          heads=max(mc.num_attention_heads // tp_size, 1), kv_heads=mc.get_num_kv_heads(tp_size),
+                          head_dim=mc.head_dim, vocab=mc.vocab_size, dtype_bytes=mc.dtype.itemsize)
+
+    target, draft = shape(target_runner), shape(draft_runner)
+    hf = draft_runner.model_config.hf_config
+    hot = getattr(worker._draft_worker, "hot_token_id", None)
+    # the draft extend runner's rule for the draft head's vocabulary (eagle_draft_extend_cuda_graph_runner.py ~226-240)
+    vocab = (getattr(hf, "draft_vocab_size", None) or getattr(hf, "hot_vocab_size", None)
+             or (len(hot) if hot is not None else draft.vocab))
+    shared = {t.data_ptr() for t in target_runner.model.parameters()}
+    tensors = {t.data_ptr(): t for t in [*draft_runner.model.parameters(), *draft_runner.model.buffers()]}
+    weights = sum(t.numel() * t.element_size() for ptr, t in tensors.items() if ptr not in shared)
+    runner = target_runner.decode_cuda_graph_runner
+    classes = {c.__name__ for c in type(target_runner.attn_backend).__mro__}
+    backend = ("flashinfer" if "FlashInferAttnBackend" in classes else "triton" if "TritonAttnBackend" in classes
+               else type(target_runner.attn_backend).__name__)      # any other: Deployment names it and refuses
+    cuda = torch.device(worker.device).type == "cuda"
+    return Deployment(
+        target=target, draft=draft, draft_logits_vocab=int(vocab),
+        draft_input_hidden=int(get_draft_input_from_target_hidden_dim(draft_runner)), draft_weight_bytes=weights,
+        max_running_requests=int(worker.req_to_token_pool.req_to_token.shape[0]),
+        context_len=int(target_runner.model_config.context_len),
+        cuda_graph_bs=tuple(runner.capture_bs) if runner is not None else (),
+        attention_backend=backend, topk=int(worker.topk),
+        flashinfer_workspace_bytes=int(envs.SGLANG_FLASHINFER_WORKSPACE_SIZE.get()),
+        sm_count=torch.cuda.get_device_properties(worker.gpu_id).multi_processor_count if cuda else 132,
+        kv_pool_tokens=int(getattr(target_runner, "max_total_num_tokens", 0) or 0) or None)
+
+
+def check_start(worker, states: Sequence) -> Budget:
+    """At start, once the runtime states are known and before they are built: HYBRID's budget for ``states`` (after
+    the start-up state, which SGLang has built) and plain EAGLE's at the same settings, one log line, and on a GPU
+    the refusal when the rest does not fit the free memory (SGLang's ``get_available_gpu_memory``, read once here).
+    Never refuses on the CPU engine."""
+    import torch
+
+    args = worker.server_args
+    tp = max(int(getattr(args, "tp_size", 1) or 1), 1)
+    dep = deployment_of(worker, tp)
+    step = worker.hybrid_step
+    width = worker.speculative_num_draft_tokens
+    own = hybrid_buffer_bytes(
+        pool_size=dep.max_running_requests, num_steps=worker.speculative_num_steps, ngram_k=step.k,
+        proposal_width=step.proposal_width,
+        context_cols=step.context.tokens.shape[1] - 1 if step.context is not None else None,
+        model_bias=step.model_bias is not None, fused=step.fused is not None,
+        max_bs=dep.max_bs or dep.max_running_requests, width=width, depths=len(step.depths),
+        mask_entries=workspace_mask_entries(dep, width))
+    hybrid = budget(dep, [(worker.speculative_num_steps, width), *states], layout="HYBRID", max_draft_tokens=width,
+                    own=own)
+    eagle = eagle_budget(dep, worker.speculative_num_steps)
+    if torch.device(worker.device).type != "cuda":
+        logger.info(log_line(hybrid, eagle, None, None))
+        return hybrid
+    from sglang.srt.utils import get_available_gpu_memory
+
+    free = int(get_available_gpu_memory(worker.device, worker.gpu_id) * GiB)
+    reserve = post_capture_reserve_bytes(tp, int(getattr(args, "pp_size", 1) or 1))
+    logger.info(log_line(hybrid, eagle, free, reserve))
+    check_fits(hybrid, free, reserve, total_memory=torch.cuda.get_device_properties(worker.gpu_id).total_memory,
+               mem_fraction_static=getattr(args, "mem_fraction_static", None))
+    return hybrid

@@ -1,0 +1,430 @@
+"""Start-up memory budget (``sglang_hybrid.sglang_plugin.memory_budget``, issue 25 "Start-up memory").
+
+(a) Llama-3.1-8B shapes, an EAGLE-3 head, 128 running requests, a 131,072-token context, an H200 at the memory
+fraction SGLang picks for it, both cost tables: plain EAGLE against HYBRID as built (one runtime state per (depth,
+width) pair) and against the ragged per-depth layout, measured against the issue's targets (speculative memory
+<= 1.5x EAGLE's, captured graph sets <= 2x). Both layouts miss them; the tests of the targets are strict xfails that
+state the ratios, and the numbers themselves are pinned (docs/sglang.md, "Start-up memory budget", quotes them).
+(b) The refusal names the settings to change; the worker's entry point logs on the CPU engine and never refuses there.
+(c) The formulas against a brute-force count: SGLang's own objects and methods run on the CPU (its graph input
+buffers, shared logits buffer, the FlashInfer and Triton backends' ``init_cuda_graph_state``, its captured batch size
+list) and HYBRID's real ``HybridStep`` (fixed buffers, and the fused step's workspace under Triton's interpreter), with
+every tensor they allocate summed. What no CPU can construct (FlashInfer's wrappers, 8 MiB each) is cited in the
+module. SGLang and the interpreter run in one subprocess (``TRITON_INTERPRET`` must be set before Triton's import).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sglang_hybrid.sglang_plugin import memory_budget as mb
+from sglang_hybrid.sglang_plugin.config import HybridSettings
+from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
+
+ROOT = Path(__file__).resolve().parent.parent
+GiB, MiB = mb.GiB, mb.MiB
+
+#: Llama-3.1-8B (config.json: hidden 4096, 32 layers, 32 heads, 8 KV heads, vocab 128,256, bf16, context 131,072)
+LLAMA8B = mb.ModelShape(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, vocab=128256)
+LLAMA8B_PARAMS = 8_030_261_248
+#: an EAGLE-3 head for it (jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B, the README's): one Llama layer, 14,336
+#: intermediate, a 32,000-token draft vocabulary, the target's embedding
+EAGLE3 = mb.ModelShape(hidden=4096, layers=1, heads=32, kv_heads=8, head_dim=128, vocab=128256)
+EAGLE3_INTERMEDIATE, EAGLE3_VOCAB = 14336, 32000
+CONTEXT, RUNNING, STEPS = 131072, 128, 4
+#: nvidia-smi's memory.total of an H200 (/work/.library/device/KINDS.md), what SGLang's get_nvgpu_memory_capacity reads
+H200_MIB = 143771
+
+
+def eagle3_weight_bytes(h: int, inter: int, heads: int, kv_heads: int, head_dim: int, draft_vocab: int,
+                        dtype_bytes: int = 2) -> int:
+    """``LlamaForCausalLMEagle3`` (sglang ``srt/models/llama_eagle3.py`` ~46-210, 272-320): one decoder layer whose
+    qkv projection reads 2h, o_proj, the gated MLP and three norms; ``fc`` from the three concatenated aux layers;
+    the final norm; the draft-vocab ``lm_head``. The embedding is the target's (``set_embed``)."""
+    qkv = 2 * h * (heads + 2 * kv_heads) * head_dim
+    layer = qkv + heads * head_dim * h + 3 * h * inter + 3 * h
+    return dtype_bytes * (layer + 3 * h * h + h + draft_vocab * h)
+
+
+def sglang_mem_fraction_static(gpu_mib: float, decode_max_bs: int, prefill_graph_sizes: int,
+                               chunked_prefill: int = 8192, tp: int = 1) -> float:
+    """SGLang's default ``--mem-fraction-static`` (``srt/arg_groups/memory_hook.py`` ~291-325 with
+    ``reserve_for_graph_mb`` ~360-392): reserve 512 MiB + 1.5 MiB per activation token (the chunked prefill size,
+    8,192 on an H200, ~149-160) + tp/8 GiB + 2 MiB per decode graph batch size up to ``--cuda-graph-max-bs`` + 8 MiB
+    per prefill graph size (breakable prefill graphs are on by default on CUDA), at least 10 GiB above 60 GiB."""
+    reserved = 512 + max(chunked_prefill, 2048) * 1.5 + tp / 8 * 1024 + decode_max_bs * 2 + prefill_graph_sizes * 8
+    if gpu_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((gpu_mib - reserved) / gpu_mib, 3)
+
+
+# -- SGLang's objects, and HYBRID's, counted tensor by tensor (one subprocess) -----------------------------------------
+_PROBE = """
+    import json, logging, tempfile, types
+    import torch
+
+    out = {}
+    from sglang.srt.arg_groups.cuda_graph_hook import (generate_decode_cuda_graph_batch_sizes,
+                                                       generate_prefill_cuda_graph_batch_sizes)
+    spec = types.SimpleNamespace(disable_cuda_graph_padding=False, speculative_algorithm="EAGLE")
+    out["capture_bs"] = {m: generate_decode_cuda_graph_batch_sizes(spec, m) for m in (8, 48, 128, 200)}
+    out["prefill_graph_sizes_8192"] = len(generate_prefill_cuda_graph_batch_sizes(8192))
+
+    def storage_bytes(objs):
+        seen = {}
+        def walk(v):
+            if isinstance(v, torch.Tensor):
+                seen[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
+            elif isinstance(v, (list, tuple)):
+                for x in v:
+                    walk(x)
+            elif isinstance(v, dict):
+                for x in v.values():
+                    walk(x)
+            elif isinstance(getattr(v, "buffer", None), torch.Tensor):     # SGLang's VerifyMask
+                walk(v.buffer)
+        for o in objs:
+            walk(o)
+        return sum(seen.values())
+
+    M, W, C, H, S = 6, 5, 64, 48, 3           # max_bs, width, context, hidden, draft steps
+    import sglang.srt.model_executor.runner_utils.buffers as bm
+    bm.enable_num_token_non_padded = lambda: False      # expert parallelism only; reads the unpublished parallel config
+    buf = bm.DecodeInputBuffers.create(
+        device="cpu", max_bs=M, max_num_token=M * W, hidden_size=H, next_token_logits_buffer=torch.zeros(1),
+        dtype=torch.bfloat16, num_dp_ranks=1, pp_size=1, is_encoder_decoder=False, require_mlp_tp_gather=False,
+        seq_len_fill_value=1, encoder_len_fill_value=0, num_tokens_per_req=W, cache_loc_dtype=torch.int64,
+        enable_mamba_track=False)
+    out["verify_input_buffers"] = storage_bytes([v for k, v in vars(buf).items()
+                                                 if k not in ("next_token_logits_buffer", "seq_lens_cpu")])
+    from sglang.srt.model_executor.graph_shared_output import GraphSharedOutput
+    g = GraphSharedOutput(device="cpu", max_rows=M * W)
+    out["logits"] = storage_bytes([g.get_logits_buffer(100, rows=M), g.get_logits_buffer(40, rows=M * W)])
+
+    # FlashInfer's graph state on the CPU: SGLang's own method, its literal device="cuda" dropped
+    import sglang.srt.layers.attention.flashinfer_backend as fb
+    class _Host:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+        @staticmethod
+        def zeros(*a, device=None, **k):
+            return torch.zeros(*a, **k)
+    fb.torch = _Host()
+    def fi(skip_prefill):
+        b = fb.FlashInferAttnBackend.__new__(fb.FlashInferAttnBackend)
+        b.max_context_len, b.num_wrappers, b.use_sliding_window_kv_pool = C, 1, False
+        b.skip_prefill, b.kv_indptr = skip_prefill, [torch.zeros(M + 1, dtype=torch.int32)]
+        return b
+    def graph_state(b, *a, **k):
+        before = set(vars(b))
+        b.init_cuda_graph_state(*a, **k)
+        return storage_bytes([v for key, v in vars(b).items() if key not in before])
+    out["flashinfer_graph_state"] = graph_state(fi(False), M, M * W)
+    ms = fb.FlashInferMultiStepDraftBackend.__new__(fb.FlashInferMultiStepDraftBackend)
+    ms.topk, ms.max_context_len, ms.speculative_num_steps = 1, C, S
+    ms.attn_backends = [fi(True) for _ in range(S - 1)]
+    ms.init_cuda_graph_state(M, M)
+    out["flashinfer_draft_graph_state"] = storage_bytes([ms.cuda_graph_kv_indices] + [
+        [v for k, v in vars(x).items() if k.startswith("cuda_graph")] for x in ms.attn_backends])
+
+    # Triton's, with the FULL_MASK verify layout SGLang picks on a GPU
+    import sglang.srt.layers.attention.verify_mask as vm
+    from sglang.srt.speculative.eagle_utils import TreeMaskMode
+    vm.default_tree_mask_mode = lambda: TreeMaskMode.FULL_MASK
+    import sglang.srt.layers.attention.triton_backend as tb
+    NH, SPLITS, HD, SMS = 4, 8, 16, 3
+    def tri(skip_prefill, draft):
+        b = tb.TritonAttnBackend.__new__(tb.TritonAttnBackend)
+        b.dllm_attention, b.num_head, b.max_kv_splits, b.v_head_dim, b.swa_v_head_dim = None, NH, SPLITS, HD, None
+        b.device, b.lean_total_programs, b.lean_block_m, b.max_context_len = "cpu", SMS, 16, C
+        b.is_draft_runner, b.skip_prefill, b.num_draft_tokens = draft, skip_prefill, W
+        b.sliding_window_size, b.use_sliding_window_kv_pool = None, False
+        return b
+    out["triton_verify_graph_state"] = graph_state(tri(False, False), M, M * W)
+    out["triton_extend_graph_state"] = graph_state(tri(False, True), M, M * W)
+    tms = tb.TritonMultiStepDraftBackend.__new__(tb.TritonMultiStepDraftBackend)
+    tms.topk, tms.max_context_len, tms.speculative_num_steps, tms.device, tms.window_rail = 1, C, S, "cpu", False
+    tms.attn_backends = [tri(True, True) for _ in range(S - 1)]
+    out["triton_draft_graph_state"] = graph_state(tms, M, M) + storage_bytes([
+        [v for k, v in vars(x).items() if k.startswith("cuda_graph") and k not in ("cuda_graph_kv_indices",
+                                                                                     "cuda_graph_num_kv_splits")]
+        for x in tms.attn_backends])
+
+    # HYBRID's HybridStep: fixed buffers, and the fused step's workspace after one step at its widest
+    from sglang_hybrid.cost import CostModel
+    from sglang_hybrid.sglang_plugin import alignment
+    from sglang_hybrid.sglang_plugin.config import HybridSettings
+    from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
+    from sglang_hybrid.sglang_plugin.verify_input import TreeMaskMode as HybridMask, build_verify_input
+    tmp = tempfile.mkdtemp()
+    CostModel.linear(0.01, 1e-4).save(tmp + "/c.json")
+    CostModel.linear(1e-3, 1e-5).save(tmp + "/d.json")
+    st = HybridStep(HybridSettings(mode="merge", ngram_k=3, cost_table=tmp + "/c.json",
+                                   draft_cost_table=tmp + "/d.json", model_bias_eta=0.1, log_interval=0),
+                    num_steps=3, pool_size=4, device="cpu", max_context_len=32)
+    out["hybrid_fixed"] = storage_bytes([list(st.buffers), list(st.context), st._chain, st.model_bias,
+                                         st.model_bias_gen])
+    b = 3
+    slots, seq, gen = torch.arange(b), torch.full((b,), 10), torch.zeros(b, dtype=torch.int64)
+    pw = st.proposal_width
+    alignment.publish(st.buffers, slots, torch.randint(0, 9, (b, pw)), torch.full((b,), pw), seq + 1, gen,
+                      torch.full((b, pw), 9), torch.full((b, pw), 2), torch.full((b, pw), 3),
+                      torch.zeros((b, pw), dtype=torch.int64))
+    width = st.n_nodes + 1
+    d = st.select(torch.randint(0, 9, (b,)), torch.randint(0, 9, (b, 3)), torch.rand((b, 3)), slots, gen, seq,
+                  width=width)
+    build_verify_input(d.tree, seq, num_steps=3, max_depth=st.max_depth_at(width), mask_mode=HybridMask.FULL_MASK,
+                       seq_lens_sum=int(seq.sum()), fused=True, workspace=st.workspace)
+    out["hybrid_workspace"] = st.workspace.nbytes
+    out["hybrid_shape"] = {"pw": pw, "width": width, "k": st.k, "depths": len(st.depths), "b": b,
+                           "seq_sum": int(seq.sum())}
+
+    # the worker's entry point on a stand-in worker with SGLang's attribute layout
+    from types import SimpleNamespace as NS
+    from sglang_hybrid.sglang_plugin import memory_budget as mb
+
+    class FlashInferAttnBackend:
+        pass
+    def runner(layers, spec_eagle3):
+        mc = NS(hidden_size=4096, num_hidden_layers=layers, num_attention_heads=32, get_num_kv_heads=lambda tp: 8,
+                head_dim=128, vocab_size=128256, dtype=torch.bfloat16, context_len=131072, spec_hidden_size=4096,
+                hf_config=NS(draft_vocab_size=32000))
+        return NS(model_config=mc, model=torch.nn.Linear(4, 4), spec_algorithm=NS(is_eagle3=lambda: spec_eagle3),
+                  attn_backend=FlashInferAttnBackend(), max_total_num_tokens=800_000,
+                  decode_cuda_graph_runner=NS(capture_bs=out["capture_bs"][128]))
+    def worker(device):
+        step = HybridStep(HybridSettings(log_interval=0, decision_kernels="torch"), num_steps=4, pool_size=2,
+                          device="cpu")
+        step.context = NS(tokens=NS(shape=(128, 131090)))
+        return NS(target_worker=NS(model_runner=runner(32, False)),
+                  _draft_worker=NS(draft_runner=runner(1, True), hot_token_id=None),
+                  req_to_token_pool=NS(req_to_token=NS(shape=(128, 131089))), topk=1, device=device, gpu_id=0,
+                  server_args=NS(tp_size=1, pp_size=1, mem_fraction_static=0.905), hybrid_step=step,
+                  speculative_num_steps=4, speculative_num_draft_tokens=13)
+    states = [(d, w) for d in (1, 2, 3, 4) for w in (2, 4, 6, 7, 8, 13)]
+    lines = []
+    class Catch(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+    mb.logger.addHandler(Catch())
+    mb.logger.setLevel(logging.INFO)
+    cpu = mb.check_start(worker("cpu"), states)
+    out["cpu"] = {"line": lines[-1], "states": len(cpu.states), "total": cpu.total}
+    import sglang.srt.utils as su
+    su.get_available_gpu_memory = lambda device, gpu_id: 12.0
+    torch.cuda.get_device_properties = lambda i: NS(multi_processor_count=132, total_memory=H200 * 2**20)
+    try:
+        mb.check_start(worker("cuda"), states)
+        out["cuda"] = {"raised": None}
+    except mb.HybridMemoryError as e:
+        out["cuda"] = {"raised": str(e), "line": lines[-1]}
+    out["cuda_one_state"] = mb.check_start(worker("cuda"), [(4, 13)]).to_build
+    print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    code = f"H200 = {H200_MIB}\n" + textwrap.dedent(_PROBE)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_memory_budget_formulas_match_sglang_objects(measured):
+    """(c) SGLang's own objects, built on the CPU, allocate what the formulas say (small shapes: max_bs 6, width 5,
+    context 64). Differences allowed and named: index arrays the budget leaves out (FlashInfer's two ``max_bs + 1``
+    int32 indptr clones, the verify runner's two int32 token counters)."""
+    m, w, c, h, s = 6, 5, 64, 48, 3
+    bs = tuple(range(1, m + 1))
+    shape = mb.ModelShape(hidden=h, layers=1, heads=4, kv_heads=1, head_dim=16, vocab=100)
+    dep = mb.Deployment(target=shape, draft=shape, draft_logits_vocab=40, draft_input_hidden=h, draft_weight_bytes=0,
+                        max_running_requests=m, context_len=c, cuda_graph_bs=bs, sm_count=3)
+    wrappers = len(bs) * mb.FLASHINFER_WRAPPER_BYTES
+    assert measured["capture_bs"]["128"] == [*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 129, 8)]
+    assert len(measured["capture_bs"]["128"]) == 35
+    assert measured["flashinfer_graph_state"] - (mb._verify_graphs(dep, w) - wrappers) == 2 * (m + 1) * 4
+    assert measured["flashinfer_graph_state"] - (mb._extend_graphs(dep, w) - wrappers) == 2 * (m + 1) * 4
+    assert measured["flashinfer_draft_graph_state"] == mb._draft_graphs(dep, s) - (s - 1) * wrappers
+    tri = dataclasses.replace(dep, attention_backend="triton")
+    assert measured["triton_verify_graph_state"] == mb._verify_graphs(tri, w)
+    assert measured["triton_extend_graph_state"] == mb._extend_graphs(tri, w)
+    assert measured["triton_draft_graph_state"] == mb._draft_graphs(tri, s)
+    verify = sum(n * size for (name, n, size), part in mb._input_buffers(dep, s, w).items() if part == "verify")
+    assert measured["verify_input_buffers"] - verify == 2 * 4
+    rows = m * w
+    assert measured["logits"] == rows * (100 + 40) * 4
+    assert mb.budget(dep, [(s, w)], layout="x", max_draft_tokens=w).items["logits buffers"] == measured["logits"]
+
+
+def test_memory_budget_hybrid_buffers_match_hybrid_step(measured):
+    """(c) HYBRID's own buffers: a real ``HybridStep`` (pool 4, context 32, 3 steps, ngram_k 3, online offsets) and
+    the fused step's workspace after one step at the full width under Triton's interpreter, tensor by tensor."""
+    sh = measured["hybrid_shape"]
+    own = mb.hybrid_buffer_bytes(pool_size=4, num_steps=3, ngram_k=sh["k"], proposal_width=sh["pw"], context_cols=32,
+                                 model_bias=True, fused=True, max_bs=sh["b"], width=sh["width"], depths=sh["depths"],
+                                 mask_entries=sh["seq_sum"] * sh["width"] + sh["width"] ** 2 * sh["b"])
+    assert own.fixed == measured["hybrid_fixed"]
+    assert own.workspace == measured["hybrid_workspace"]
+
+
+def test_memory_budget_small_case_by_hand():
+    """(c) The assembly on a case small enough to count by hand: FlashInfer, max_bs 2 (sizes 1 and 2), context 16.
+    Plain EAGLE with 2 steps (width 3) and HYBRID's states (2, 3) first, then (1, 2), (1, 3), (2, 2)."""
+    t = mb.ModelShape(hidden=8, layers=2, heads=2, kv_heads=1, head_dim=4, vocab=10)
+    d = mb.ModelShape(hidden=8, layers=1, heads=2, kv_heads=1, head_dim=4, vocab=10)
+    dep = mb.Deployment(target=t, draft=d, draft_logits_vocab=6, draft_input_hidden=24, draft_weight_bytes=1000,
+                        max_running_requests=2, context_len=16, cuda_graph_bs=(1, 2))
+    wr = mb.FLASHINFER_WRAPPER_BYTES
+    e = mb.eagle_budget(dep, 2)
+    # verify: int32 indices + uint8 mask of 2 x 3 tokens x 16 positions, a wrapper per captured size
+    assert e.items["verify"] == 6 * 16 * 5 + 2 * wr
+    # draft extend: the same graph state and wrappers, and its backend's four constructor wrappers
+    assert e.items["draft extend"] == 6 * 16 * 5 + 2 * wr + 4 * wr
+    # draft decode (2 steps): int32 indices 2 x 2 x 16, one step backend: 2 constructor wrappers + one per size
+    assert e.items["draft decode"] == 2 * 2 * 16 * 4 + 2 * wr + 2 * wr
+    assert e.items["target workspaces"] == 0                 # one FlashInfer workspace, shared with the target's
+    # input buffers: verify 48+96+48+48+144+24+16+16, extend's own 288+8+8+8+16, draft decode's own 16+32+16+48+32+8+16
+    assert e.items["input buffers"] == 440 + 328 + 168
+    assert e.items["logits buffers"] == 2 * 3 * (10 + 6) * 4
+    assert (e.graph_sets, e.graphs, e.total) == (3, 6, 96 * MiB + 3536)
+    assert e.from_free == e.total - 1000 and e.to_build == 0 and e.draft_kv_per_token == 2 * 1 * 1 * 4 * 2
+    own = mb.HybridBuffers(fixed=500, workspace=70)
+    hy = mb.budget(dep, [(2, 3), (1, 2), (1, 3), (2, 2), (2, 3)], layout="HYBRID", max_draft_tokens=3, own=own)
+    assert hy.states == ((2, 3), (1, 2), (1, 3), (2, 2))
+    assert (hy.graph_sets, hy.graphs) == (3 + 2 + 2 + 3, 20)
+    assert hy.items["target workspaces"] == 3 * (mb.FLASHINFER_WORKSPACE_BYTES + 4 * wr)
+    assert hy.items["verify"] == (6 + 4 + 6 + 4) * 16 * 5 + 4 * 2 * wr
+    assert hy.items["hybrid buffers"] == 570 and hy.to_build == sum(hy.per_state[1:]) + 70
+    assert sum(hy.per_state) + hy.items["logits buffers"] + 1000 + 570 == hy.total
+    # the verify mask HYBRID's workspace keeps: FlashInfer has none of its own, Triton under graphs has
+    assert mb.workspace_mask_entries(dep, 3) == 2 * 16 * 3 + 3 * 3 * 2
+    assert mb.workspace_mask_entries(dataclasses.replace(dep, kv_pool_tokens=5), 3) == 5 * 3 + 3 * 3 * 2
+    assert mb.workspace_mask_entries(dataclasses.replace(dep, attention_backend="triton"), 3) == 0
+    with pytest.raises(ValueError, match="torch_native"):
+        dataclasses.replace(dep, attention_backend="torch_native")
+    nographs = dataclasses.replace(dep, cuda_graph_bs=())
+    cpu = mb.budget(nographs, [(2, 3), (1, 3)], layout="HYBRID", max_draft_tokens=3)
+    assert (cpu.graph_sets, cpu.items["verify"], cpu.items["logits buffers"]) == (0, 0, 0)
+    assert cpu.items["target workspaces"] == mb.FLASHINFER_WORKSPACE_BYTES + 4 * wr
+
+
+# -- (a) Llama-3.1-8B on an H200 ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def llama(measured) -> dict:
+    """EAGLE, HYBRID as built and HYBRID ragged per depth, with both cost tables, and the free memory SGLang leaves."""
+    capture_bs = tuple(measured["capture_bs"]["128"])        # --cuda-graph-max-bs = min(256, 128) on an H200
+    draft_weights = eagle3_weight_bytes(4096, EAGLE3_INTERMEDIATE, 32, 8, 128, EAGLE3_VOCAB)
+    mfs = sglang_mem_fraction_static(H200_MIB, decode_max_bs=max(capture_bs),
+                                     prefill_graph_sizes=measured["prefill_graph_sizes_8192"])
+    # SGLang leaves pre_model_load_memory x (1 - fraction) free (kv_cache_configurator.py ~2990-3050); the memory
+    # free before the weights load is at most the card's, so this bounds it from above
+    free = int(H200_MIB * MiB * (1 - mfs))
+    cell = 2 * LLAMA8B.layers * LLAMA8B.kv_heads * LLAMA8B.head_dim * 2 + 2 * 1 * 8 * 128 * 2
+    pool_tokens = int((H200_MIB * MiB * mfs - 2 * LLAMA8B_PARAMS - draft_weights) // cell)
+    dep = mb.Deployment(target=LLAMA8B, draft=EAGLE3, draft_logits_vocab=EAGLE3_VOCAB, draft_input_hidden=3 * 4096,
+                        draft_weight_bytes=draft_weights, max_running_requests=RUNNING, context_len=CONTEXT,
+                        cuda_graph_bs=capture_bs, kv_pool_tokens=pool_tokens)
+    table = str(ROOT / "bench" / "cost_tables" / "h200_llama8b.json")
+    settings = HybridSettings(cost_table=table, draft_cost_table=table, log_interval=0)
+    depths, widths = settings.resolved_shapes(STEPS)
+    full = widths[-1]
+    step = HybridStep(HybridSettings(log_interval=0, decision_kernels="torch"), num_steps=STEPS, pool_size=2,
+                      device="cpu")
+    context_cols = CONTEXT + 4 + full                          # SGLang's req_to_token row (allocation_sizing.py ~96)
+    mask = mb.workspace_mask_entries(dep, full)
+    assert mask == pool_tokens * full + full * full * RUNNING     # FlashInfer keeps none: HYBRID's workspace holds it
+
+    def own(depths_count: int) -> mb.HybridBuffers:
+        return mb.hybrid_buffer_bytes(pool_size=RUNNING, num_steps=STEPS, ngram_k=step.k,
+                                      proposal_width=step.proposal_width, context_cols=context_cols,
+                                      model_bias=False, fused=True, max_bs=RUNNING, width=full, depths=depths_count,
+                                      mask_entries=mask)
+
+    start = (STEPS, full)
+    padded = mb.budget(dep, [start] + [(d, w) for d in depths for w in widths], layout="HYBRID as built",
+                       max_draft_tokens=full, own=own(len(depths)))
+    ragged = mb.budget(dep, [start] + [(d, full) for d in depths], layout="HYBRID ragged per depth",
+                       max_draft_tokens=full, own=own(len(depths)))
+    one = mb.budget(dep, [start], layout="HYBRID without cost tables", max_draft_tokens=full, own=own(1))
+    return {"eagle": mb.eagle_budget(dep, STEPS), "padded": padded, "ragged": ragged, "one": one, "mfs": mfs,
+            "free": free, "reserve": mb.post_capture_reserve_bytes(), "depths": depths, "widths": widths}
+
+
+def test_memory_budget_llama8b_h200_numbers(llama):
+    """(a) The numbers docs/sglang.md quotes. Both cost tables: depths 1-4 and widths 2, 4, 6, 7, 8, 13 (4 EAGLE steps,
+    ngram_k 8, merge). SGLang's fraction on an H200 is 0.905, which leaves at most 13.34 GiB free: plain EAGLE fits
+    it, HYBRID with both tables fits in neither layout, HYBRID without cost tables (one state at width 13) fits."""
+    e, p, r, one = llama["eagle"], llama["padded"], llama["ragged"], llama["one"]
+    assert (llama["depths"], llama["widths"], llama["mfs"]) == ((1, 2, 3, 4), (2, 4, 6, 7, 8, 13), 0.905)
+    assert round(llama["free"] / GiB, 2) == 13.34
+    gib = {k: round(b.total / GiB, 2) for k, b in (("eagle", e), ("padded", p), ("ragged", r), ("one", one))}
+    assert gib == {"eagle": 3.67, "padded": 64.02, "ragged": 15.86, "one": 5.64}
+    assert (len(p.states), len(r.states), len(one.states)) == (24, 4, 1)
+    assert (e.graph_sets, p.graph_sets, r.graph_sets, one.graph_sets) == (3, 66, 11, 3)
+    assert (e.graphs, p.graphs) == (105, 2310)
+    assert round(p.items["target workspaces"] / GiB, 3) == round(23 * (384 + 32) / 1024, 3)
+    assert round(p.total / e.total, 2) == 17.44 and round(r.total / e.total, 2) == 4.32
+    assert round(one.total / e.total, 2) == 1.54
+    fits = {k: b.from_free + llama["reserve"] <= llama["free"] for k, b in (("eagle", e), ("padded", p),
+                                                                               ("ragged", r), ("one", one))}
+    assert fits == {"eagle": True, "padded": False, "ragged": False, "one": True}
+
+
+@pytest.mark.xfail(strict=True, reason="MISSED as built: HYBRID's 24 padded runtime states take 64.02 GiB against "
+                                       "plain EAGLE's 3.67 GiB (17.4x, target 1.5x) and capture 66 graph sets "
+                                       "against 3 (22x, target 2x)")
+def test_memory_budget_llama8b_h200_as_built_meets_issue_targets(llama):
+    """(a) Issue 25's targets for the layout HYBRID builds on a GPU with graphs (padded: one state per pair)."""
+    e, p = llama["eagle"], llama["padded"]
+    assert p.total <= 1.5 * e.total and p.graph_sets <= 2 * e.graph_sets
+
+
+@pytest.mark.xfail(strict=True, reason="MISSED ragged per depth too: 4 states (one per depth at the full width 13) "
+                                       "take 15.86 GiB (4.32x EAGLE's) and capture 11 graph sets (3.67x)")
+def test_memory_budget_llama8b_h200_ragged_per_depth_meets_issue_targets(llama):
+    """(a) The same targets for the ragged per-depth layout (verify and draft extend still built per depth)."""
+    e, r = llama["eagle"], llama["ragged"]
+    assert r.total <= 1.5 * e.total and r.graph_sets <= 2 * e.graph_sets
+
+
+# -- (b) the refusal ---------------------------------------------------------------------------------------------------
+def test_memory_budget_refusal_names_the_settings(llama):
+    """(b) Where the states still to build and SGLang's runtime reserve exceed the free memory, the start stops with
+    the settings to change and how short it is; where they fit it passes."""
+    p = llama["padded"]
+    with pytest.raises(mb.HybridMemoryError) as err:
+        mb.check_fits(p, llama["free"], llama["reserve"], total_memory=H200_MIB * MiB, mem_fraction_static=0.905)
+    msg = str(err.value)
+    for name in ("verify_widths", "draft_depths", "SGLANG_HYBRID_VERIFY_WIDTHS", "draft_cost_table", "cost_table",
+                 "--cuda-graph-max-bs", "--context-length", "--mem-fraction-static", "24 here", "short"):
+        assert name in msg, name
+    assert "up to 3.78 GiB each, and about 3 more than the first fit" in msg
+    short = p.to_build + llama["reserve"] - llama["free"]
+    assert f"at most {0.905 - short / (H200_MIB * MiB):.3f}" in msg
+    mb.check_fits(p, p.to_build + llama["reserve"], llama["reserve"])
+    mb.check_fits(llama["eagle"], llama["free"], llama["reserve"])
+
+
+def test_memory_budget_worker_check_logs_on_cpu_and_refuses_on_gpu(measured):
+    """(b) ``check_start`` on a stand-in worker with SGLang's attribute layout (Llama-8B shapes, 24 states): on the
+    CPU engine one log line and no refusal however large; on a GPU with 12 GiB free the start stops, naming the
+    settings; a single state fits there."""
+    cpu = measured["cpu"]
+    assert cpu["states"] == 24 and cpu["total"] > 60 * GiB
+    assert cpu["line"].startswith("HYBRID start-up memory: 24 runtime states [(4, 13), (1, 2)")
+    assert "66 graph sets (2310 graphs)" in cpu["line"] and "plain EAGLE at the same settings" in cpu["line"]
+    assert "free" not in cpu["line"]
+    cuda = measured["cuda"]
+    assert cuda["raised"] and "verify_widths" in cuda["raised"] and "--mem-fraction-static" in cuda["raised"]
+    assert "against 12.00 GiB free" in cuda["line"]
+    assert measured["cuda_one_state"] < 1 * GiB               # nothing left to build but the workspace
