@@ -6,5 +6,6 @@
   step_cost     CPU time of the core's per-step decision against one target forward
   gpu_check     CUDA-graph capture / no host sync / equal-to-eager check of the core on a GPU
   vllm_compare  HYBRID side by side with vLLM's speculation
+  memory_budget start-up memory of HYBRID's runtime states vs EAGLE per batch x context (computed, not measured)
   cost_tables   step-time tables for the replay (roofline.py: simulated GPU; profile_cpu.py: measured CPU)
 """

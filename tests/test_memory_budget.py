@@ -4,7 +4,9 @@
 fraction SGLang picks for it, both cost tables: plain EAGLE against HYBRID as built (one runtime state per (depth,
 width) pair) and against the ragged per-depth layout, measured against the issue's targets (speculative memory
 <= 1.5x EAGLE's, captured graph sets <= 2x). Both layouts miss them; the tests of the targets are strict xfails that
-state the ratios, and the numbers themselves are pinned (docs/sglang.md, "Start-up memory budget", quotes them).
+state the ratios, and the numbers themselves are pinned (docs/sglang.md, "Start-up memory budget", quotes them). The
+deployment is built by ``bench.memory_budget`` (``python -m bench.memory_budget`` prints it across batches and
+contexts; its table is tested here too).
 (b) The refusal names the settings to change; the worker's entry point logs on the CPU engine and never refuses there.
 (c) The formulas against a brute-force count: SGLang's own objects and methods run on the CPU (its graph input
 buffers, shared logits buffer, the FlashInfer and Triton backends' ``init_cuda_graph_state``, its captured batch size
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import memory_budget as BM
 from sglang_hybrid.sglang_plugin import memory_budget as mb
 from sglang_hybrid.sglang_plugin.config import HybridSettings
 from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
@@ -31,38 +34,9 @@ from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
 ROOT = Path(__file__).resolve().parent.parent
 GiB, MiB = mb.GiB, mb.MiB
 
-#: Llama-3.1-8B (config.json: hidden 4096, 32 layers, 32 heads, 8 KV heads, vocab 128,256, bf16, context 131,072)
-LLAMA8B = mb.ModelShape(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, vocab=128256)
-LLAMA8B_PARAMS = 8_030_261_248
-#: an EAGLE-3 head for it (jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B, the README's): one Llama layer, 14,336
-#: intermediate, a 32,000-token draft vocabulary, the target's embedding
-EAGLE3 = mb.ModelShape(hidden=4096, layers=1, heads=32, kv_heads=8, head_dim=128, vocab=128256)
-EAGLE3_INTERMEDIATE, EAGLE3_VOCAB = 14336, 32000
-CONTEXT, RUNNING, STEPS = 131072, 128, 4
-#: nvidia-smi's memory.total of an H200 (/work/.library/device/KINDS.md), what SGLang's get_nvgpu_memory_capacity reads
-H200_MIB = 143771
-
-
-def eagle3_weight_bytes(h: int, inter: int, heads: int, kv_heads: int, head_dim: int, draft_vocab: int,
-                        dtype_bytes: int = 2) -> int:
-    """``LlamaForCausalLMEagle3`` (sglang ``srt/models/llama_eagle3.py`` ~46-210, 272-320): one decoder layer whose
-    qkv projection reads 2h, o_proj, the gated MLP and three norms; ``fc`` from the three concatenated aux layers;
-    the final norm; the draft-vocab ``lm_head``. The embedding is the target's (``set_embed``)."""
-    qkv = 2 * h * (heads + 2 * kv_heads) * head_dim
-    layer = qkv + heads * head_dim * h + 3 * h * inter + 3 * h
-    return dtype_bytes * (layer + 3 * h * h + h + draft_vocab * h)
-
-
-def sglang_mem_fraction_static(gpu_mib: float, decode_max_bs: int, prefill_graph_sizes: int,
-                               chunked_prefill: int = 8192, tp: int = 1) -> float:
-    """SGLang's default ``--mem-fraction-static`` (``srt/arg_groups/memory_hook.py`` ~291-325 with
-    ``reserve_for_graph_mb`` ~360-392): reserve 512 MiB + 1.5 MiB per activation token (the chunked prefill size,
-    8,192 on an H200, ~149-160) + tp/8 GiB + 2 MiB per decode graph batch size up to ``--cuda-graph-max-bs`` + 8 MiB
-    per prefill graph size (breakable prefill graphs are on by default on CUDA), at least 10 GiB above 60 GiB."""
-    reserved = 512 + max(chunked_prefill, 2048) * 1.5 + tp / 8 * 1024 + decode_max_bs * 2 + prefill_graph_sizes * 8
-    if gpu_mib > 60 * 1024:
-        reserved = max(reserved, 10 * 1024)
-    return round((gpu_mib - reserved) / gpu_mib, 3)
+# the Llama-3.1-8B / EAGLE-3 / H200 deployment is shared with the benchmark (python -m bench.memory_budget)
+H200_MIB, STEPS = BM.H200_MIB, BM.STEPS
+CONTEXT, RUNNING = BM.LLAMA8B_CONTEXT, 128
 
 
 # -- SGLang's objects, and HYBRID's, counted tensor by tensor (one subprocess) -----------------------------------------
@@ -74,7 +48,7 @@ _PROBE = """
     from sglang.srt.arg_groups.cuda_graph_hook import (generate_decode_cuda_graph_batch_sizes,
                                                        generate_prefill_cuda_graph_batch_sizes)
     spec = types.SimpleNamespace(disable_cuda_graph_padding=False, speculative_algorithm="EAGLE")
-    out["capture_bs"] = {m: generate_decode_cuda_graph_batch_sizes(spec, m) for m in (8, 48, 128, 200)}
+    out["capture_bs"] = {m: generate_decode_cuda_graph_batch_sizes(spec, m) for m in (4, 8, 32, 48, 128, 200)}
     out["prefill_graph_sizes_8192"] = len(generate_prefill_cuda_graph_batch_sizes(8192))
 
     def storage_bytes(objs):
@@ -321,43 +295,28 @@ def test_memory_budget_small_case_by_hand():
 # -- (a) Llama-3.1-8B on an H200 ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def llama(measured) -> dict:
-    """EAGLE, HYBRID as built and HYBRID ragged per depth, with both cost tables, and the free memory SGLang leaves."""
+    """EAGLE, HYBRID as built and HYBRID ragged per depth, with both cost tables, and the free memory SGLang leaves:
+    the benchmark's deployment (``bench.memory_budget.llama8b_h200``) at SGLang's own captured batch sizes, its
+    reproductions of SGLang's lists checked against SGLang's functions and HybridStep's shapes."""
+    for m, bs in measured["capture_bs"].items():
+        assert BM.sglang_decode_capture_bs(int(m)) == tuple(bs), m
+    assert len(BM.sglang_prefill_capture_sizes(BM.H200_CHUNKED_PREFILL)) == measured["prefill_graph_sizes_8192"]
     capture_bs = tuple(measured["capture_bs"]["128"])        # --cuda-graph-max-bs = min(256, 128) on an H200
-    draft_weights = eagle3_weight_bytes(4096, EAGLE3_INTERMEDIATE, 32, 8, 128, EAGLE3_VOCAB)
-    mfs = sglang_mem_fraction_static(H200_MIB, decode_max_bs=max(capture_bs),
-                                     prefill_graph_sizes=measured["prefill_graph_sizes_8192"])
-    # SGLang leaves pre_model_load_memory x (1 - fraction) free (kv_cache_configurator.py ~2990-3050); the memory
-    # free before the weights load is at most the card's, so this bounds it from above
-    free = int(H200_MIB * MiB * (1 - mfs))
-    cell = 2 * LLAMA8B.layers * LLAMA8B.kv_heads * LLAMA8B.head_dim * 2 + 2 * 1 * 8 * 128 * 2
-    pool_tokens = int((H200_MIB * MiB * mfs - 2 * LLAMA8B_PARAMS - draft_weights) // cell)
-    dep = mb.Deployment(target=LLAMA8B, draft=EAGLE3, draft_logits_vocab=EAGLE3_VOCAB, draft_input_hidden=3 * 4096,
-                        draft_weight_bytes=draft_weights, max_running_requests=RUNNING, context_len=CONTEXT,
-                        cuda_graph_bs=capture_bs, kv_pool_tokens=pool_tokens)
-    table = str(ROOT / "bench" / "cost_tables" / "h200_llama8b.json")
-    settings = HybridSettings(cost_table=table, draft_cost_table=table, log_interval=0)
+    case = BM.llama8b_h200(RUNNING, CONTEXT, capture_bs=capture_bs)
+    assert case == BM.llama8b_h200(RUNNING, CONTEXT)
+    settings = BM.hybrid_settings()
     depths, widths = settings.resolved_shapes(STEPS)
     full = widths[-1]
     step = HybridStep(HybridSettings(log_interval=0, decision_kernels="torch"), num_steps=STEPS, pool_size=2,
                       device="cpu")
-    context_cols = CONTEXT + 4 + full                          # SGLang's req_to_token row (allocation_sizing.py ~96)
-    mask = mb.workspace_mask_entries(dep, full)
-    assert mask == pool_tokens * full + full * full * RUNNING     # FlashInfer keeps none: HYBRID's workspace holds it
-
-    def own(depths_count: int) -> mb.HybridBuffers:
-        return mb.hybrid_buffer_bytes(pool_size=RUNNING, num_steps=STEPS, ngram_k=step.k,
-                                      proposal_width=step.proposal_width, context_cols=context_cols,
-                                      model_bias=False, fused=True, max_bs=RUNNING, width=full, depths=depths_count,
-                                      mask_entries=mask)
-
-    start = (STEPS, full)
-    padded = mb.budget(dep, [start] + [(d, w) for d in depths for w in widths], layout="HYBRID as built",
-                       max_draft_tokens=full, own=own(len(depths)))
-    ragged = mb.budget(dep, [start] + [(d, full) for d in depths], layout="HYBRID ragged per depth",
-                       max_draft_tokens=full, own=own(len(depths)))
-    one = mb.budget(dep, [start], layout="HYBRID without cost tables", max_draft_tokens=full, own=own(1))
-    return {"eagle": mb.eagle_budget(dep, STEPS), "padded": padded, "ragged": ragged, "one": one, "mfs": mfs,
-            "free": free, "reserve": mb.post_capture_reserve_bytes(), "depths": depths, "widths": widths}
+    assert (step.k, step.proposal_width) == (settings.ngram_k, BM.proposal_width(settings, STEPS))
+    mask = mb.workspace_mask_entries(case.dep, full)
+    assert mask == case.pool_tokens * full + full * full * RUNNING   # FlashInfer keeps none: HYBRID's workspace has it
+    padded = BM.hybrid_budget(case, settings, layout="HYBRID as built")
+    ragged = BM.hybrid_budget(case, settings, layout="HYBRID ragged per depth", ragged=True)
+    one = BM.hybrid_budget(case, BM.hybrid_settings(False, False), layout="HYBRID without cost tables")
+    return {"eagle": mb.eagle_budget(case.dep, STEPS), "padded": padded, "ragged": ragged, "one": one,
+            "mfs": case.mfs, "free": case.free, "reserve": case.reserve, "depths": depths, "widths": widths}
 
 
 def test_memory_budget_llama8b_h200_numbers(llama):
@@ -378,6 +337,33 @@ def test_memory_budget_llama8b_h200_numbers(llama):
     fits = {k: b.from_free + llama["reserve"] <= llama["free"] for k, b in (("eagle", e), ("padded", p),
                                                                                ("ragged", r), ("one", one))}
     assert fits == {"eagle": True, "padded": False, "ragged": False, "one": True}
+
+
+def test_memory_budget_bench_table(capsys):
+    """``python -m bench.memory_budget``: the benchmark prints its table, one row per layout at every (batch, context)
+    of the realistic replay's batches (4, 32, 128) x contexts (8,192, 32,768, 131,072) and one largest-grid row per
+    (batch, context); at 128 x 131,072 its as-built row is the pinned one (24 states, 66 graph sets, 64.02 GiB,
+    17.44x) and DOES NOT FIT. Its HYBRID states are the replay's (``EngineConfig()``: depths 1-4, its width buckets)."""
+    from bench.replay.engine import EngineConfig
+
+    eng = EngineConfig()
+    assert (eng.num_steps, eng.ngram_k, eng.n_nodes) == (BM.STEPS, BM.NGRAM_K, BM.hybrid_settings().resolved_n_nodes(4))
+    assert BM.hybrid_settings().resolved_shapes(BM.STEPS) == (eng.depths, eng.buckets())
+    assert BM.main([]) == 0
+    out = capsys.readouterr().out
+    assert "COMPUTED from SGLang 0.5.23's sizing formulas" in out and "NOT measured" in out
+    rows = [line.split() for line in out.splitlines()]
+    for b in BM.BATCHES:
+        for c in BM.CONTEXTS:
+            cell = [r for r in rows if r[:2] == [str(b), f"{c:,}"]]
+            assert len(cell) == 1 + len(BM.LAYOUTS) + 1, (b, c)          # EAGLE, the HYBRID layouts, the grid row
+            assert sum(r[-1] in ("FITS", "FIT") for r in cell) == 1 + len(BM.LAYOUTS), (b, c)
+    line = next(line for line in out.splitlines() if line.split()[:2] == ["128", "131,072"] and "as built" in line)
+    assert line.endswith("DOES NOT FIT")
+    fields = line.split("both cost tables")[1].split()
+    assert fields == ["24", "66", "64.02", "17.44x", "64.85", "13.34", "DOES", "NOT", "FIT"]
+    no_table = next(line for line in out.splitlines() if line.split()[:2] == ["128", "131,072"] and "no cost" in line)
+    assert no_table.split("(width 13)")[1].split() == ["1", "3", "5.64", "1.54x", "6.47", "13.34", "FITS"]
 
 
 @pytest.mark.xfail(strict=True, reason="MISSED as built: HYBRID's 24 padded runtime states take 64.02 GiB against "
