@@ -55,12 +55,67 @@ def test_kv_window_claimed_predictions_reach_the_commit_kernel(monkeypatch, capl
     assert len(calls) == 2 and [r.message for r in caplog.records].count(kv_window.COMMIT_LOG) == 1
 
 
+def test_kv_window_draft_extend_gate_is_accept_lens_device():
+    """SGLang 0.5.23's draft extend takes ``prepared_draft_extend_inputs`` first, else the kernel when
+    ``accept_lens.is_cuda`` (the call ``prepare_extend_inputs_on_device`` makes itself), else torch ops."""
+    from sglang.srt.speculative import eagle_worker_v2
+
+    source = inspect.getsource(eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode)
+    first, gpu = source.index("prepared_draft_extend_inputs is not None"), source.index("accept_lens.is_cuda")
+    assert first < gpu and source.count(".is_cuda") == 1
+    assert re.search(r"prepare_draft_extend_inputs\(\s*batch_result\.accept_lens,\s*batch_result\.next_token_ids,"
+                     r"\s*self\.speculative_num_draft_tokens,?\s*\)", source)
+
+
+def test_kv_window_draft_extend_inputs_come_from_the_kernel(monkeypatch, caplog):
+    """The wrapped draft extend hands the method the kernel's inputs (computed from the batch result and the
+    state's width), logs the first time only, leaves idle batches and inputs already prepared alone, and wraps once."""
+    import types
+
+    import torch
+    from sglang.kernels.ops.speculative import eagle as eagle_kernels
+
+    from sglang_hybrid.cpu_engine import kv_window
+
+    calls = []
+    monkeypatch.setattr(eagle_kernels, "prepare_draft_extend_inputs",
+                        lambda lens, ids, width: calls.append(width) or ("correct", "select", "ids"))
+
+    class Worker:
+        speculative_num_draft_tokens = 7
+
+        def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
+            return batch_result.prepared_draft_extend_inputs, kv_loc_plan
+
+    fake = types.SimpleNamespace(EagleDraftWorker=Worker)
+    kv_window.prepare_extend_inputs_on_device(fake)
+    kv_window.prepare_extend_inputs_on_device(fake)
+    busy = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_idle=lambda: False))
+    idle = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_idle=lambda: True))
+
+    def result(prepared=None):
+        return types.SimpleNamespace(prepared_draft_extend_inputs=prepared, accept_lens=torch.tensor([1, 3]),
+                                     next_token_ids=torch.arange(14))
+
+    with caplog.at_level("WARNING", logger=kv_window.__name__):
+        assert Worker()._draft_extend_for_decode(busy, result(), kv_loc_plan="plan") == (
+            ("correct", "select", "ids"), "plan")
+        assert Worker()._draft_extend_for_decode(busy, result())[0] == ("correct", "select", "ids")
+        assert Worker()._draft_extend_for_decode(idle, result())[0] is None
+        assert Worker()._draft_extend_for_decode(busy, result("given"))[0] == "given"
+    assert calls == [7, 7] and [r.message for r in caplog.records].count(kv_window.EXTEND_LOG) == 1
+
+
 def test_kv_window_installs_from_the_environment(monkeypatch):
+    from sglang.srt.speculative import eagle_worker_v2
+
     from sglang_hybrid.cpu_engine import kv_window
 
     monkeypatch.setattr(eagle_worker_common, "_is_cpu", True)               # restored after the test, as are
-    for name in ("eagle_sample", "prepare_verify_commit_outputs"):          # the two functions it wraps
+    for name in ("eagle_sample", "prepare_verify_commit_outputs"):          # the functions it wraps
         monkeypatch.setattr(eagle_worker_common, name, getattr(eagle_worker_common, name))
+    monkeypatch.setattr(eagle_worker_v2.EagleDraftWorker, "_draft_extend_for_decode",
+                        eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode)
     monkeypatch.delenv(kv_window.KV_WINDOW_ENV, raising=False)
     assert kv_window.install_when_imported() is False
     assert eagle_worker_common._is_cpu is True
@@ -68,6 +123,7 @@ def test_kv_window_installs_from_the_environment(monkeypatch):
     assert kv_window.install_when_imported() is True                         # module already imported: at once
     assert eagle_worker_common._is_cpu is False
     assert eagle_worker_common.eagle_sample.claims_cuda
+    assert eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode.prepares_on_device
 
 
 def test_patch_after_import_waits_for_the_import(monkeypatch, tmp_path):

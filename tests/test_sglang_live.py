@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("sglang.srt.entrypoints.engine", reason="sglang is not installed (scripts/setup.sh installs it)")
 
-from sglang_hybrid.cpu_engine.kv_window import COMMIT_LOG  # noqa: E402
+from sglang_hybrid.cpu_engine.kv_window import COMMIT_LOG, EXTEND_LOG  # noqa: E402
 from sglang_hybrid.cpu_engine.torch_attention import SWAP_LOG, TORCH_ATTENTION_ENV  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,12 +160,13 @@ def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
 def test_retracted_requests_ragged_equal_plain_greedy():
     """A KV pool too small for the batch: SGLang retracts running requests and re-prefills them later; HYBRID's
     n-gram state for them restarts. Every step verified ragged, from a KV write window planned by the draft as on a
-    GPU (``cpu_engine.kv_window``), committed through SGLang's fused commit kernel (its GPU branch, lifted by the
-    same switch); outputs stay token-identical to plain greedy decoding."""
+    GPU (``cpu_engine.kv_window``), committed through SGLang's fused commit kernel, the draft extend fed by its
+    kernel-prepared inputs (GPU branches, lifted by the same switch); outputs stay token-identical to plain greedy
+    decoding."""
     proc = _run([sys.executable, str(DRIVER), "retract", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert SWAP_LOG not in proc.stderr                                  # SGLang's Triton kernel ran
-    assert COMMIT_LOG in proc.stderr                                    # and its fused commit path (GPU branch)
+    assert COMMIT_LOG in proc.stderr and EXTEND_LOG in proc.stderr      # and its GPU commit / draft-extend branches
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sum(res["retractions"]) > 0, res["retractions"]
     assert res["hybrid"] == res["reference"]
@@ -180,12 +181,13 @@ def test_kv_window_planning_live_equal_plain_greedy():
     the plan to its verify input. With padded verify under a cost table that makes slots dear and a fixed EAGLE depth
     of 3, steps at widths above the depth plan a window and steps at or below it do not (SGLang plans only when the
     window is wider than the draft): token-identical to plain greedy decoding. The retraction case runs the planned
-    window ragged. The verifies commit through SGLang's fused commit kernel (``prepare_verify_commit_outputs``),
-    the branch SGLang takes only for CUDA predictions, opened by the same switch."""
+    window ragged. The verifies commit through SGLang's fused commit kernel (``prepare_verify_commit_outputs``)
+    and the draft extends take the inputs of ``prepare_draft_extend_inputs``: the branches SGLang takes only for CUDA
+    tensors, opened by the same switch."""
     proc = _run([sys.executable, str(DRIVER), "kv_window", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert SWAP_LOG not in proc.stderr                                  # SGLang's Triton kernel ran
-    assert COMMIT_LOG in proc.stderr                                    # and its fused commit path (GPU branch)
+    assert COMMIT_LOG in proc.stderr and EXTEND_LOG in proc.stderr      # and its GPU commit / draft-extend branches
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["hybrid"] == res["reference"]
     counters = res["counters"]

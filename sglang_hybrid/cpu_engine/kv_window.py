@@ -1,5 +1,5 @@
-"""Lift SGLang's CPU gates on KV window planning and on the fused commit path in a CPU engine's processes (a test
-switch, not a deployment one).
+"""Lift SGLang's CPU gates on KV window planning, the fused verify commit and the draft extend's kernel-prepared
+inputs in a CPU engine's processes (a test switch, not a deployment one).
 
 Why: on a GPU, an EAGLE chain draft plans the whole write window of its decode iteration once (``prepare_for_draft``
 in ``sglang.srt.speculative.eagle_worker_common``: the ``num_draft_tokens`` KV slots past each request that the draft,
@@ -18,7 +18,13 @@ whose ``is_cuda`` answers True and whose operations give plain tensors (torch fu
 the claim reaches that one test and nothing computed from it; ``_finalize_accept_tree_path`` (HYBRID verifies with
 ``topk > 1``) replaces ``predict`` with a plain compacted copy before anything else reads it. The kernel, which runs
 in Triton's interpreter here, is wrapped to log its first call (``COMMIT_LOG``): a live run shows the branch ran.
-Nothing in the plugin imports this module.
+
+And the draft extend's: ``EagleDraftWorker._draft_extend_for_decode`` (``eagle_worker_v2``) prepares its inputs
+(correct drafts, the row of each request's last accepted token, the next token ids) with the Triton kernel
+``prepare_draft_extend_inputs`` when ``accept_lens`` is a CUDA tensor, with torch ops otherwise. That tensor goes on
+to the scheduler, so rather than claim CUDA for it, ``prepare_extend_inputs_on_device`` calls the same kernel with
+the same arguments before the method runs and hands the result in ``prepared_draft_extend_inputs``, which the method
+takes first (``EXTEND_LOG`` at the first call). Nothing in the plugin imports this module.
 """
 from __future__ import annotations
 
@@ -33,8 +39,12 @@ from .import_hook import patch_after_import
 #: set (to any non-empty value) in a CPU engine's environment to plan KV windows there
 KV_WINDOW_ENV = "HYBRID_CPU_ENGINE_KV_WINDOW"
 EAGLE_WORKER_COMMON = "sglang.srt.speculative.eagle_worker_common"
+EAGLE_WORKER_V2 = "sglang.srt.speculative.eagle_worker_v2"
 #: logged once per process at the first fused commit (``claim_cuda_predictions``)
 COMMIT_LOG = "CPU engine: SGLang's fused verify commit ran (prepare_verify_commit_outputs, the GPU branch)"
+#: logged once per process at the first draft extend prepared by the kernel (``prepare_extend_inputs_on_device``)
+EXTEND_LOG = ("CPU engine: SGLang's draft-extend inputs prepared by its kernel (prepare_draft_extend_inputs, the GPU "
+              "branch)")
 logger = logging.getLogger(__name__)
 
 
@@ -73,6 +83,31 @@ def claim_cuda_predictions(module) -> None:
     module.eagle_sample, module.prepare_verify_commit_outputs = sample_claiming_cuda, commit_logged
 
 
+def prepare_extend_inputs_on_device(module) -> None:
+    """Make ``EagleDraftWorker._draft_extend_for_decode`` of SGLang's ``eagle_worker_v2`` use the inputs its GPU
+    branch computes (``prepare_draft_extend_inputs`` on ``accept_lens``, the predictions and the state's width)."""
+    from sglang.kernels.ops.speculative.eagle import prepare_draft_extend_inputs
+
+    cls = module.EagleDraftWorker
+    original = cls._draft_extend_for_decode
+    if getattr(original, "prepares_on_device", False):
+        return                                                   # installed already
+
+    @functools.wraps(original)
+    def draft_extend(self, batch, batch_result, *args, **kwargs):
+        if batch_result.prepared_draft_extend_inputs is None and not batch.forward_mode.is_idle():
+            batch_result.prepared_draft_extend_inputs = prepare_draft_extend_inputs(
+                batch_result.accept_lens, batch_result.next_token_ids, self.speculative_num_draft_tokens)
+            if not draft_extend.ran:
+                draft_extend.ran = True
+                logger.warning(EXTEND_LOG)
+        return original(self, batch, batch_result, *args, **kwargs)
+
+    draft_extend.ran = False
+    draft_extend.prepares_on_device = True
+    cls._draft_extend_for_decode = draft_extend
+
+
 def lift_gate(module) -> None:
     """Let SGLang's ``eagle_worker_common`` plan KV windows (``prepare_for_draft``) and commit verify outputs through
     its fused kernel (``run_eagle_verify``) on this CPU."""
@@ -81,13 +116,14 @@ def lift_gate(module) -> None:
 
 
 def install_when_imported() -> bool:
-    """If ``KV_WINDOW_ENV`` is set in this process: lift the gate now (module imported) or right after its import.
-    Returns whether it is set. Called by the stand-in ``sgl_kernel`` at import."""
+    """If ``KV_WINDOW_ENV`` is set in this process: lift the gates now (modules imported) or right after their
+    imports. Returns whether it is set. Called by the stand-in ``sgl_kernel`` at import."""
     if not os.environ.get(KV_WINDOW_ENV):
         return False
     patch_after_import(EAGLE_WORKER_COMMON, lift_gate)
+    patch_after_import(EAGLE_WORKER_V2, prepare_extend_inputs_on_device)
     return True
 
 
-__all__ = ["COMMIT_LOG", "EAGLE_WORKER_COMMON", "KV_WINDOW_ENV", "CudaClaim", "claim_cuda_predictions",
-           "install_when_imported", "lift_gate"]
+__all__ = ["COMMIT_LOG", "EAGLE_WORKER_COMMON", "EAGLE_WORKER_V2", "EXTEND_LOG", "KV_WINDOW_ENV", "CudaClaim",
+           "claim_cuda_predictions", "install_when_imported", "lift_gate", "prepare_extend_inputs_on_device"]
