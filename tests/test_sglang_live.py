@@ -25,6 +25,7 @@ pytest.importorskip("sglang.srt.entrypoints.engine", reason="sglang is not insta
 
 from sglang_hybrid.cpu_engine.kv_window import COMMIT_LOG, EXTEND_LOG  # noqa: E402
 from sglang_hybrid.cpu_engine.torch_attention import SWAP_LOG, TORCH_ATTENTION_ENV  # noqa: E402
+from tests.live_sglang_driver import REFERENCE_CACHE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "sglang_hybrid" / "data" / "check_prompts.jsonl"
@@ -51,9 +52,9 @@ def reference_cache(tmp_path_factory):
     """One directory for the driver's plain greedy references (``live_sglang_driver.REFERENCE_CACHE``): the abort,
     KV-window and EAGLE-3 cases decode the same two prompts to the same length, so one plain engine serves them."""
     path = tmp_path_factory.mktemp("plain_references")
-    os.environ["HYBRID_LIVE_REFERENCE_CACHE"] = str(path)
+    os.environ[REFERENCE_CACHE] = str(path)
     yield path
-    os.environ.pop("HYBRID_LIVE_REFERENCE_CACHE", None)
+    os.environ.pop(REFERENCE_CACHE, None)
 
 
 def _run(cmd, timeout, settings=None, twin: bool = False):

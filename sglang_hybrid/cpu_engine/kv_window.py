@@ -58,6 +58,19 @@ class CudaClaim(torch.Tensor):
         return True
 
 
+def _log_once(message: str):
+    """A callable that logs ``message`` (a warning) at its first call only: a live run's log shows a lifted branch
+    ran, once per process."""
+    logged = []
+
+    def log() -> None:
+        if not logged:
+            logged.append(True)
+            logger.warning(message)
+
+    return log
+
+
 def claim_cuda_predictions(module) -> None:
     """Make ``run_eagle_verify`` of SGLang's ``eagle_worker_common`` take its fused commit branch on this CPU: wrap
     ``eagle_sample`` so that its predictions claim CUDA, and ``prepare_verify_commit_outputs`` so that its first call
@@ -71,14 +84,13 @@ def claim_cuda_predictions(module) -> None:
         predict, accept_lens, accept_index = sample(*args, **kwargs)
         return predict.as_subclass(CudaClaim), accept_lens, accept_index
 
+    log = _log_once(COMMIT_LOG)
+
     @functools.wraps(commit)
     def commit_logged(*args, **kwargs):
-        if not commit_logged.ran:
-            commit_logged.ran = True
-            logger.warning(COMMIT_LOG)
+        log()
         return commit(*args, **kwargs)
 
-    commit_logged.ran = False
     sample_claiming_cuda.claims_cuda = True
     module.eagle_sample, module.prepare_verify_commit_outputs = sample_claiming_cuda, commit_logged
 
@@ -93,17 +105,16 @@ def prepare_extend_inputs_on_device(module) -> None:
     if getattr(original, "prepares_on_device", False):
         return                                                   # installed already
 
+    log = _log_once(EXTEND_LOG)
+
     @functools.wraps(original)
     def draft_extend(self, batch, batch_result, *args, **kwargs):
         if batch_result.prepared_draft_extend_inputs is None and not batch.forward_mode.is_idle():
             batch_result.prepared_draft_extend_inputs = prepare_draft_extend_inputs(
                 batch_result.accept_lens, batch_result.next_token_ids, self.speculative_num_draft_tokens)
-            if not draft_extend.ran:
-                draft_extend.ran = True
-                logger.warning(EXTEND_LOG)
+            log()
         return original(self, batch, batch_result, *args, **kwargs)
 
-    draft_extend.ran = False
     draft_extend.prepares_on_device = True
     cls._draft_extend_for_decode = draft_extend
 
