@@ -10,7 +10,8 @@ with an n-gram chain of 8 (12 nodes, full width 13; ``bench.replay.engine.Engine
 ``--context-length`` it prints the free memory SGLang leaves after sizing its KV pool, plain EAGLE's speculative
 memory, and HYBRID's with both cost tables (as built: one runtime state per (EAGLE depth, verify width) pair, the
 replay's ``default_depths(4)`` x ``default_buckets(13)`` = 24 states), with one table (widths only: ``cost_table``,
-6 states; depths only: ``draft_cost_table``, 4 states) and with none (one state, width 13): GiB, ratio to EAGLE, graph
+6 states; depths only: ``draft_cost_table``, 4 states), the default launch (no table given: the verify table measured
+at start, widths 5 and 13, 2 states) and with no price (one state, width 13): GiB, ratio to EAGLE, graph
 sets, and whether it fits (the machinery allocated after the KV pool plus SGLang's post-capture runtime reserve
 against the free memory: the test's criterion; the worker refuses at start where the states it still has to build do
 not fit). Then, per (batch, context), the most runtime states a settable grid (``draft_depths`` x ``verify_widths``,
@@ -149,11 +150,14 @@ def llama8b_h200(running: int = 128, context: int = LLAMA8B_CONTEXT, *,
 
 
 def hybrid_settings(cost_table: bool = True, draft_cost_table: bool = True, ngram_k: int = NGRAM_K,
-                    **kw) -> HybridSettings:
-    """The worker's settings with the shipped H200 table as ``cost_table`` and / or ``draft_cost_table``."""
+                    measure: str = "off", **kw) -> HybridSettings:
+    """The worker's settings with the shipped H200 table as ``cost_table`` and / or ``draft_cost_table``;
+    ``measure``: the setting ``measure_cost_table`` (without a ``cost_table``, "auto" measures one at start on a GPU:
+    the default launch)."""
     table = str(COST_TABLE)
     return HybridSettings(mode=MODE, ngram_k=ngram_k, cost_table=table if cost_table else None,
-                          draft_cost_table=table if draft_cost_table else None, log_interval=0, **kw)
+                          draft_cost_table=table if draft_cost_table else None, measure_cost_table=measure,
+                          log_interval=0, **kw)
 
 
 def proposal_width(settings: HybridSettings, steps: int) -> int:
@@ -185,18 +189,19 @@ def hybrid_budget(case: H200Case, settings: HybridSettings, *, steps: int = STEP
     return mb.budget(dep, [(steps, full), *pairs], layout=layout, max_draft_tokens=full, own=own)
 
 
-#: the HYBRID layouts the table prints: (label, cost_table, draft_cost_table)
-LAYOUTS = (("HYBRID as built, both cost tables", True, True),
-           ("HYBRID, cost_table only (widths)", True, False),
-           ("HYBRID, draft_cost_table only (depths)", False, True),
-           ("HYBRID, no cost table (width 13)", False, False))
+#: the HYBRID layouts the table prints: (label, cost_table, draft_cost_table, measure_cost_table)
+LAYOUTS = (("HYBRID as built, both cost tables", True, True, "off"),
+           ("HYBRID, cost_table only (widths)", True, False, "off"),
+           ("HYBRID, draft_cost_table only (depths)", False, True, "off"),
+           ("HYBRID default, measured table (5, 13)", False, False, "auto"),
+           ("HYBRID, no price (width 13)", False, False, "off"))
 
 
 def layouts(case: H200Case) -> list:
-    """Plain EAGLE (``STEPS`` steps) and the four HYBRID layouts of ``LAYOUTS`` at ``case``."""
+    """Plain EAGLE (``STEPS`` steps) and the HYBRID layouts of ``LAYOUTS`` at ``case``."""
     out = [mb.eagle_budget(case.dep, STEPS)]
-    for label, table, draft_table in LAYOUTS:
-        out.append(hybrid_budget(case, hybrid_settings(table, draft_table), layout=label))
+    for label, table, draft_table, measure in LAYOUTS:
+        out.append(hybrid_budget(case, hybrid_settings(table, draft_table, measure=measure), layout=label))
     return out
 
 

@@ -182,6 +182,44 @@ def profile(fn: Callable[[int], object], sizes: Sequence[int], warmup: int = 2, 
     return CostModel(sizes, secs, m)
 
 
+def profile_interleaved(fn: Callable[[int], object], sizes: Sequence[int], rounds: int = 2,
+                        sync: Optional[Callable[[], None]] = None, meta: Optional[dict] = None,
+                        monotone: bool = False) -> CostModel:
+    """Time ``fn(n)`` at each probe size in ``rounds`` round-robin passes over the sizes, after one warm-up call at
+    the smallest; the minimum per size.
+
+    For a budget of a few calls (a server's start-up): one warm-up, at the cheapest size, pays the first call's
+    one-time costs (lazy initialisation) once, not per size; a cost that comes once per size (a kernel chosen per
+    shape) lands in the first round and the minimum over the rounds drops it; round robin spreads any drift of the
+    machine over every size; the minimum is the standard estimate of a call's cost from few samples (noise only ever
+    adds time).
+    ``sync`` as in ``profile``. ``monotone``: each size's time is raised to the largest time of the sizes below it
+    (a running maximum), so that a noisy sample can never make the table decrease (which ``CostModel`` refuses beyond
+    ``MAX_NOISE_DROP``): for a table measured where no one can rerun it by hand."""
+    sizes = sorted(int(n) for n in sizes)
+    if not sizes:
+        raise ValueError("profile_interleaved: need at least one probe size")
+    if rounds < 1:
+        raise ValueError("profile_interleaved: rounds must be >= 1")
+    fn(sizes[0])
+    times: dict = {n: [] for n in sizes}
+    for _ in range(rounds):
+        for n in sizes:
+            if sync:
+                sync()
+            t0 = time.perf_counter()
+            fn(n)
+            if sync:
+                sync()
+            times[n].append(time.perf_counter() - t0)
+    m = dict(meta or {})
+    m.setdefault("warmup", "one call at the smallest size")
+    m.setdefault("rounds", rounds)
+    m.setdefault("statistic", "minimum over interleaved rounds" + (", then running maximum" if monotone else ""))
+    secs = np.array([min(times[n]) for n in sizes])
+    return CostModel(sizes, np.maximum.accumulate(secs) if monotone else secs, m)
+
+
 def cost_from_one_batch(path) -> CostModel:
     """``CostModel`` from SGLang's own one-batch benchmark (``sglang.benchmark.one_batch_server --result-filename``
     JSONL, one line per batch size; the median of repeated batch sizes is used).

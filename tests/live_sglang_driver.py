@@ -191,7 +191,8 @@ def kv_window_case(model: str, prompts: list[str]) -> dict:
 
 
 def eagle3_case(model: str, prompts: list[str]) -> dict:
-    """A code edit and the chat through HYBRID (default settings, merge) with an EAGLE-3 head written at test time
+    """A code edit and the chat through HYBRID (default settings, merge, the verify cost table measured at start as
+    on a GPU) with an EAGLE-3 head written at test time
     (``tests/eagle3_head.py``: SGLang's EAGLE-3 layout, a reduced draft vocabulary with ``d2t``, three auxiliary
     hidden states of the target; random weights that draft one planted token, mapped by ``d2t`` to the commonest token
     of the plain outputs). SGLang's launcher detects the architecture, the target captures its auxiliary states and
@@ -208,7 +209,8 @@ def eagle3_case(model: str, prompts: list[str]) -> dict:
     token = Counter(t for ids in reference for t in ids).most_common(1)[0][0]
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_eagle3_"))
     head = write_eagle3_head(tmp / "head", json.loads((Path(model) / "config.json").read_text()), token)
-    env = {ENV_PREFIX + "COUNTERS_FILE": str(tmp / "counters.json"), ENV_PREFIX + "LOG_INTERVAL": "1"}
+    env = {ENV_PREFIX + "COUNTERS_FILE": str(tmp / "counters.json"), ENV_PREFIX + "LOG_INTERVAL": "1",
+           ENV_PREFIX + "MEASURE_COST_TABLE": "on"}
     with _hybrid(model, env, head=tmp / "head") as eng:
         out = eng.generate(prompts, dict(GREEDY, max_new_tokens=n_new))
     return {"reference": reference, "hybrid": [o["output_ids"] for o in out], "head": head,

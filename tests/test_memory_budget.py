@@ -314,8 +314,10 @@ def llama(measured) -> dict:
     assert mask == case.pool_tokens * full + full * full * RUNNING   # FlashInfer keeps none: HYBRID's workspace has it
     padded = BM.hybrid_budget(case, settings, layout="HYBRID as built")
     ragged = BM.hybrid_budget(case, settings, layout="HYBRID ragged per depth", ragged=True)
-    one = BM.hybrid_budget(case, BM.hybrid_settings(False, False), layout="HYBRID without cost tables")
+    one = BM.hybrid_budget(case, BM.hybrid_settings(False, False), layout="HYBRID without a price")
+    default = BM.hybrid_budget(case, BM.hybrid_settings(False, False, measure="auto"), layout="HYBRID default")
     return {"eagle": mb.eagle_budget(case.dep, STEPS), "padded": padded, "ragged": ragged, "one": one,
+            "default": default,
             "mfs": case.mfs, "free": case.free, "reserve": case.reserve, "depths": depths, "widths": widths}
 
 
@@ -334,6 +336,10 @@ def test_memory_budget_llama8b_h200_numbers(llama):
     assert round(p.items["target workspaces"] / GiB, 3) == round(23 * (384 + 32) / 1024, 3)
     assert round(p.total / e.total, 2) == 17.44 and round(r.total / e.total, 2) == 4.32
     assert round(one.total / e.total, 2) == 1.54
+    # the default launch (no table given: measured at start, widths 5 and 13): two states, fits
+    d = llama["default"]
+    assert sorted(d.states) == [(4, 5), (4, 13)] and round(d.total / GiB, 2) == 8.54
+    assert d.from_free + llama["reserve"] <= llama["free"]
     fits = {k: b.from_free + llama["reserve"] <= llama["free"] for k, b in (("eagle", e), ("padded", p),
                                                                                ("ragged", r), ("one", one))}
     assert fits == {"eagle": True, "padded": False, "ragged": False, "one": True}
@@ -362,8 +368,10 @@ def test_memory_budget_bench_table(capsys):
     assert line.endswith("DOES NOT FIT")
     fields = line.split("both cost tables")[1].split()
     assert fields == ["24", "66", "64.02", "17.44x", "64.85", "13.34", "DOES", "NOT", "FIT"]
-    no_table = next(line for line in out.splitlines() if line.split()[:2] == ["128", "131,072"] and "no cost" in line)
+    no_table = next(line for line in out.splitlines() if line.split()[:2] == ["128", "131,072"] and "no price" in line)
     assert no_table.split("(width 13)")[1].split() == ["1", "3", "5.64", "1.54x", "6.47", "13.34", "FITS"]
+    default = next(line for line in out.splitlines() if line.split()[:2] == ["128", "131,072"] and "default" in line)
+    assert default.split("(5, 13)")[1].split() == ["2", "6", "8.54", "2.33x", "9.37", "13.34", "FITS"]
 
 
 @pytest.mark.xfail(strict=True, reason="MISSED as built: HYBRID's 24 padded runtime states take 64.02 GiB against "

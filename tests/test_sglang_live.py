@@ -89,6 +89,22 @@ def _assert_ragged(counters: dict, fewer: bool = True) -> None:
         assert counters["ragged_tokens"] < counters["ragged_padded_tokens"], counters
 
 
+def _assert_measured_price(counters: dict) -> None:
+    """The verify cost table was measured at start (setting ``measure_cost_table = on``; ``startup_costs``): one
+    positive, non-decreasing time per probe batch size (powers of two up to the running limit, times the full width),
+    and every step verified at plain EAGLE's width (3 steps + the root) or the full tree, the two widths a measured
+    table brings."""
+    table = counters["cost_table"]
+    assert table is not None and table["source"] == "measured", table
+    full = table["meta"]["verify_width"]
+    batches = table["meta"]["batch_sizes"]
+    assert batches[0] == 1 and all(b == 2 * a for a, b in zip(batches, batches[1:-1])), table
+    assert table["sizes"] == [full * b for b in batches], table
+    assert all(t > 0 for t in table["seconds"]) and table["seconds"] == sorted(table["seconds"]), table
+    assert table["meta"]["seconds_spent"] > 0, table
+    assert counters["width_steps"] and set(counters["width_steps"]) <= {"4", str(full)}, counters["width_steps"]
+
+
 def test_self_check_choose_and_merge_ragged_equal_plain_greedy():
     """Three concurrent requests of different lengths (two code edits, one ShareGPT chat), HYBRID choose and merge with
     the long n-gram chain (``ngram_k = 24``: verify widths 25 and 28), verified ragged: token-identical to plain greedy
@@ -224,6 +240,7 @@ def test_eagle3_head_live_equal_plain_greedy():
     # the first drafted token's probability recomputed from the reduced-vocabulary draft-extend logits
     assert counters["fallback_conf_placeholder"] == 0, counters
     _assert_ragged(counters)
+    _assert_measured_price(counters)
 
 
 def test_tree_sampling_live_temperature_top_p():
@@ -250,12 +267,14 @@ def test_tree_sampling_live_temperature_top_p():
 
 
 def test_tensor_parallel_two_ranks_ragged_equal_plain_greedy(tmp_path):
-    """tp_size=2 on the CPU engine (gloo): every rank verifies rank 0's tree (TreeBroadcast), ragged (both ranks
-    compact the same rows); the text equals plain greedy decoding with the same tp_size."""
+    """tp_size=2 on the CPU engine (gloo), the verify cost table measured at start on both ranks: every rank verifies
+    rank 0's tree (TreeBroadcast), ragged (both ranks compact the same rows); the text equals plain greedy decoding
+    with the same tp_size."""
     one = tmp_path / "one.jsonl"
     one.write_text(PROMPTS.read_text().splitlines()[0] + "\n")        # the first code edit
     proc = _run([sys.executable, "-m", "sglang_hybrid.check", "--cpu", "--tp-size", "2", "--prompts", str(one),
-                 "--modes", "none,merge", "--max-new-tokens", "8"], timeout=HANG_GUARD_S, twin=True)
+                 "--modes", "none,merge", "--max-new-tokens", "8"], timeout=HANG_GUARD_S, twin=True,
+                settings={"SGLANG_HYBRID_MEASURE_COST_TABLE": "on"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert SWAP_LOG in proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -263,3 +282,5 @@ def test_tensor_parallel_two_ranks_ragged_equal_plain_greedy(tmp_path):
     merged = [r for r in lines[:-1] if r["mode"] == "merge"]
     assert merged and all(r["matches_none"] is True and r["verify_steps"] for r in merged)
     _assert_ragged(merged[0]["hybrid_counters_batch"], fewer=False)      # one request: its trees may fill the width
+    # both ranks timed the same probe forwards in step (their collectives would hang otherwise); rank 0's table prices
+    _assert_measured_price(merged[0]["hybrid_counters_batch"])

@@ -571,8 +571,10 @@ def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
     """Where the as-built engine loses against the ideal one: HYBRID at the headline point on the sweep cells (first
     evaluation seed), with one mechanic switched at a time: without the device prompt lookup (misaligned rows get no
     n-gram candidate), with the host work added to the device step instead of overlapping it, fresh n-gram proposals
-    and no n-gram host path, the decision on the torch path (its eager operators: what fusing it bought), and one
-    fixed width n_nodes + 1 (the engine before width buckets)."""
+    and no n-gram host path, the decision on the torch path (its eager operators: what fusing it bought), one fixed
+    width n_nodes + 1 (the engine before width buckets), and the launch a user gets without giving a cost table (the
+    verify table measured at start: widths ``num_steps + 1`` and ``n_nodes + 1``, no draft table so a fixed EAGLE
+    depth; the replay prices it with its own step-time table, the measurement's stand-in)."""
     s = evaluation_seeds(cfg.seeds)[0]
     base = runner.engines["as built"]
     variants = [("as built", base),
@@ -581,6 +583,8 @@ def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
                 ("as built, fresh n-gram, no host path", dataclasses.replace(base, ngram_lag=0, host_time=False)),
                 ("as built, torch decision (eager operators)", dataclasses.replace(base, decision_kernels="torch")),
                 ("as built, one width 13 (no buckets)", dataclasses.replace(base, widths=(base.n_nodes + 1,))),
+                ("default launch: widths 5, 13, depth 4", dataclasses.replace(
+                    base, widths=(base.num_steps + 1, base.n_nodes + 1), adaptive_depth=False)),
                 ("ideal", runner.engines["ideal"])]
     cols = [c for c in cfg.sweep_cells if c[0] in groups[s]]
     lines = [f"Where the as-built gap comes from: HYBRID merge / no speculation, {label(HEADLINE)}, seed {s}",

@@ -57,7 +57,8 @@ class HybridSettings(BaseModel):
     verify_widths: Optional[list[int]] = Field(
         None, description="verify widths the engine captures and picks from each step (the price's choice, one step "
                           "late; see docs/sglang.md); default with a cost_table: 2, 4, 6, 7, 8, 16, ... up to "
-                          "n_nodes + 1, without one: the full width only; [] = always the full width. Each in "
+                          "n_nodes + 1; with the table measured at start: steps + 1 and n_nodes + 1; without a "
+                          "price: the full width only; [] = always the full width. Each in "
                           "[2, n_nodes + 1]; the full width is always included")
     ngram_calibration: Optional[str] = Field(
         None, description="n-gram calibration JSON (python -m sglang_hybrid.tools.calibrate); default: the shipped "
@@ -65,8 +66,16 @@ class HybridSettings(BaseModel):
     model_calibration: Optional[str] = Field(
         None, description="EAGLE per-position temperature JSON; default: identity (draft probability as is)")
     cost_table: Optional[str] = Field(
-        None, description="profiled step-time table JSON (sglang_hybrid.cost); default: none, price lambda = 0 "
-                          "(verify every useful draft; right while the batch is memory-bound)")
+        None, description="profiled step-time table JSON (sglang_hybrid.cost); default: none, measured at start "
+                          "(measure_cost_table)")
+    measure_cost_table: Literal["auto", "on", "off"] = Field(
+        "auto", description="without a cost_table, time the target verify at start (SGLang's dummy verify forward "
+                            "at each probe batch size; sglang_plugin.startup_costs) and price verify slots with that "
+                            "table; its default verify widths are then plain EAGLE's (steps + 1) and the full width, "
+                            "so a request verifies more than EAGLE would only on steps where the price says the extra "
+                            "nodes pay. auto = on a GPU, not on SGLang's CPU engine (its verify attention runs in "
+                            "Triton's interpreter: minutes per probe); on = also there; off = no price (lambda = 0, "
+                            "every useful draft verified, the full width). Never under DP attention (one fixed width)")
     draft_cost_table: Optional[str] = Field(
         None, description="step-time table of ONE draft-model forward by batch size (sglang_hybrid.cost JSON); with "
                           "it HYBRID drafts adaptively: each step picks the EAGLE depth whose expected gain pays for "
@@ -114,12 +123,20 @@ class HybridSettings(BaseModel):
             return self.n_nodes
         return num_steps + self.ngram_k if self.mode == "merge" else max(num_steps, self.ngram_k)
 
-    def resolved_shapes(self, num_steps: int, fixed: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def measures_cost_table(self, device_type: str) -> bool:
+        """Whether the worker measures the verify cost table at start on a ``device_type`` ("cuda", "cpu", ...)
+        device (setting ``measure_cost_table``; DP attention aside, which the caller rules out)."""
+        if self.cost_table is not None or self.measure_cost_table == "off":
+            return False
+        return self.measure_cost_table == "on" or device_type != "cpu"
+
+    def resolved_shapes(self, num_steps: int, fixed: bool = False,
+                        device_type: str = "cuda") -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(EAGLE draft depths, verify widths) the engine switches between; ``fixed`` (DP attention, where every DP
         rank must run the same shapes): only ``num_steps`` and the full width."""
         if fixed:
             return (num_steps,), (self.resolved_n_nodes(num_steps) + 1,)
-        return self.resolved_draft_depths(num_steps), self.resolved_verify_widths(num_steps)
+        return self.resolved_draft_depths(num_steps), self.resolved_verify_widths(num_steps, device_type)
 
     def resolved_draft_depths(self, num_steps: int) -> tuple[int, ...]:
         """EAGLE draft depths to pick from (sorted; the last is ``num_steps``); ``(num_steps,)`` when adaptive drafting
@@ -140,8 +157,9 @@ class HybridSettings(BaseModel):
                 f"(--speculative-num-steps); fix {ENV_PREFIX}DRAFT_DEPTHS or the config file")
         return tuple(sorted(set(depths) | {num_steps}))
 
-    def resolved_verify_widths(self, num_steps: int) -> tuple[int, ...]:
-        """The verify width buckets for ``num_steps`` EAGLE steps (sorted; the last is ``n_nodes + 1``).
+    def resolved_verify_widths(self, num_steps: int, device_type: str = "cuda") -> tuple[int, ...]:
+        """The verify width buckets for ``num_steps`` EAGLE steps on a ``device_type`` device (sorted; the last is
+        ``n_nodes + 1``).
 
         Raises ``HybridConfigError`` naming the setting for a width outside ``[2, n_nodes + 1]``: width 1 (verify
         only the root) needs SGLang's zero-step draft, which HYBRID does not switch to (the EAGLE draft has run by
@@ -150,9 +168,16 @@ class HybridSettings(BaseModel):
 
         full = self.resolved_n_nodes(num_steps) + 1
         if self.verify_widths is None:
-            # without a cost table the width rule verifies every useful node, which is nearly always the full width:
+            if self.cost_table:
+                return default_buckets(full)
+            if self.measures_cost_table(device_type):
+                # a table measured at start: plain EAGLE's width or the whole tree, the price picks per step; two
+                # runtime states where padded verify needs one per width (the buckets' six do not fit an H200's
+                # free memory at 128 requests: bench/memory_budget.py)
+                return check_buckets([min(num_steps + 1, full)], full)
+            # without a price the width rule verifies every useful node, which is nearly always the full width:
             # extra runtime states would cost start-up time and memory for nothing
-            return default_buckets(full) if self.cost_table else (full,)
+            return (full,)
         bad = [w for w in self.verify_widths if not 2 <= w <= full]
         if bad:
             raise HybridConfigError(

@@ -50,16 +50,17 @@ class HybridStep:
         self.num_steps = num_steps
         self.k = settings.ngram_k
         self.n_nodes = settings.resolved_n_nodes(num_steps)
+        self.device = torch.device(device)
         #: verify widths the engine switches between (the last is the full width n_nodes + 1) and EAGLE draft depths
         #: (the last is num_steps); ``fixed_shapes``: one of each (DP attention: every DP rank must run the same shapes)
-        self.depths, self.widths = settings.resolved_shapes(num_steps, fixed=fixed_shapes)
+        self.depths, self.widths = settings.resolved_shapes(num_steps, fixed=fixed_shapes,
+                                                            device_type=self.device.type)
         #: deepest draft path the configuration allows (model chain or n-gram chain; merge shares prefixes)
         self.max_depth = min(self.n_nodes, max(num_steps, self.k))
         #: tokens proposed and buffered per request: the host proposes one step late, and a step commits up to
         #: ``max_depth + 1`` tokens (accepted path + bonus), so ``k + max_depth + 1`` leaves a full ``k``-token chain
         #: after the shift even when the previous step accepted everything (see alignment.align)
         self.proposal_width = self.k + self.max_depth + 1
-        self.device = torch.device(device)
         model_cal = (ModelCalibration.load(settings.model_calibration) if settings.model_calibration
                      else ModelCalibration.identity())
         self.decide = DecisionStep(
@@ -71,7 +72,8 @@ class HybridStep:
         #: the fused step's outputs and scratch, kept across steps (``kernels.workspace``: no allocation per step once
         #: the largest batch has run; a step's decision is valid until the next ``select``)
         self.workspace = kernels.Workspace(self.device) if self.fused is not None else None
-        self.cost = CostModel.load(settings.cost_table).to(self.device) if settings.cost_table else None
+        #: the verify step-time table that prices slots (``set_cost``; None: no price)
+        self.cost = None
         self.draft_cost = (CostModel.load(settings.draft_cost_table).to(self.device) if settings.draft_cost_table
                            else None)
         self.buffers = alignment.alloc_buffers(pool_size, self.proposal_width, max(2 * self.proposal_width, 16),
@@ -80,6 +82,8 @@ class HybridStep:
         self.context = (context_lookup.alloc_context(pool_size, max_context_len, self.device)
                         if settings.context_lookup and max_context_len else None)
         self.counters = counters if counters is not None else HybridCounters(self.device)
+        if settings.cost_table:
+            self.set_cost(CostModel.load(settings.cost_table), "file")
         #: per slot: the online offset on the EAGLE side's calibrated logit (``request_bias``) and the slot generation
         #: it was learned for (-1: none yet); None when the setting ``model_bias_eta`` is off
         self.model_bias_eta = settings.model_bias_eta
@@ -94,6 +98,13 @@ class HybridStep:
         #: overwrites it at its next replay (SGLang recycles graph outputs through a shared memory pool, and the
         #: draft-extend graph replays before ``after_verify`` reads the chain); static, so the copy is capturable
         self._chain = torch.zeros((pool_size, num_steps), dtype=torch.int64, device=self.device)
+
+    def set_cost(self, table: CostModel, source: str) -> None:
+        """Price verify slots with ``table`` from now on (``source``: "file", the setting ``cost_table``, or
+        "measured" at start); the counters report which table it is."""
+        self.cost = table.to(self.device)
+        self.counters.cost_table = {"source": source, "sizes": table.sizes.tolist(),
+                                    "seconds": table.seconds.tolist(), "meta": dict(table.meta)}
 
     def max_depth_at(self, width: int) -> int:
         """Deepest draft path a tree of ``width`` nodes (root included) can hold."""

@@ -82,6 +82,9 @@ class HybridCounters:
         #: decode steps whose KV write window SGLang's draft planned (``KVLocPlan``: on a GPU whenever the verify
         #: width exceeds the draft depth; host int)
         self.kv_window_steps = 0
+        #: what prices the verify slots, set at start (``HybridStep.set_cost``): {"source": "file" | "measured",
+        #: "sizes", "seconds", "meta"} (host lists; a measured table's meta says how and in how long), or None
+        self.cost_table: Optional[dict] = None
         self.totals = torch.zeros(SIZE, dtype=torch.float64, device=self.device)
         self.log_interval = log_interval
         self._host_steps = 0
@@ -154,7 +157,9 @@ class HybridCounters:
 
     def _summary(self, v: torch.Tensor) -> dict:
         """``summarize`` of the device vector ``v`` (host copy) with the host counts, which are cumulative."""
-        return summarize(v, self.width_steps, self.depth_steps, self.decision_steps, self.ragged, self.kv_window_steps)
+        out = summarize(v, self.width_steps, self.depth_steps, self.decision_steps, self.ragged, self.kv_window_steps)
+        out["cost_table"] = self.cost_table
+        return out
 
     def maybe_log(self) -> Optional[dict]:
         """Called once per step on the host; logs (and returns) the interval's summary when a copy has landed.

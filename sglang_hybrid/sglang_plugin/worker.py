@@ -56,7 +56,7 @@ from sglang.srt.speculative.eagle_worker_common import prepare_for_draft, run_ea
 from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
-from . import memory_budget
+from . import memory_budget, startup_costs
 from .config import load_settings
 from .hybrid_step import HybridStep
 from .metrics import HybridCounters
@@ -362,12 +362,33 @@ class HybridWorkerV2(EAGLEWorkerV2):
 
     def init_cuda_graphs(self):
         super().init_cuda_graphs()
+        self._measure_cost_table()
         self._ragged = self._ragged_wanted()
         self._build_runtime_states()
         if self._ragged:
             self._enable_ragged()
         else:
             self._verify_target = self.target_worker
+
+    def _measure_cost_table(self) -> None:
+        """Without a ``cost_table``, time the target verify now and price with that table (setting
+        ``measure_cost_table``; ``startup_costs``). Before the runtime states are built, so the probes' buffers are
+        freed before the states take their memory."""
+        step, settings = self.hybrid_step, self.settings
+        if step is None or not settings.measures_cost_table(step.device.type):
+            return
+        if self._fixed_shapes:
+            logger.info("HYBRID: cost table not measured (DP attention fixes the verify width; no price)")
+            return
+        runner = self.target_worker.model_runner
+        table = startup_costs.measure_verify_costs(
+            runner, width=self.speculative_num_draft_tokens, max_batch=int(runner.max_running_requests),
+            context_len=int(runner.model_config.context_len))
+        step.set_cost(table, "measured")
+        logger.info("HYBRID: cost table measured at start in %.1f s (setting measure_cost_table; %s at %d context "
+                    "tokens per request): %s", table.meta["seconds_spent"], table.meta["forward"],
+                    table.meta["context_tokens"],
+                    ", ".join(f"T({n})={1e3 * t:.2f} ms" for n, t in zip(table.sizes, table.seconds)))
 
     def _ragged_wanted(self) -> bool:
         """Whether verify runs ragged (setting ``ragged_verify``; docs/sglang.md, "Ragged verify").

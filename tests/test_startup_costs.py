@@ -1,0 +1,104 @@
+"""The verify cost table measured at start (``sglang_plugin/startup_costs.py``, setting ``measure_cost_table``): the
+probe plan, the probe's tree mask, the interleaved timing and the default verify widths it brings. The measurement
+itself runs inside SGLang's real engine in the live suite (``tests/test_sglang_live.py``: every case without a
+``cost_table`` reports the measured table in its counters)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sglang_hybrid import cost as cost_mod
+from sglang_hybrid.cost import CostFileError, profile_interleaved
+from sglang_hybrid.sglang_plugin.config import HybridSettings
+from sglang_hybrid.sglang_plugin.startup_costs import chain_mask, probe_batch_sizes, profile_context
+from sglang_hybrid.widths import default_buckets
+
+
+def test_probe_batch_sizes_double_up_to_the_running_limit():
+    assert probe_batch_sizes(1) == (1,)
+    assert probe_batch_sizes(4) == (1, 2, 4)
+    assert probe_batch_sizes(6) == (1, 2, 4, 6)
+    assert probe_batch_sizes(128) == (1, 2, 4, 8, 16, 32, 64, 128)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="max_batch"):
+            probe_batch_sizes(bad)
+
+
+def test_profile_context_leaves_room_for_the_verify_tokens():
+    assert profile_context(131072, 13) == 2048
+    assert profile_context(1024, 12) == 1012
+    assert profile_context(8, 12) == 1
+
+
+def test_chain_mask_is_a_chain_tree_after_a_visible_prefix():
+    b, w, ctx = 3, 5, 7
+    m = chain_mask(b, w, ctx, "cpu").reshape(b, w, ctx + w)
+    assert m.dtype == torch.bool
+    assert m[:, :, :ctx].all()                                              # the whole prefix visible
+    expect = torch.ones(w, w, dtype=torch.bool).tril()                      # node i sees nodes 0..i
+    assert all(torch.equal(m[i, :, ctx:], expect) for i in range(b))
+
+
+def _fake_clock(monkeypatch, durations):
+    """``time.perf_counter`` of ``sglang_hybrid.cost`` advanced only by the calls: call ``i`` of ``fn`` lasts
+    ``durations(n, i)``."""
+    clock = [0.0]
+    calls = []
+
+    def fn(n):
+        clock[0] += durations(n, len(calls))
+        calls.append(n)
+
+    monkeypatch.setattr(cost_mod.time, "perf_counter", lambda: clock[0])
+    return fn, calls
+
+
+def test_profile_interleaved_warms_up_once_then_round_robin_minimum(monkeypatch):
+    noise = iter([100.0, 3.0, 1.0, 2.0, 1.0, 5.0, 1.0])                  # the warm-up is the slow first call
+    fn, calls = _fake_clock(monkeypatch, lambda n, i: n * next(noise))
+    m = profile_interleaved(fn, [8, 2, 4], rounds=2)
+    assert calls == [2, 2, 4, 8, 2, 4, 8]                                   # warm-up at the smallest, then rounds
+    # per size the faster of its two rounds: 2 -> min(3, 1), 4 -> min(1, 2)... (durations are n x noise)
+    assert m.sizes.tolist() == [2, 4, 8]
+    assert np.allclose(m.seconds, [2 * 1.0, 4 * 1.0, 8 * 1.0])
+    assert m.meta["rounds"] == 2 and "minimum" in m.meta["statistic"]
+    with pytest.raises(ValueError, match="rounds"):
+        profile_interleaved(fn, [2], rounds=0)
+    with pytest.raises(ValueError, match="at least one"):
+        profile_interleaved(fn, [], rounds=1)
+
+
+def test_profile_interleaved_monotone_absorbs_a_noisy_probe(monkeypatch):
+    # the smallest size's samples both land on a busy machine: 50 % above the next size
+    table = {2: 3.0, 4: 2.0, 8: 4.0}
+    fn, _ = _fake_clock(monkeypatch, lambda n, i: table[n])
+    with pytest.raises(CostFileError, match="not monotone"):
+        profile_interleaved(fn, [2, 4, 8], rounds=2)                      # a file would be refused
+    m = profile_interleaved(fn, [2, 4, 8], rounds=2, monotone=True)        # a start must not fail on noise
+    assert m.seconds.tolist() == [3.0, 3.0, 4.0]
+    assert "running maximum" in m.meta["statistic"]
+
+
+def test_measured_table_default_widths_are_eagles_and_the_full_tree():
+    """With the table measured at start (the default on a GPU), the engine verifies plain EAGLE's width (steps + 1)
+    or the whole tree, the price picking per step: two runtime states where padded verify builds one per width. A
+    user's table keeps the buckets; no price keeps the full width; explicit widths win; DP attention fixes one
+    width."""
+    s = HybridSettings()                                      # merge, ngram_k 8: 4 steps -> 12 nodes, full width 13
+    assert s.measure_cost_table == "auto"
+    assert s.measures_cost_table("cuda") and not s.measures_cost_table("cpu")
+    assert s.resolved_verify_widths(4) == (5, 13)
+    assert s.resolved_shapes(4) == ((4,), (5, 13))
+    assert s.resolved_shapes(4, fixed=True) == ((4,), (13,))
+    assert s.resolved_verify_widths(4, "cpu") == (13,)           # the CPU engine measures only when asked to
+    on = HybridSettings(measure_cost_table="on")
+    assert on.measures_cost_table("cpu") and on.resolved_verify_widths(4, "cpu") == (5, 13)
+    off = HybridSettings(measure_cost_table="off")
+    assert not off.measures_cost_table("cuda") and off.resolved_verify_widths(4) == (13,)
+    assert not HybridSettings(cost_table="t.json", measure_cost_table="on").measures_cost_table("cuda")
+    assert HybridSettings(cost_table="t.json").resolved_verify_widths(4) == default_buckets(13)
+    assert HybridSettings(verify_widths=[4]).resolved_verify_widths(4) == (4, 13)
+    assert HybridSettings(verify_widths=[]).resolved_verify_widths(4) == (13,)
+    # choose mode with a chain no longer than EAGLE's: one width
+    assert HybridSettings(mode="choose", ngram_k=3).resolved_verify_widths(4) == (5,)
