@@ -25,9 +25,11 @@ def test_probe_batch_sizes_double_up_to_the_running_limit():
             probe_batch_sizes(bad)
 
 
-def test_profile_context_leaves_room_for_the_verify_tokens():
+def test_profile_context_is_typical_and_leaves_room_for_the_verify_tokens():
     assert profile_context(131072, 13) == 2048
-    assert profile_context(1024, 12) == 1012
+    assert profile_context(4096, 13) == 2048
+    assert profile_context(1024, 12) == 512                     # a short window probed half full
+    assert profile_context(20, 12) == 8                         # room for the verify tokens
     assert profile_context(8, 12) == 1
 
 

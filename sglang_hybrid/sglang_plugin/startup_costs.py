@@ -17,9 +17,10 @@ synchronised around each. The table's sizes are ``B x W`` batch tokens, the
 ``T(n)`` of ``sglang_hybrid.cost``; below ``W`` it is flat (the price then takes the narrowest verify as free), past
 its end the last slope continues.
 
-Every request of the probe sits at ``PROFILE_CONTEXT`` tokens (or the context length, if shorter): verify attention
-grows with the context, and a table measured at a context of one (SGLang's capture value) would price a long-context
-server's verify tokens below their cost.
+Every request of the probe sits at ``PROFILE_CONTEXT`` tokens, or half the context length where that is shorter:
+verify attention grows with the context, and a table measured at a context of one (SGLang's capture value) would price
+a long-context server's verify tokens below their cost; the price wants a typical step, not the worst one, and a
+request spends its life between its prompt and the end of its window, so a short window is probed half full.
 
 What it does not time: verify CUDA graphs. The probe runs eager, so on a GPU with graphs the table overstates the
 small batches, where host launch overhead dominates an eager forward (a conservative price: it trims trees a little
@@ -42,7 +43,8 @@ from sglang_hybrid.cost import CostModel, profile_interleaved
 
 logger = logging.getLogger(__name__)
 
-#: context tokens of every request in the probe forwards (clamped to the context length)
+#: context tokens of every request in the probe forwards (at most half the context length): the replay's GPU
+#: roofline prices with the same typical context (``bench.replay --gpu-context``, default 2048)
 PROFILE_CONTEXT = 2048
 #: timed forwards per batch size (round robin over the sizes, the minimum), after one warm-up forward
 ROUNDS = 2
@@ -65,9 +67,9 @@ def probe_batch_sizes(max_batch: int) -> tuple[int, ...]:
 
 
 def profile_context(context_len: int, width: int) -> int:
-    """Context tokens per probe request: ``PROFILE_CONTEXT``, or less where the context length leaves less room for
-    the ``width`` verify tokens."""
-    return max(1, min(PROFILE_CONTEXT, int(context_len) - int(width)))
+    """Context tokens per probe request: ``PROFILE_CONTEXT``, at most half the context length, and room left for the
+    ``width`` verify tokens."""
+    return max(1, min(PROFILE_CONTEXT, int(context_len) // 2, int(context_len) - int(width)))
 
 
 def chain_mask(batch: int, width: int, context: int, device) -> torch.Tensor:

@@ -57,7 +57,7 @@ from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from . import memory_budget, startup_costs
-from .config import load_settings
+from .config import ENV_PREFIX, load_settings
 from .hybrid_step import HybridStep
 from .metrics import HybridCounters
 from .ngram_host import NgramFeeder
@@ -381,9 +381,15 @@ class HybridWorkerV2(EAGLEWorkerV2):
             logger.info("HYBRID: cost table not measured (DP attention fixes the verify width; no price)")
             return
         runner = self.target_worker.model_runner
-        table = startup_costs.measure_verify_costs(
-            runner, width=self.speculative_num_draft_tokens, max_batch=int(runner.max_running_requests),
-            context_len=int(runner.model_config.context_len))
+        try:
+            table = startup_costs.measure_verify_costs(
+                runner, width=self.speculative_num_draft_tokens, max_batch=int(runner.max_running_requests),
+                context_len=int(runner.model_config.context_len))
+        except Exception as e:  # noqa: BLE001 -- any failure stops the start, with the settings that avoid it
+            raise RuntimeError(
+                f"HYBRID: measuring the target verify's cost table at start failed ({type(e).__name__}: {e}); give "
+                f"a table instead ({ENV_PREFIX}COST_TABLE, see docs/sglang.md 'Fitting for a deployment') or set "
+                f"{ENV_PREFIX}MEASURE_COST_TABLE=off (no price: every step verifies the full tree)") from e
         step.set_cost(table, "measured")
         logger.info("HYBRID: cost table measured at start in %.1f s (setting measure_cost_table; %s at %d context "
                     "tokens per request): %s", table.meta["seconds_spent"], table.meta["forward"],
