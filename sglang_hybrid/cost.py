@@ -150,6 +150,16 @@ class CostTables:
         return y0 + slope * (nf - x0).clamp(min=0.0)
 
 
+def _timed_call(fn: Callable[[int], object], n: int, sync: Optional[Callable[[], None]]) -> float:
+    """Seconds of one ``fn(n)``, ``sync`` (when given) called before the clock is read, so asynchronous work counts;
+    the caller has already synchronised whatever ran before."""
+    t0 = time.perf_counter()
+    fn(n)
+    if sync:
+        sync()
+    return time.perf_counter() - t0
+
+
 def profile(fn: Callable[[int], object], sizes: Sequence[int], warmup: int = 2, repeats: int = 5,
             sync: Optional[Callable[[], None]] = None, meta: Optional[dict] = None) -> CostModel:
     """Time ``fn(n)`` (one forward verifying ``n`` batch tokens) at each probe size; median of ``repeats``.
@@ -167,14 +177,7 @@ def profile(fn: Callable[[int], object], sizes: Sequence[int], warmup: int = 2, 
             fn(n)
         if sync:
             sync()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn(n)
-            if sync:
-                sync()
-            times.append(time.perf_counter() - t0)
-        secs.append(statistics.median(times))
+        secs.append(statistics.median(_timed_call(fn, n, sync) for _ in range(repeats)))
     m = dict(meta or {})
     m.setdefault("warmup", warmup)
     m.setdefault("repeats", repeats)
@@ -206,12 +209,8 @@ def profile_interleaved(fn: Callable[[int], object], sizes: Sequence[int], round
     for _ in range(rounds):
         for n in sizes:
             if sync:
-                sync()
-            t0 = time.perf_counter()
-            fn(n)
-            if sync:
-                sync()
-            times[n].append(time.perf_counter() - t0)
+                sync()                      # the warm-up's asynchronous work is not this call's
+            times[n].append(_timed_call(fn, n, sync))
     m = dict(meta or {})
     m.setdefault("warmup", "one call at the smallest size")
     m.setdefault("rounds", rounds)

@@ -1,16 +1,18 @@
 """The target verify's step-time table, measured at start, so HYBRID has a price out of the box.
 
 Why: without a cost table the price is zero and every request verifies its whole tree (``n_nodes + 1`` slots) every
-step. While a batch is memory-bound that costs nothing; on a busy server it does: in the realistic replay at batch 128
-on code, HYBRID without a table reached 2.08x over no speculation against 3.23x with one, below plain EAGLE's 2.70x
-(docs/benchmarks.md). A table profiled by hand (``python -m sglang_hybrid.tools.cost_profile``) is one more step a
+step. While a batch is memory-bound that costs nothing; on a busy server it does: in the realistic replay's
+decomposition (SIMULATED) at batch 128 on code, the full tree every step reached 3.32x over no speculation, plain
+fixed-k EAGLE 3.20x, the launch with this table 3.57x; on chat at batch 32, 1.43x, 2.19x and 2.19x (docs/benchmarks.md,
+1a). A table profiled by hand (``python -m sglang_hybrid.tools.cost_profile``) is one more step a
 user must know about; so when none is given (setting ``cost_table``), the worker measures one at start (setting
 ``measure_cost_table``).
 
 What it times: SGLang's own dummy forward (``BaseRunner._dummy_run``, the forward SGLang runs at start to warm up and
 autotune kernels): a TARGET_VERIFY forward of ``B`` requests x the full verify width ``W`` (SGLang's dummy verify
-input: every request at the same context, its KV read from and written to the pool's padding slot, a mask that shows
-every token, which costs what a tree mask costs), logits for every row as a real verify computes them. One forward
+input: every request at the same context, its KV read from and written to the pool's padding slot; the mask a
+chain's tree, ``chain_mask``, in place of SGLang's all-ones dummy, which shows nodes their descendants), logits for
+every row as a real verify computes them. One forward
 per batch size in ``probe_batch_sizes`` (powers of two up to the running-request limit, and the limit), ``ROUNDS``
 times round robin after one warm-up forward, the minimum per size (``cost.profile_interleaved``), the device
 synchronised around each. The table's sizes are ``B x W`` batch tokens, the
