@@ -557,3 +557,76 @@ def test_model_offset_option_reaches_both_engines_and_bad_values_are_refused(mon
     for bad in ("0", "-1", "fast"):
         with pytest.raises(SystemExit):
             replay.main(["--realistic", "--model-bias-eta", bad])
+
+
+def test_ragged_token_tiers_by_hand():
+    """Verify graphs keyed by total tokens: multiples of 8 up to 128, then 8 tiers per doubling; every count maps to
+    the smallest tier holding it, 48 tiers up to 2,048 tokens, padding under 12.5 % above 64 tokens."""
+    tier = replay_engine.token_tier
+    assert [tier(n) for n in (1, 8, 9, 64, 65, 128, 129, 144, 145, 256, 257, 1000, 2048)] == [
+        8, 8, 16, 64, 72, 128, 144, 144, 160, 256, 288, 1024, 2048]
+    tiers = [tier(n) for n in range(1, 2049)]
+    assert len(set(tiers)) == 48
+    assert all(t >= n and tier(t) == t for n, t in enumerate(tiers, 1))
+    assert max((t - n) / n for n, t in enumerate(tiers, 1) if n > 64) < 0.125
+    for bad in (0, -3):
+        with pytest.raises(ValueError, match="tokens must be >= 1"):
+            tier(bad)
+
+
+def test_ragged_verify_layouts_are_refused_where_they_mean_nothing():
+    with pytest.raises(ValueError, match="verify must be one of"):
+        replay_engine.EngineConfig(verify="ragged")
+    with pytest.raises(ValueError, match="ideal engine verifies ragged"):
+        replay_engine.EngineConfig.ideal(verify="ragged_sync")
+    with pytest.raises(ValueError, match="sync_us must be >= 0"):
+        replay_engine.EngineConfig(verify="ragged_sync", sync_us=-1.0)
+
+
+def test_ragged_sync_charges_the_token_tier_and_the_stall_by_hand():
+    """The ideal engine's case (every step the root + 1 node, from step 0 on: the same decisions, no lag) under the
+    blocking-read design: each step runs the 8-token graph (token_tier(2)) and the device idles sync_us = 1 ms:
+    20 x (T(8) + 4 x 0.05 + 0.001)."""
+    core = _core_or_skip()
+    bank = replay_drafts.DraftBank(one_request_trace(L=10, k=4, eagle_right=False), k=4)
+    eng = replay_engine.EngineConfig(verify="ragged_sync", sync_us=1000.0)
+    pol = replay_engine.EnginePolicy("m", "choose", 4, 4, core, eng, ngram=False)
+    assert pol.widths is None
+    res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05))
+    assert res.steps == 20 and res.tokens == 20
+    assert res.verified_per_step == 1.0
+    assert res.seconds == pytest.approx(20 * (1.8 + 4 * 0.05 + 0.001))
+    assert res.stats["ragged_rows"] == {"steps": 20, "verified": 160, "laid_out": 40, "used": 40}
+
+
+def test_ragged_late_caps_each_request_by_its_own_choice_two_steps_before():
+    """The late-read design by hand, two requests (4 nodes each at most, start rows 5 = the padded engine's start
+    width): the first two steps lay out 5 rows each; step 2 lays out what each request chose at step 0 (5 and 2
+    rows), dropping the second request's nodes past its cap; step 3 finds slot 0 refilled by a new request, which
+    starts at 5 rows again, and slot 1 capped by its step-1 choice (4 rows)."""
+    core = _core_or_skip()
+    eng = replay_engine.EngineConfig(verify="ragged_late")
+    pol = replay_engine.EnginePolicy("h", "merge", 4, 4, core, eng)
+    pol.reset(2)
+    assert pol.start_rows == 5
+
+    def step(req, pos, rows):
+        toks = np.tile(np.arange(4), (2, 1))
+        prop = P.Proposal(toks.copy(), P.chain_parents_np(2, 4))
+        view = P.StepView(req=np.array(req), pos=np.array(pos), root=np.zeros(2, np.int64), drafts=None, cost=None,
+                          requests=2, draft_step_s=0.0, context=np.zeros(2))
+        pol._lay_out_ragged(prop, np.array(rows), view)
+        return prop
+
+    for req, pos, rows in (([0, 1], [0, 0], [5, 2]), ([0, 1], [3, 1], [3, 4])):
+        prop = step(req, pos, rows)
+        assert (prop.tokens >= 0).sum(1).tolist() == [4, 4] and prop.verify_tokens == replay_engine.token_tier(10)
+    prop = step([0, 1], [5, 3], [1, 5])
+    assert (prop.tokens >= 0).sum(1).tolist() == [4, 1]
+    assert prop.parents[1].tolist() == [-1, -1, -1, -1]
+    assert prop.verify_tokens == replay_engine.token_tier(7)
+    prop = step([2, 1], [0, 4], [5, 5])
+    assert (prop.tokens >= 0).sum(1).tolist() == [4, 3]
+    assert prop.verify_tokens == replay_engine.token_tier(9) and prop.stall_s == 0.0
+    assert pol.ragged == {"steps": 4, "verified": 16 + 16 + 8 + 16, "laid_out": 10 + 10 + 7 + 9,
+                          "used": 7 + 7 + 3 + 9}

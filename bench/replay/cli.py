@@ -13,7 +13,7 @@ from bench.replay import costs as replay_costs, record as replay_record, traces 
 from bench.replay import report as report
 from bench.cost_tables import roofline
 from bench.replay.drafts import DraftBank, DrafterUnavailable
-from bench.replay.engine import EngineConfig
+from bench.replay.engine import RAGGED_SYNC_US, EngineConfig
 from bench.replay.host import LaunchCost
 from sglang_hybrid._checks import positive_or_none
 from bench.replay.sim import RunResult, request_stream, simulate
@@ -94,6 +94,10 @@ def main(argv=None) -> int:
     rg.add_argument("--model-bias-eta", type=_eta_or_none, default=EngineConfig.model_bias_eta, metavar="ETA",
                     help="learning rate of HYBRID's online EAGLE offset (the worker's setting model_bias_eta; "
                          "default: as shipped, off)")
+    rg.add_argument("--ragged-sync-us", type=_positive_or_zero, default=RAGGED_SYNC_US, metavar="US",
+                    help="realistic, the decomposition's ragged-verify design with a blocking read of the node "
+                         "counts: how long the device idles per step (read + attention plan + graph launch; "
+                         f"default {RAGGED_SYNC_US:g}; the decomposition also prints it at twice this)")
     rg.add_argument("--no-sweep", action="store_true", help="realistic: the headline point alpha=0.7/0.9 only")
     rg.add_argument("--hybrid-steps", type=int, nargs="*", default=[6],
                     help="realistic: EAGLE step counts HYBRID is also run with besides the deployed 4, the best per "
@@ -124,7 +128,7 @@ def main(argv=None) -> int:
                         adaptive_depth=not args.fixed_depth, hybrid_steps=tuple(args.hybrid_steps),
                         hybrid_ngram_ks=tuple(args.hybrid_ngram_ks), ngram_ks=tuple(args.ngram_ks),
                         model_bias_eta=args.model_bias_eta, gpu_context=args.gpu_context, real_trace=args.real_trace,
-                        launch=launch,
+                        launch=launch, ragged_sync_us=args.ragged_sync_us,
                         sweep=not args.no_sweep,
                         out=args.out if args.out != Path("out/replay") else Path("out/replay_realistic"),
                         sweep_modes=RR.MODES if args.sweep_ideal else ("as built",),

@@ -9,7 +9,9 @@ mechanic           as built (``EngineConfig()``, the default)             ideal 
 =================  =====================================================  ============================================
 verify width       padded: every request verifies ``W`` tokens, ``W``     ragged: each request its root + the nodes
                    from the width buckets ``default_buckets(n_nodes+1)``  the price keeps; cost ``T(sum)``
-                   (``DecisionStep(widths=...)``); cost ``T(B * W)``
+                   (``DecisionStep(widths=...)``); cost ``T(B * W)``.
+                   ``verify=`` one of two ragged designs for a GPU
+                   (``VERIFY_LAYOUTS``; modelled, not built)
 width lag          the bucket chosen at step t is verified at t + lag     --
                    (1: CPU engine; 2: GPU with overlap scheduling)
 n-gram proposals   computed on the host ``ngram_lag`` steps late, ``k +   fresh, at the exact position, ``k`` tokens
@@ -67,6 +69,34 @@ from bench.replay.host import host_seconds
 from sglang_hybrid.widths import default_depths, start_width
 
 
+#: verify layouts of an as-built engine. The host must know how many rows each request's verify takes before it can
+#: plan the attention and pick the captured graph; the node counts are decided on the device. The padded layout
+#: sidesteps that with a width read late; the ragged ones answer it in the two ways issue 25 names.
+VERIFY_LAYOUTS = {
+    "padded": "every request verifies W tokens, W the width bucket chosen width_lag steps before; cost T(B W)",
+    "ragged_sync": ("each request verifies its root + the nodes the price keeps, read by the host after the decision "
+                    "(the device idles sync_us per step); cost T(token tier of the sum)"),
+    "ragged_late": ("each request verifies at most the rows it chose width_lag steps before (its own width, read "
+                    "late without blocking, as the bucket is); its rows are laid out whether used or not; cost "
+                    "T(token tier of the sum of those widths)"),
+}
+#: the "ragged_sync" stall's default, per step: a D2H read of B counts after a stream sync (about 10 us), the host's
+#: attention plan for the verify (FlashInfer plans on the host: a few tens of us) and the graph launch (about 10 us);
+#: an estimate, printed with every result that uses it, and varied in the decomposition
+RAGGED_SYNC_US = 50.0
+
+
+def token_tier(tokens: int) -> int:
+    """The verify graph a ragged step of ``tokens`` rows replays: graphs keyed by total tokens, captured at multiples of
+    8 up to 128 and at 8 tiers per doubling beyond (a step of ``2 ** (bit_length(tokens - 1) - 4)``): under 12.5 %
+    padding above 64 tokens, 48 graphs up to 2,048 tokens (SGLang's default batch-size list captures about as many)."""
+    n = int(tokens)
+    if n < 1:
+        raise ValueError(f"tokens must be >= 1, got {tokens!r}")
+    step = max(8, 1 << max(0, (n - 1).bit_length() - 4))
+    return -(-n // step) * step
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Engine mechanics of one replay mode (module docstring). ``num_steps``, ``ngram_k``, ``n_nodes`` default to the
@@ -99,6 +129,20 @@ class EngineConfig:
     #: the worker's decision path whose launches are counted (its setting ``decision_kernels``): "fused" (the
     #: default wherever Triton runs) or "torch"
     decision_kernels: str = "fused"
+    #: the verify layout (``VERIFY_LAYOUTS``): "padded" is what the GPU worker runs; the two ragged layouts are the
+    #: designs for a GPU that docs/sglang.md ("Ragged verify") chooses between, modelled here, not built
+    verify: str = "padded"
+    #: "ragged_sync" only: how long the device idles per step while the host reads the node counts, plans the
+    #: attention and launches the verify graph (``RAGGED_SYNC_US``)
+    sync_us: float = RAGGED_SYNC_US
+
+    def __post_init__(self):
+        if self.verify not in VERIFY_LAYOUTS:
+            raise ValueError(f"verify must be one of {tuple(VERIFY_LAYOUTS)}, got {self.verify!r}")
+        if self.verify != "padded" and not self.as_built:
+            raise ValueError("the ideal engine verifies ragged by definition; verify layouts are for as-built engines")
+        if self.sync_us < 0:
+            raise ValueError(f"sync_us must be >= 0, got {self.sync_us!r}")
 
     @property
     def depths(self) -> Optional[tuple]:
@@ -152,12 +196,23 @@ class EngineConfig:
                     f"n_nodes={self.n_nodes}; {self._depth_text()}")
         launches = (f"counted from the worker's {self.decision_kernels} path (bench.step_launches)"
                     if self.launches is None else self.launches)
-        return (f"as built: padded verify at width buckets {self.buckets()} chosen by DecisionStep, applied "
-                f"{self.width_lag} step(s) later; n-gram proposals {self.ngram_lag} step(s) late, "
+        return (f"as built: {self._verify_text()}; n-gram proposals {self.ngram_lag} step(s) late, "
                 f"{self.proposal_width} tokens wide, aligned by sglang_plugin.alignment.align, first {self.ngram_k} "
                 f"used; host path {self._host_text()} "
                 f"({host_seconds(4) * 1e3:.3f} ms at B=4, {host_seconds(128) * 1e3:.3f} ms at B=128); decision "
                 f"launches {launches}; {self.num_steps} EAGLE steps, n_nodes={self.n_nodes}; {self._depth_text()}")
+
+    def _verify_text(self) -> str:
+        if self.verify == "padded":
+            return (f"padded verify at width buckets {self.buckets()} chosen by DecisionStep, applied {self.width_lag} "
+                    "step(s) later")
+        if self.verify == "ragged_sync":
+            return (f"ragged verify (a design, not built): each request its root + the nodes the price keeps, counts "
+                    f"read after the decision with the device idle {self.sync_us:g} us per step, verify graphs keyed "
+                    "by token tiers (token_tier)")
+        return (f"ragged verify (a design, not built): each request at most the rows it chose {self.width_lag} "
+                "step(s) before, laid out whether used or not, read late without blocking; verify graphs keyed by "
+                "token tiers (token_tier)")
 
     def _host_text(self) -> str:
         if not self.host_time:
@@ -297,7 +352,9 @@ class EnginePolicy(P.Policy):
         self.needs = ("eagle", "ngram") if ngram else ("eagle",)
         self.label = label or name
         self.last_lambda = 0.0
-        self.widths = engine.buckets(n_nodes) if engine.as_built else None
+        self.widths = engine.buckets(n_nodes) if engine.as_built and engine.verify == "padded" else None
+        #: "ragged_late": a request's rows before its first choice lands (the padded engine's start width)
+        self.start_rows = start_width(engine.buckets(n_nodes), self.num_steps)
         #: adaptive drafting only where the n-gram side competes: HYBRID (model-only adaptive keeps its tuned K)
         self.depths = tuple(d for d in engine.depths if d <= self.num_steps) if (
             ngram and engine.depths is not None) else None
@@ -335,6 +392,9 @@ class EnginePolicy(P.Policy):
         self.depth_pending = collections.deque([self.num_steps] * self.engine.depth_lag)
         self.width_counts = collections.Counter()
         self.depth_counts = collections.Counter()
+        #: "ragged_late": (request, position, rows chosen) per step, the last ``width_lag`` steps
+        self.rows_chosen = collections.deque(maxlen=max(1, self.engine.width_lag))
+        self.ragged = collections.Counter()      # rows laid out and used, ragged layouts
         if self.late is not None:
             self.late.reset(batch)
         self.stats = {}
@@ -368,6 +428,34 @@ class EnginePolicy(P.Policy):
                 else None
         return self._draft_tables[seconds]
 
+    def _lay_out_ragged(self, prop, rows: np.ndarray, view) -> None:
+        """Charge ``prop`` (this step's ragged selection, ``rows`` = root + kept nodes per request) as the engine's
+        ragged layout runs it (``VERIFY_LAYOUTS``): a blocking read, or each request capped by its own choice
+        ``width_lag`` steps before (the rows past a request's cap dropped: nodes are in rank order, so what is left
+        is prefix-closed, as ``widths.truncate`` keeps it)."""
+        req, pos = np.asarray(view.req), np.asarray(view.pos)
+        if self.engine.verify == "ragged_sync":
+            laid_out = rows
+            prop.stall_s = self.engine.sync_us * 1e-6
+        else:
+            laid_out = np.full(len(req), self.start_rows, np.int64)
+            if self.engine.width_lag == 0:      # a what-if: the choice lands in its own step
+                laid_out = rows
+            elif len(self.rows_chosen) == self.rows_chosen.maxlen:
+                req0, pos0, rows0 = self.rows_chosen[0]
+                same = (req0 == req) & (pos0 < pos)          # the slot still holds the request that chose them
+                laid_out = np.where(same, rows0, laid_out)
+            self.rows_chosen.append((req.copy(), pos.copy(), rows.copy()))
+            keep = np.arange(prop.tokens.shape[1])[None, :] < (laid_out - 1)[:, None]
+            prop.tokens = np.where(keep, prop.tokens, -1)
+            prop.parents = np.where(keep, prop.parents, -1)
+        used = np.minimum(rows, laid_out)
+        prop.verify_tokens = token_tier(int(laid_out.sum()))
+        self.ragged["steps"] += 1
+        self.ragged["verified"] += int(prop.verify_tokens)
+        self.ragged["laid_out"] += int(laid_out.sum())
+        self.ragged["used"] += int(used.sum())
+
     def propose(self, view):
         c = self.core
         depth = self.depth_pending.popleft() if self.depths is not None else self.num_steps
@@ -392,6 +480,8 @@ class EnginePolicy(P.Policy):
             d = self.decide(root, model, ngram, cost=view.cost, check_values=False, draft_cost=draft_cost,
                             model_bias=bias)
             prop = P._tree_to_proposal(d.tree, P.draft_forwards(depth))
+            if self.engine.as_built:
+                self._lay_out_ragged(prop, d.tree.valid.sum(1).numpy(), view)
         else:
             width = self.pending.popleft() if self.engine.width_lag > 0 else None
             if width is None:   # lag 0 (a what-if): decide at full width, verify the chosen bucket this step
@@ -405,8 +495,8 @@ class EnginePolicy(P.Policy):
             self.width_counts[width] += 1
             prop = P._tree_to_proposal(d.tree, P.draft_forwards(depth))
             prop.verify_tokens = b * width
-            if self.engine.host_time and self.use_ngram:
-                prop.host_s = host_seconds(b)
+        if self.engine.host_time and self.use_ngram:
+            prop.host_s = host_seconds(b)
         # the host work (n-gram path, the decision's dispatch) overlaps the device as the engine's scheduling allows
         prop.host_overlaps = self.engine.host_overlaps
         prop.launches = self.launches(b)
@@ -417,6 +507,8 @@ class EnginePolicy(P.Policy):
         self.last_lambda = float(d.lam)
         st = dict(self.late.stats) if self.late is not None else {}
         st["width_counts"] = dict(self.width_counts)
+        if self.ragged:
+            st["ragged_rows"] = dict(self.ragged)
         st["depth_counts"] = dict(self.depth_counts)
         self.stats = st
         return prop

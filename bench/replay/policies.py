@@ -36,6 +36,8 @@ class Proposal:
     launches: kernel launches the policy's own per-step engine work dispatches eagerly between the draft and the
       verify forward (beyond the engine's fixed per-step work the cost table holds); each costs the cost model's GPU
       time per launch on the device and its host dispatch time on the host (``bench.replay.host.LaunchCost``)
+    stall_s: seconds the device idles inside the step while the host waits on it (a blocking device-to-host read
+      between the decision and the verify): added to the step, overlapped with nothing
     """
 
     tokens: np.ndarray
@@ -46,6 +48,7 @@ class Proposal:
     host_s: float = 0.0
     host_overlaps: bool = False
     launches: int = 0
+    stall_s: float = 0.0
 
 
 def draft_forwards(k: int) -> int:

@@ -36,7 +36,7 @@ import numpy as np
 from bench.replay import policies as P
 from bench.replay import costs as replay_costs, synth as replay_synth
 from bench.replay.drafts import DraftBank
-from bench.replay.engine import EngineConfig, engine_policies
+from bench.replay.engine import RAGGED_SYNC_US, EngineConfig, engine_policies
 from bench.replay.host import LaunchCost
 from bench.replay.sim import simulate
 
@@ -144,6 +144,8 @@ class Config:
     gpu_context: int = 2048
     #: what one eagerly launched kernel of an engine's own per-step work costs (bench.replay.host)
     launch: LaunchCost = LaunchCost()
+    #: the decomposition's ragged-verify design with a blocking read: the device's idle time per step, in us
+    ragged_sync_us: float = RAGGED_SYNC_US
     real_trace: Optional[Path] = None
     sweep: bool = True
     decompose: bool = True
@@ -574,7 +576,11 @@ def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
     and no n-gram host path, the decision on the torch path (its eager operators: what fusing it bought), one fixed
     width n_nodes + 1 (the engine before width buckets), and the launch a user gets without giving a cost table (the
     verify table measured at start: widths ``num_steps + 1`` and ``n_nodes + 1``, no draft table so a fixed EAGLE
-    depth; the replay prices it with its own step-time table, the measurement's stand-in)."""
+    depth; the replay prices it with its own step-time table, the measurement's stand-in). Then the two ragged-verify
+    designs for a GPU (``engine.VERIFY_LAYOUTS``, not built): the node counts read by a blocking read after the
+    decision (at ``cfg.ragged_sync_us`` of device idle per step, and at twice that), or each request's own width read
+    late without blocking; both with verify graphs keyed by token tiers. docs/sglang.md ("Ragged verify") chooses
+    between them with these rows."""
     s = evaluation_seeds(cfg.seeds)[0]
     base = runner.engines["as built"]
     variants = [("as built", base),
@@ -584,14 +590,18 @@ def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
                 ("as built, torch decision (eager operators)", dataclasses.replace(base, decision_kernels="torch")),
                 ("as built, one width 13 (no buckets)", dataclasses.replace(base, widths=(base.n_nodes + 1,))),
                 ("default launch: widths 5, 13, depth 4", dataclasses.replace(
-                    base, widths=(base.num_steps + 1, base.n_nodes + 1), adaptive_depth=False)),
-                ("ideal", runner.engines["ideal"])]
+                    base, widths=(base.num_steps + 1, base.n_nodes + 1), adaptive_depth=False))]
+    sync = cfg.ragged_sync_us
+    variants += [(f"ragged, blocking read ({us:g} us), token tiers", dataclasses.replace(
+        base, verify="ragged_sync", sync_us=us)) for us in (sync, 2 * sync)]
+    variants += [("ragged, own width read late, token tiers", dataclasses.replace(base, verify="ragged_late")),
+                 ("ideal", runner.engines["ideal"])]
     cols = [c for c in cfg.sweep_cells if c[0] in groups[s]]
     lines = [f"Where the as-built gap comes from: HYBRID merge / no speculation, {label(HEADLINE)}, seed {s}",
-             f"{'engine':<40}" + "".join(f"{w + ' B=' + str(b):>14}" for w, b in cols)]
+             f"{'engine':<44}" + "".join(f"{w + ' B=' + str(b):>14}" for w, b in cols)]
     for name, eng in variants:
         pol = engine_policies(runner.core, eng, ())[0]
-        row = f"{name:<40}"
+        row = f"{name:<44}"
         for w, b in cols:
             key = (HEADLINE, "decompose:" + name, w, b, "hybrid_merge", s)
             r = runner.sim(pol, banks[s], groups[s][w], b, s, key)

@@ -10,7 +10,8 @@ Replay rule (per step, continuous batching at a fixed concurrency B):
     prompt + output so far), plus the GPU time of the kernels the policy's own work launches
     (`Proposal.launches`); the host time the policy reports (`Proposal.host_s`, plus the dispatch of those launches)
     adds to that, or the step takes the larger of the two when the host time overlaps the device
-    (`Proposal.host_overlaps`: overlap scheduling);
+    (`Proposal.host_overlaps`: overlap scheduling); a device stall the policy reports (`Proposal.stall_s`, a
+    blocking read inside the step) adds to either;
   * finished requests are replaced by the next one from a seeded stream (whole permutations of the workload);
     the run stops at the first step after which a slot cannot be refilled, so throughput is measured with the batch
     full (no tail where a few long requests run alone).
@@ -130,7 +131,7 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
         device_s = (cost.step_time(n_tokens, ctx) + prop.model_steps * cost.draft_time(ctx)
                     + cost.launch.device_s(prop.launches))
         host_s = float(prop.host_s) + cost.launch.host_s(prop.launches)
-        dt = max(device_s, host_s) if prop.host_overlaps else device_s + host_s
+        dt = (max(device_s, host_s) if prop.host_overlaps else device_s + host_s) + float(prop.stall_s)
         tot["seconds"] += dt
         np.add.at(req_tokens, req, emitted)
         np.add.at(req_seconds, req, dt / batch)
