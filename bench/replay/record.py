@@ -104,8 +104,9 @@ def make_trace(out_path, temperature=0.0, n_code=8, n_chat=8, max_new=320, k=8, 
         for pr, ids, o in zip(todo, enc, outs):
             got[pr.id] = {"workload": pr.workload, "prompt": ids, "output": o}
         cache_path.write_text(json.dumps(done))
-    head_dir = Path(head_dir) if head_dir else Path(__file__).resolve().parents[1] / "sglang_hybrid" / "data" / \
-        "eagle_smollm2"
+    if head_dir is None:
+        from sglang_hybrid.check import DEFAULT_DRAFT as head_dir      # the shipped head
+    head_dir = Path(head_dir)
     try:
         head = load_head(head_dir, lm.model.config).eval()
     except Exception as e:  # noqa: BLE001 - report and keep the decoded outputs
