@@ -630,3 +630,27 @@ def test_ragged_late_caps_each_request_by_its_own_choice_two_steps_before():
     assert prop.verify_tokens == replay_engine.token_tier(9) and prop.stall_s == 0.0
     assert pol.ragged == {"steps": 4, "verified": 16 + 16 + 8 + 16, "laid_out": 10 + 10 + 7 + 9,
                           "used": 7 + 7 + 3 + 9}
+
+
+def test_realistic_as_built_is_the_readme_launch_unless_both_tables_are_given():
+    """The headline's as-built HYBRID is the launch the README gives (no cost table: the verify table measured at start,
+    the worker's own widths for it, a fixed EAGLE depth) for every tuned combination of steps and chain length; with
+    ``cost_tables="given"`` it is the launch with both tables (every width bucket, adaptive drafting)."""
+    from sglang_hybrid.sglang_plugin.config import HybridSettings
+    from sglang_hybrid.widths import default_buckets
+
+    for tables in ("measured", "given"):
+        cfg = replay_realistic.Config(batches=(4,), hybrid_steps=(6,), hybrid_ngram_ks=(24,), cost_tables=tables,
+                                      sweep=False, decompose=False, plot=None)
+        pols = replay_realistic.Runner(cfg).engine_pols["as built"]
+        assert len(pols) == 4
+        for p in pols.values():
+            if tables == "measured":
+                assert p.widths == HybridSettings(mode="merge", ngram_k=p.engine.ngram_k).resolved_verify_widths(
+                    p.num_steps, "cuda") == (p.num_steps + 1, p.n_nodes + 1)
+                assert p.depths is None
+            else:
+                assert p.widths == default_buckets(p.n_nodes + 1) and len(p.widths) > 2
+                assert p.depths is not None and p.depths[-1] == p.num_steps
+    with pytest.raises(ValueError, match="cost_tables must be one of"):
+        replay_engine.EngineConfig(cost_tables="none")

@@ -13,7 +13,7 @@ from bench.replay import costs as replay_costs, record as replay_record, traces 
 from bench.replay import report as report
 from bench.cost_tables import roofline
 from bench.replay.drafts import DraftBank, DrafterUnavailable
-from bench.replay.engine import RAGGED_SYNC_US, EngineConfig
+from bench.replay.engine import COST_TABLES, RAGGED_SYNC_US, EngineConfig
 from bench.replay.host import LaunchCost
 from sglang_hybrid._checks import positive_or_none
 from bench.replay.sim import RunResult, request_stream, simulate
@@ -88,9 +88,14 @@ def main(argv=None) -> int:
                          "overlap scheduling, the default; 1: without overlap)")
     rg.add_argument("--ngram-lag", type=int, default=1,
                     help="steps by which n-gram proposals are late (1: overlap scheduling, the default; 0: without)")
+    rg.add_argument("--cost-tables", choices=list(COST_TABLES), default="measured",
+                    help="realistic: the as-built launch's cost tables: 'measured' (the default, the README's launch: "
+                         "the verify table measured at start, widths = plain EAGLE's and the full tree, a fixed EAGLE "
+                         "depth) or 'given' (both tables: every width bucket and adaptive drafting; does not start "
+                         "on an H200 at batch 128, bench.memory_budget)")
     rg.add_argument("--fixed-depth", action="store_true",
-                    help="HYBRID drafts every EAGLE step every step (no adaptive drafting; the worker without a "
-                         "draft_cost_table)")
+                    help="HYBRID drafts every EAGLE step every step in the ideal engine and with --cost-tables given "
+                         "(no adaptive drafting; the worker without a draft_cost_table, as the default launch is)")
     rg.add_argument("--model-bias-eta", type=_eta_or_none, default=EngineConfig.model_bias_eta, metavar="ETA",
                     help="learning rate of HYBRID's online EAGLE offset (the worker's setting model_bias_eta; "
                          "default: as shipped, off)")
@@ -125,6 +130,7 @@ def main(argv=None) -> int:
         batches = tuple(args.batches)
         cfg = RR.Config(requests=args.requests, out_tokens=args.out_tokens, seeds=tuple(args.seeds),
                         batches=batches, width_lag=args.width_lag, ngram_lag=args.ngram_lag,
+                        cost_tables=args.cost_tables,
                         adaptive_depth=not args.fixed_depth, hybrid_steps=tuple(args.hybrid_steps),
                         hybrid_ngram_ks=tuple(args.hybrid_ngram_ks), ngram_ks=tuple(args.ngram_ks),
                         model_bias_eta=args.model_bias_eta, gpu_context=args.gpu_context, real_trace=args.real_trace,

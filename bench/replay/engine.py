@@ -80,6 +80,13 @@ VERIFY_LAYOUTS = {
                     "late without blocking, as the bucket is); its rows are laid out whether used or not; cost "
                     "T(token tier of the sum of those widths)"),
 }
+#: the cost tables an as-built launch has (``EngineConfig.cost_tables``)
+COST_TABLES = {
+    "given": "both cost tables given by the user: every width bucket and adaptive drafting (does not start on an "
+             "H200 at 128 requests: bench.memory_budget)",
+    "measured": "none given, the README's launch: the verify table measured at start, widths = plain EAGLE's and the "
+                "full tree, a fixed EAGLE depth",
+}
 #: the "ragged_sync" stall's default, per step: a D2H read of B counts after a stream sync (about 10 us), the host's
 #: attention plan for the verify (FlashInfer plans on the host: a few tens of us) and the graph launch (about 10 us);
 #: an estimate, printed with every result that uses it, and varied in the decomposition
@@ -129,6 +136,11 @@ class EngineConfig:
     #: the worker's decision path whose launches are counted (its setting ``decision_kernels``): "fused" (the
     #: default wherever Triton runs) or "torch"
     decision_kernels: str = "fused"
+    #: which cost tables the launch has (``COST_TABLES``): "given" = both, the user's (every width bucket and
+    #: adaptive drafting); "measured" = the README's launch, none given: the verify table measured at start, the
+    #: worker's widths for it (``HybridSettings.resolved_verify_widths``: plain EAGLE's and the full tree), no draft
+    #: table (a fixed EAGLE depth); ``widths`` and ``adaptive_depth`` apply to "given" only
+    cost_tables: str = "given"
     #: the verify layout (``VERIFY_LAYOUTS``): "padded" is what the GPU worker runs; the two ragged layouts are the
     #: designs for a GPU that docs/sglang.md ("Ragged verify") chooses between, modelled here, not built
     verify: str = "padded"
@@ -137,6 +149,8 @@ class EngineConfig:
     sync_us: float = RAGGED_SYNC_US
 
     def __post_init__(self):
+        if self.cost_tables not in COST_TABLES:
+            raise ValueError(f"cost_tables must be one of {tuple(COST_TABLES)}, got {self.cost_tables!r}")
         if self.verify not in VERIFY_LAYOUTS:
             raise ValueError(f"verify must be one of {tuple(VERIFY_LAYOUTS)}, got {self.verify!r}")
         if self.verify != "padded" and not self.as_built:
@@ -147,7 +161,7 @@ class EngineConfig:
     @property
     def depths(self) -> Optional[tuple]:
         """EAGLE depths the core picks from (the worker's default ``draft_depths``), or None (always ``num_steps``)."""
-        if not self.adaptive_depth:
+        if not self.adaptive_depth or self.cost_tables == "measured":
             return None
         return default_depths(self.num_steps)
 
@@ -180,6 +194,16 @@ class EngineConfig:
         """n-gram tokens proposed and buffered per request (``HybridStep.proposal_width``)."""
         return self.ngram_k + self.max_depth + 1
 
+    def verify_widths(self, mode: str, num_steps: int, n_nodes: int) -> tuple:
+        """The padded engine's width buckets for a policy of ``num_steps`` EAGLE steps and ``n_nodes`` nodes: with a
+        measured table the worker's own resolution (``HybridSettings.resolved_verify_widths`` on a GPU), else
+        ``buckets``."""
+        if self.cost_tables == "measured":
+            from sglang_hybrid.sglang_plugin.config import HybridSettings
+
+            return HybridSettings(mode=mode, n_nodes=n_nodes).resolved_verify_widths(num_steps, "cuda")
+        return self.buckets(n_nodes)
+
     def buckets(self, n_nodes: Optional[int] = None) -> tuple:
         from sglang_hybrid.widths import check_buckets, default_buckets
 
@@ -204,8 +228,10 @@ class EngineConfig:
 
     def _verify_text(self) -> str:
         if self.verify == "padded":
-            return (f"padded verify at width buckets {self.buckets()} chosen by DecisionStep, applied {self.width_lag} "
-                    "step(s) later")
+            widths = self.verify_widths("merge", self.num_steps, self.n_nodes)
+            return (f"{COST_TABLES[self.cost_tables]}; padded verify at width buckets {widths} (for "
+                    f"{self.num_steps} EAGLE steps, {self.n_nodes} nodes) chosen by DecisionStep, applied "
+                    f"{self.width_lag} step(s) later")
         if self.verify == "ragged_sync":
             return (f"ragged verify (a design, not built): each request its root + the nodes the price keeps, counts "
                     f"read after the decision with the device idle {self.sync_us:g} us per step, verify graphs keyed "
@@ -352,7 +378,8 @@ class EnginePolicy(P.Policy):
         self.needs = ("eagle", "ngram") if ngram else ("eagle",)
         self.label = label or name
         self.last_lambda = 0.0
-        self.widths = engine.buckets(n_nodes) if engine.as_built and engine.verify == "padded" else None
+        self.widths = (engine.verify_widths(mode, num_steps, n_nodes) if engine.as_built and engine.verify == "padded"
+                       else None)
         #: "ragged_late": a request's rows before its first choice lands (the padded engine's start width)
         self.start_rows = start_width(engine.buckets(n_nodes), self.num_steps)
         #: adaptive drafting only where the n-gram side competes: HYBRID (model-only adaptive keeps its tuned K)

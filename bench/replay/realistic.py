@@ -138,6 +138,11 @@ class Config:
     eagle_ks: tuple = (1, 2, 3, 4, 5, 6, 7, 8)
     width_lag: int = 2
     ngram_lag: int = 1
+    #: the as-built launch's cost tables (``engine.COST_TABLES``): "measured" = the README's launch (the default);
+    #: "given" = both tables, every width bucket and adaptive drafting, a launch that does not start on an H200 at
+    #: batch 128 (bench.memory_budget), kept as a decomposition row
+    cost_tables: str = "measured"
+    #: adaptive drafting in the ideal engine, and in the as-built one with both cost tables given
     adaptive_depth: bool = True
     #: HYBRID's online EAGLE offset (``EngineConfig.model_bias_eta``; None: off)
     model_bias_eta: Optional[float] = EngineConfig.model_bias_eta
@@ -159,7 +164,7 @@ class Runner:
         self.runs: dict = {}      # (source, mode, workload, batch, policy, seed) -> RunResult
         self.best: dict = {}      # (source, mode, workload, batch, "model"|"ngram") -> policy name
         self.engines = {"as built": EngineConfig(width_lag=cfg.width_lag, ngram_lag=cfg.ngram_lag,
-                                                 adaptive_depth=cfg.adaptive_depth,
+                                                 cost_tables=cfg.cost_tables, adaptive_depth=cfg.adaptive_depth,
                                                  model_bias_eta=cfg.model_bias_eta),
                         "ideal": EngineConfig.ideal(adaptive_depth=cfg.adaptive_depth,
                                                     model_bias_eta=cfg.model_bias_eta)}
@@ -574,9 +579,11 @@ def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
     evaluation seed), with one mechanic switched at a time: without the device prompt lookup (misaligned rows get no
     n-gram candidate), with the host work added to the device step instead of overlapping it, fresh n-gram proposals
     and no n-gram host path, the decision on the torch path (its eager operators: what fusing it bought), one fixed
-    width n_nodes + 1 (the engine before width buckets), and the launch a user gets without giving a cost table (the
-    verify table measured at start: widths ``num_steps + 1`` and ``n_nodes + 1``, no draft table so a fixed EAGLE
-    depth; the replay prices it with its own step-time table, the measurement's stand-in). Then the two ragged-verify
+    width n_nodes + 1 (the launch before a price came out of the box), and both cost tables given (every width bucket
+    and adaptive drafting: the launch the replay headlined before, which does not start on an H200 at batch 128). The
+    as-built engine is ``cfg.cost_tables``' launch: by default the README's, the verify table measured at start (widths
+    ``num_steps + 1`` and ``n_nodes + 1``, no draft table so a fixed EAGLE depth; the replay prices it with its own
+    step-time table, the measurement's stand-in). Then the two ragged-verify
     designs for a GPU (``engine.VERIFY_LAYOUTS``, not built): the node counts read by a blocking read after the
     decision (at ``cfg.ragged_sync_us`` of device idle per step, and at twice that), or each request's own width read
     late without blocking; both with verify graphs keyed by token tiers. docs/sglang.md ("Ragged verify") chooses
@@ -588,9 +595,11 @@ def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
                 ("as built, host path not overlapped", dataclasses.replace(base, host_overlap=False)),
                 ("as built, fresh n-gram, no host path", dataclasses.replace(base, ngram_lag=0, host_time=False)),
                 ("as built, torch decision (eager operators)", dataclasses.replace(base, decision_kernels="torch")),
-                ("as built, one width 13 (no buckets)", dataclasses.replace(base, widths=(base.n_nodes + 1,))),
-                ("default launch: widths 5, 13, depth 4", dataclasses.replace(
-                    base, widths=(base.num_steps + 1, base.n_nodes + 1), adaptive_depth=False))]
+                ("as built, one width 13 (no price)", dataclasses.replace(
+                    base, cost_tables="given", widths=(base.n_nodes + 1,), adaptive_depth=False))]
+    if base.cost_tables != "given":
+        variants.append(("both cost tables given (does not fit B=128)", dataclasses.replace(
+            base, cost_tables="given", adaptive_depth=True)))
     sync = cfg.ragged_sync_us
     variants += [(f"ragged, blocking read ({us:g} us), token tiers", dataclasses.replace(
         base, verify="ragged_sync", sync_us=us)) for us in (sync, 2 * sync)]
