@@ -7,6 +7,10 @@ ship executes it*, so the gap between the two modes is exactly the engine's to-d
 =================  =====================================================  ============================================
 mechanic           as built (``EngineConfig()``, the default)             ideal (``EngineConfig.ideal()``)
 =================  =====================================================  ============================================
+cost tables        ``cost_tables``: "given" (the default here: both       --
+                   tables, every width bucket, adaptive drafting) or
+                   "measured" (the README's launch, the realistic run's
+                   headline: ``COST_TABLES``)
 verify width       padded: every request verifies ``W`` tokens, ``W``     ragged: each request its root + the nodes
                    from the width buckets ``default_buckets(n_nodes+1)``  the price keeps; cost ``T(sum)``
                    (``DecisionStep(widths=...)``); cost ``T(B * W)``.

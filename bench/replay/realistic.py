@@ -12,7 +12,9 @@ What it runs, and what is measured vs simulated:
 * **n-gram drafters: real code** (ours, the Rust suffix automaton; vLLM prompt lookup's rule at 5/5 and 2/5).
 * **Step times: SIMULATED** (the GPU roofline of `bench.cost_tables.roofline`: an 8B target on an H200-class GPU).
 * **Engine: modelled** (`bench.replay.engine`): HYBRID and model-only adaptive call the worker's
-  ``DecisionStep``; "as built" models the plugin's padded width buckets with their lag, late n-gram proposals through
+  ``DecisionStep``; "as built" models the plugin as the README launches it (no cost table given: the verify table
+  measured at start, plain EAGLE's width or the full tree, a fixed EAGLE depth; ``Config.cost_tables``) with the
+  width's lag, late n-gram proposals through
   the plugin's own alignment and device prompt-lookup code and the measured host path; "ideal" is ragged verify
   with fresh proposals.
 
