@@ -654,3 +654,24 @@ def test_realistic_as_built_is_the_readme_launch_unless_both_tables_are_given():
                 assert p.depths is not None and p.depths[-1] == p.num_steps
     with pytest.raises(ValueError, match="cost_tables must be one of"):
         replay_engine.EngineConfig(cost_tables="none")
+
+
+def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch():
+    """The decomposition's rows: the as-built launch first, one mechanic switched per row, both cost tables, the two
+    ragged designs (the blocking read at the configured stall and at twice it) and the ideal engine last. The blocking
+    read's two rows make the same decisions and differ only in the stall, so the longer stall is strictly slower."""
+    rng = np.random.default_rng(3)
+    reqs = [dataclasses.replace(one_request_trace(L=40, k=8, output=rng.integers(0, 50, 40), workload="code")[0],
+                                id=f"code{i}") for i in range(4)]
+    cfg = replay_realistic.Config(requests=4, out_tokens=40, seeds=(0, 1), batches=(4,), sweep_cells=(("code", 4),),
+                                  eagle_ks=(2,), model_ks=(2,), hybrid_steps=(), hybrid_ngram_ks=(), ngram_ks=(8,),
+                                  sweep=False, plot=None, ragged_sync_us=400.0)
+    runner = replay_realistic.Runner(cfg)
+    bank = replay_drafts.DraftBank(reqs, runner.bank_k, ngram_width=runner.pw)
+    lines = replay_realistic.decompose(runner, {1: bank}, {1: {"code": [0, 1, 2, 3]}}, cfg)
+    rows = {line[:44].strip(): float(line[44:].strip().rstrip("x")) for line in lines[2:]}
+    assert list(rows)[0] == "as built" and list(rows)[-1] == "ideal"
+    assert {"both cost tables given (does not fit B=128)", "ragged, blocking read (400 us), token tiers",
+            "ragged, blocking read (800 us), token tiers", "ragged, own width read late, token tiers"} <= set(rows)
+    assert all(v > 0 for v in rows.values())
+    assert rows["ragged, blocking read (800 us), token tiers"] < rows["ragged, blocking read (400 us), token tiers"]
