@@ -77,12 +77,14 @@ from sglang_hybrid.widths import default_depths, start_width
 #: plan the attention and pick the captured graph; the node counts are decided on the device. The padded layout
 #: sidesteps that with a width read late; the ragged ones answer it in the two ways issue 25 names.
 VERIFY_LAYOUTS = {
-    "padded": "every request verifies W tokens, W the width bucket chosen width_lag steps before; cost T(B W)",
-    "ragged_sync": ("each request verifies its root + the nodes the price keeps, read by the host after the decision "
-                    "(the device idles sync_us per step); cost T(token tier of the sum)"),
-    "ragged_late": ("each request verifies at most the rows it chose width_lag steps before (its own width, read "
-                    "late without blocking, as the bucket is); its rows are laid out whether used or not; cost "
-                    "T(token tier of the sum of those widths)"),
+    "padded": "every request verifies W tokens, W the width bucket chosen {width_lag} step(s) before; cost T(B W)",
+    "ragged_sync": ("ragged verify (a design, not built): each request its root + the nodes the price keeps, the "
+                    "counts read by the host after the decision with the device idle {sync_us:g} us per step; verify "
+                    "graphs keyed by token tiers (token_tier), cost T(token tier of the sum)"),
+    "ragged_late": ("ragged verify (a design, not built): each request at most the rows it chose {width_lag} step(s) "
+                    "before (its own width, read late without blocking, as the bucket is), laid out whether used or "
+                    "not; verify graphs keyed by token tiers (token_tier), cost T(token tier of the sum of those "
+                    "widths)"),
 }
 #: the cost tables an as-built launch has (``EngineConfig.cost_tables``)
 COST_TABLES = {
@@ -231,18 +233,12 @@ class EngineConfig:
                 f"launches {launches}; {self.num_steps} EAGLE steps, n_nodes={self.n_nodes}; {self._depth_text()}")
 
     def _verify_text(self) -> str:
-        if self.verify == "padded":
-            widths = self.verify_widths("merge", self.num_steps, self.n_nodes)
-            return (f"{COST_TABLES[self.cost_tables]}; padded verify at width buckets {widths} (for "
-                    f"{self.num_steps} EAGLE steps, {self.n_nodes} nodes) chosen by DecisionStep, applied "
-                    f"{self.width_lag} step(s) later")
-        if self.verify == "ragged_sync":
-            return (f"ragged verify (a design, not built): each request its root + the nodes the price keeps, counts "
-                    f"read after the decision with the device idle {self.sync_us:g} us per step, verify graphs keyed "
-                    "by token tiers (token_tier)")
-        return (f"ragged verify (a design, not built): each request at most the rows it chose {self.width_lag} "
-                "step(s) before, laid out whether used or not, read late without blocking; verify graphs keyed by "
-                "token tiers (token_tier)")
+        text = VERIFY_LAYOUTS[self.verify].format(width_lag=self.width_lag, sync_us=self.sync_us)
+        if self.verify != "padded":
+            return text
+        widths = self.verify_widths("merge", self.num_steps, self.n_nodes)
+        return (f"{COST_TABLES[self.cost_tables]}; padded verify at width buckets {widths} (for {self.num_steps} EAGLE "
+                f"steps, {self.n_nodes} nodes) chosen by DecisionStep: {text}")
 
     def _host_text(self) -> str:
         if not self.host_time:
@@ -469,13 +465,14 @@ class EnginePolicy(P.Policy):
             laid_out = rows
             prop.stall_s = self.engine.sync_us * 1e-6
         else:
-            laid_out = np.full(len(req), self.start_rows, np.int64)
             if self.engine.width_lag == 0:      # a what-if: the choice lands in its own step
                 laid_out = rows
-            elif len(self.rows_chosen) == self.rows_chosen.maxlen:
+            elif len(self.rows_chosen) < self.rows_chosen.maxlen:
+                laid_out = np.full(len(req), self.start_rows, np.int64)
+            else:
                 req0, pos0, rows0 = self.rows_chosen[0]
                 same = (req0 == req) & (pos0 < pos)          # the slot still holds the request that chose them
-                laid_out = np.where(same, rows0, laid_out)
+                laid_out = np.where(same, rows0, self.start_rows)
             self.rows_chosen.append((req.copy(), pos.copy(), rows.copy()))
             keep = np.arange(prop.tokens.shape[1])[None, :] < (laid_out - 1)[:, None]
             prop.tokens = np.where(keep, prop.tokens, -1)

@@ -14,9 +14,8 @@ What it runs, and what is measured vs simulated:
 * **Engine: modelled** (`bench.replay.engine`): HYBRID and model-only adaptive call the worker's
   ``DecisionStep``; "as built" models the plugin as the README launches it (no cost table given: the verify table
   measured at start, plain EAGLE's width or the full tree, a fixed EAGLE depth; ``Config.cost_tables``) with the
-  width's lag, late n-gram proposals through
-  the plugin's own alignment and device prompt-lookup code and the measured host path; "ideal" is ragged verify
-  with fresh proposals.
+  width's lag, late n-gram proposals through the plugin's own alignment and device prompt-lookup code and the
+  measured host path; "ideal" is ragged verify with fresh proposals.
 
 Ratios: HYBRID (merge, the deployed configuration) over the best model-only policy (fixed EAGLE at its best k, or
 model-only adaptive at its best K, both picked per cell on the first seed, same engine mode and calibration as
@@ -585,11 +584,11 @@ def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
     and adaptive drafting: the launch the replay headlined before, which does not start on an H200 at batch 128). The
     as-built engine is ``cfg.cost_tables``' launch: by default the README's, the verify table measured at start (widths
     ``num_steps + 1`` and ``n_nodes + 1``, no draft table so a fixed EAGLE depth; the replay prices it with its own
-    step-time table, the measurement's stand-in). Then the two ragged-verify
-    designs for a GPU (``engine.VERIFY_LAYOUTS``, not built): the node counts read by a blocking read after the
-    decision (at ``cfg.ragged_sync_us`` of device idle per step, and at twice that), or each request's own width read
-    late without blocking; both with verify graphs keyed by token tiers. docs/sglang.md ("Ragged verify") chooses
-    between them with these rows."""
+    step-time table, the measurement's stand-in). Then the two ragged-verify designs for a GPU
+    (``engine.VERIFY_LAYOUTS``, not built): the node counts read by a blocking read after the decision (at
+    ``cfg.ragged_sync_us`` of device idle per step, and at twice that), or each request's own width read late without
+    blocking; both with verify graphs keyed by token tiers. docs/sglang.md ("Ragged verify") chooses between them with
+    these rows."""
     s = evaluation_seeds(cfg.seeds)[0]
     base = runner.engines["as built"]
     variants = [("as built", base),
