@@ -22,9 +22,9 @@ import os
 import sys
 from pathlib import Path
 
+from sglang_hybrid.check import DEFAULT_DRAFT  # the shipped EAGLE head for the embedded SmolLM2
 from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
 
-DEFAULT_DRAFT = Path(__file__).resolve().parent / "data" / "eagle_smollm2"
 #: HYBRID settings the CPU server gets unless the environment sets them: a decode step takes seconds on the CPU engine,
 #: so a counter log line and a Prometheus export every step cost nothing, and /metrics is exact after each response
 #: (the default, every 50 steps, would show a user trying one request nothing at all)
