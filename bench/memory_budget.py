@@ -9,14 +9,14 @@ docs/benchmarks.md): Llama-3.1-8B in bf16 with an EAGLE-3 head on one H200, Flas
 with an n-gram chain of 8 (12 nodes, full width 13; ``bench.replay.engine.EngineConfig()``). At each batch and
 ``--context-length`` it prints the free memory SGLang leaves after sizing its KV pool, plain EAGLE's speculative
 memory, and HYBRID's with both cost tables (as built: one runtime state per (EAGLE depth, verify width) pair, the
-replay's ``default_depths(4)`` x ``default_buckets(13)`` = 24 states), with one table (widths only: ``cost_table``,
-6 states; depths only: ``draft_cost_table``, 4 states), the default launch (no table given: the verify table measured
-at start, widths 5 and 13, 2 states) and with no price (one state, width 13): GiB, ratio to EAGLE, graph
-sets, and whether it fits (the machinery allocated after the KV pool plus SGLang's post-capture runtime reserve
-against the free memory: the test's criterion; the worker refuses at start where the states it still has to build do
-not fit). Then, per (batch, context), the most runtime states a settable grid (``draft_depths`` x ``verify_widths``,
-which always keep 4 and 13) fits, and which of the replay's tuned HYBRID configurations (S<steps>/K<ngram_k>, printed
-in its tables) fit.
+replay's ``default_depths(4)`` x ``default_buckets(13)`` = 24 states), with one table (widths only: ``cost_table``, 6
+states; depths only: ``draft_cost_table``, 4 states), the default launch (no table given: the verify table measured at
+start, widths 5 and 13 and the extras 8 and 4 while they fit, ``default_launch_widths``) and with no price (one state,
+width 13): GiB, ratio to EAGLE, graph sets, and whether it fits (the machinery allocated after the KV pool plus
+SGLang's post-capture runtime reserve against the free memory: the test's criterion; the worker refuses at start where
+the states it still has to build do not fit). Then, per (batch, context), the most runtime states a settable grid
+(``draft_depths`` x ``verify_widths``, which always keep 4 and 13) fits, and which of the replay's tuned HYBRID
+configurations (S<steps>/K<ngram_k>, printed in its tables) fit.
 
 Computed from SGLang 0.5.23's (and FlashInfer 0.7.2's) sizing formulas, cited in the memory_budget module; not
 measured on a GPU. The free memory is an upper bound (the card's whole memory taken as free before the weights load).
@@ -26,6 +26,7 @@ lists reproduced here (captured batch sizes, prefill graph sizes) against SGLang
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import sys
 from dataclasses import dataclass
@@ -150,12 +151,12 @@ def llama8b_h200(running: int = 128, context: int = LLAMA8B_CONTEXT, *,
 
 
 def hybrid_settings(cost_table: bool = True, draft_cost_table: bool = True, ngram_k: int = NGRAM_K,
-                    measure: str = "off", **kw) -> HybridSettings:
+                    measure: str = "off", mode: str = MODE, **kw) -> HybridSettings:
     """The worker's settings with the shipped H200 table as ``cost_table`` and / or ``draft_cost_table``;
     ``measure``: the setting ``measure_cost_table`` (without a ``cost_table``, "auto" measures one at start on a GPU:
     the default launch)."""
     table = str(COST_TABLE)
-    return HybridSettings(mode=MODE, ngram_k=ngram_k, cost_table=table if cost_table else None,
+    return HybridSettings(mode=mode, ngram_k=ngram_k, cost_table=table if cost_table else None,
                           draft_cost_table=table if draft_cost_table else None, measure_cost_table=measure,
                           log_interval=0, **kw)
 
@@ -189,11 +190,30 @@ def hybrid_budget(case: H200Case, settings: HybridSettings, *, steps: int = STEP
     return mb.budget(dep, [(steps, full), *pairs], layout=layout, max_draft_tokens=full, own=own)
 
 
+@functools.lru_cache(maxsize=None)
+def default_launch_widths(running: int, steps: int, ngram_k: int, n_nodes: Optional[int] = None, mode: str = MODE,
+                          context: int = LLAMA8B_CONTEXT, extras: Optional[tuple] = None) -> tuple:
+    """The verify widths the default launch (a table measured at start, no ``verify_widths``) builds at
+    ``running`` requests and ``context``: the worker's own fit (``memory_budget.fit_widths``: ``extras`` in order
+    while their states fit; default every extra of ``widths.measured_table_buckets``, the caller passing those that
+    pay by its step-time table, ``widths.paying_extras``), with this module's deployment and the criterion of
+    ``H200Case.fits`` (the free memory after the KV pool, an upper bound). The realistic replay's as-built HYBRID
+    verifies at these widths."""
+    from sglang_hybrid.widths import measured_table_buckets
+
+    case = llama8b_h200(running, context)
+    settings = hybrid_settings(False, False, ngram_k=ngram_k, measure="auto", mode=mode, n_nodes=n_nodes)
+    required, every = measured_table_buckets(steps, settings.resolved_n_nodes(steps) + 1)
+    extras = every if extras is None else tuple(extras)
+    return mb.fit_widths(lambda ws: case.fits(hybrid_budget(case, settings, steps=steps, widths=ws)), required,
+                         extras)
+
+
 #: the HYBRID layouts the table prints: (label, cost_table, draft_cost_table, measure_cost_table)
 LAYOUTS = (("HYBRID as built, both cost tables", True, True, "off"),
            ("HYBRID, cost_table only (widths)", True, False, "off"),
            ("HYBRID, draft_cost_table only (depths)", False, True, "off"),
-           ("HYBRID default, measured table (5, 13)", False, False, "auto"),
+           ("HYBRID default, measured", False, False, "auto"),
            ("HYBRID, no price (width 13)", False, False, "off"))
 
 
@@ -201,7 +221,12 @@ def layouts(case: H200Case) -> list:
     """Plain EAGLE (``STEPS`` steps) and the HYBRID layouts of ``LAYOUTS`` at ``case``."""
     out = [mb.eagle_budget(case.dep, STEPS)]
     for label, table, draft_table, measure in LAYOUTS:
-        out.append(hybrid_budget(case, hybrid_settings(table, draft_table, measure=measure), layout=label))
+        widths = None
+        if measure == "auto":       # the default launch: the widths the worker fits to the free memory at start
+            widths = default_launch_widths(case.running, STEPS, NGRAM_K, context=case.context)
+            label = f"{label} ({','.join(map(str, widths))})"
+        out.append(hybrid_budget(case, hybrid_settings(table, draft_table, measure=measure), layout=label,
+                                 widths=widths))
     return out
 
 

@@ -218,6 +218,11 @@ for ds in ("code", "chat"):
             ve = f"{t / eagle:.2f}x" if eagle else "-"
             print(f"{ds:8} {conc[1:]:>5} {algo:9} {t:10.1f} {acc:7.2f} {vs:>8} {ve:>9}")
 EOF
+# what HYBRID built at start: its verify cost table, the widths that fit the free memory, the memory budget
+if [ -f "$OUT/logs/server_HYBRID.log" ]; then
+    grep -E "HYBRID: (cost table measured|verify widths|runtime states)|HYBRID start-up memory" \
+        "$OUT/logs/server_HYBRID.log" | sed 's/^/start-up: /' | tee -a "$OUT/summary.txt" || true
+fi
 echo "results: $OUT"
 if [ -f "$OUT/check/result.txt" ] && grep -q ": FAIL" "$OUT/check/result.txt"; then
     echo "greedy check FAILED (see $OUT/check/result.txt)" >&2

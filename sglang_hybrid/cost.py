@@ -81,6 +81,10 @@ class CostModel:
             out = np.where(n > x[-1], y[-1] + slope * (n - x[-1]), out)
         return out
 
+    def step_time_at(self, n: int) -> float:
+        """``T(n)`` seconds at one batch-token count (``step_time_np`` for a single host int)."""
+        return float(self.step_time_np(n))
+
     # -- device ----------------------------------------------------------------------------------------------------
     def to(self, device=None) -> "CostTables":
         return CostTables(torch.as_tensor(self.sizes, dtype=torch.float32, device=device),

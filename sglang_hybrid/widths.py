@@ -24,6 +24,7 @@ Device code is static-shape gathers and an argmax (no host sync, CUDA-graph safe
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
@@ -64,6 +65,53 @@ def default_buckets(max_width: int) -> tuple[int, ...]:
     add it explicitly when skipping is what you want."""
     ws = [w for w in (2, 4, 6, 7, 8, 16, 32) if w < max_width]
     return check_buckets(ws, max_width)
+
+
+#: a width between plain EAGLE's and the full tree is worth a runtime state only where the full tree's verify takes at
+#: least this many times its own at the running limit (``paying_extras``)
+MIN_CUT_SAVING = 1.25
+
+
+def measured_table_buckets(num_steps: int, max_width: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The width buckets of a launch whose verify cost table is measured at start (no ``cost_table``, no
+    ``verify_widths``): ``(required, extras)``. Required: plain EAGLE's width ``num_steps + 1`` and the full tree
+    ``max_width``. Extras, in the order the worker adds them while they pay (``paying_extras``) and their runtime
+    states fit the GPU memory SGLang left (``memory_budget.fit_widths``): the geometric middle of the two
+    (``round(sqrt(E * full))``), then one narrower than EAGLE's (``num_steps``, at least 2).
+    ``4, 13 -> ((5, 13), (8, 4))``.
+
+    Why these two: in the realistic replay (the tuning seed 0, padded verify with a two-step lag, docs/benchmarks.md
+    1a) the middle bucket lifted code at batch 32 and 128 by 16-56 % over EAGLE's width and the full tree alone (a
+    long copy no longer makes the whole batch pay the full tree), and the narrower one chat at batch 128 by 6 % (a busy
+    server trims EAGLE's chain by a token); width 2 changed no cell, and adding 6 and 7 as well cost chat at batch 32
+    1 % (more switching under the lag). Why the middle first: it pays most where memory is tightest (batch 128)."""
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive int (EAGLE draft steps), got {num_steps!r}")
+    if isinstance(max_width, bool) or not isinstance(max_width, int) or max_width < 2:
+        raise ValueError(f"max_width must be an int >= 2 (the full verify tree, root included), got {max_width!r}")
+    eagle = min(num_steps + 1, max_width)
+    required = tuple(sorted({eagle, max_width}))
+    extras = []
+    for w in (round(math.sqrt(eagle * max_width)), num_steps):
+        if 2 <= w < max_width and w not in required and w not in extras:
+            extras.append(w)
+    return required, tuple(extras)
+
+
+def paying_extras(num_steps: int, max_width: int, extras: Sequence[int], step_time, batch: int) -> tuple[int, ...]:
+    """The ``extras`` (``measured_table_buckets``) worth a runtime state at ``batch`` requests (the running limit),
+    in order, by the verify step-time table ``step_time(n)`` (seconds at ``n`` batch tokens): a width above plain
+    EAGLE's only where the full tree's verify takes at least ``MIN_CUT_SAVING`` times its own,
+    ``T(batch * full) >= 1.25 T(batch * w)``; a width below EAGLE's always.
+
+    Why: a width above EAGLE's cuts n-gram copies, and the width applies two steps after it is chosen; where it saves
+    little (a memory-bound verify) a copy that starts in between is cut for almost nothing. On the replay's tuning
+    seed the middle bucket 12 of 5 and 29 saved 11 % of the step at batch 4 and lost 5 % of throughput on
+    copy-heavy code there, while at batch 32 (it saves 56 %) it gained 56 %. A width below EAGLE's trims the model
+    chain, whose worth changes slowly."""
+    eagle = min(int(num_steps) + 1, int(max_width))
+    full = float(step_time(int(batch) * int(max_width)))
+    return tuple(int(w) for w in extras if w < eagle or full >= MIN_CUT_SAVING * float(step_time(int(batch) * int(w))))
 
 
 def default_depths(num_steps: int) -> tuple[int, ...]:

@@ -200,6 +200,19 @@ _PROBE = """
     except mb.HybridMemoryError as e:
         out["cuda"] = {"raised": str(e), "line": lines[-1]}
     out["cuda_one_state"] = mb.check_start(worker("cuda"), [(4, 13)]).to_build
+    # the default launch's width fit at start (a table measured at start: EAGLE's width 5 and the full tree 13
+    # required, then 8, then 4), at 12 GiB and at 3 GiB free: what it keeps, its log line, and what each would need
+    fit = {}
+    for gib in (12.0, 10.0, 7.0):
+        su.get_available_gpu_memory = lambda device, gpu_id, g=gib: g
+        w = worker("cuda")
+        kept = mb.fit_widths_at_start(w, (4,), (5, 13), (8, 4))
+        dep = mb.deployment_of(w, 1)
+        need = {",".join(map(str, ws)): mb._start_budget(w, dep, [(4, x) for x in ws]).to_build
+                for ws in ((5, 13), (5, 8, 13), (4, 5, 13), (4, 5, 8, 13))}
+        fit[str(gib)] = {"kept": list(kept), "line": lines[-1], "need": need}
+    out["fit"] = fit
+    out["reserve"] = mb.post_capture_reserve_bytes()
     print(json.dumps(out))
 """
 
@@ -315,7 +328,8 @@ def llama(measured) -> dict:
     padded = BM.hybrid_budget(case, settings, layout="HYBRID as built")
     ragged = BM.hybrid_budget(case, settings, layout="HYBRID ragged per depth", ragged=True)
     one = BM.hybrid_budget(case, BM.hybrid_settings(False, False), layout="HYBRID without a price")
-    default = BM.hybrid_budget(case, BM.hybrid_settings(False, False, measure="auto"), layout="HYBRID default")
+    default = BM.hybrid_budget(case, BM.hybrid_settings(False, False, measure="auto"), layout="HYBRID default",
+                               widths=BM.default_launch_widths(RUNNING, STEPS, BM.NGRAM_K, context=CONTEXT))
     return {"eagle": mb.eagle_budget(case.dep, STEPS), "padded": padded, "ragged": ragged, "one": one,
             "default": default,
             "mfs": case.mfs, "free": case.free, "reserve": case.reserve, "depths": depths, "widths": widths}
@@ -336,10 +350,14 @@ def test_memory_budget_llama8b_h200_numbers(llama):
     assert round(p.items["target workspaces"] / GiB, 3) == round(23 * (384 + 32) / 1024, 3)
     assert round(p.total / e.total, 2) == 17.44 and round(r.total / e.total, 2) == 4.32
     assert round(one.total / e.total, 2) == 1.54
-    # the default launch (no table given: measured at start, widths 5 and 13): two states, fits
+    # the default launch (no table given: measured at start, widths 5 and 13 and the extras that fit, here 8):
+    # three states, fits; with the next extra (4) it would not
     d = llama["default"]
-    assert sorted(d.states) == [(4, 5), (4, 13)] and round(d.total / GiB, 2) == 8.54
+    assert sorted(d.states) == [(4, 5), (4, 8), (4, 13)] and round(d.total / GiB, 2) == 11.92
     assert d.from_free + llama["reserve"] <= llama["free"]
+    case = BM.llama8b_h200(RUNNING, CONTEXT)
+    more = BM.hybrid_budget(case, BM.hybrid_settings(False, False, measure="auto"), widths=(4, 5, 8, 13))
+    assert not case.fits(more) and case.fits(d)
     fits = {k: b.from_free + llama["reserve"] <= llama["free"] for k, b in (("eagle", e), ("padded", p),
                                                                                ("ragged", r), ("one", one))}
     assert fits == {"eagle": True, "padded": False, "ragged": False, "one": True}
@@ -370,8 +388,11 @@ def test_memory_budget_bench_table(capsys):
     assert fields == ["24", "66", "64.02", "17.44x", "64.85", "13.34", "DOES", "NOT", "FIT"]
     no_table = next(line for line in out.splitlines() if line.split()[:2] == ["128", "131,072"] and "no price" in line)
     assert no_table.split("(width 13)")[1].split() == ["1", "3", "5.64", "1.54x", "6.47", "13.34", "FITS"]
+    # the default launch at 128 x 131,072: EAGLE's width, the full tree and the middle extra 8 fit; 4 does not
     default = next(line for line in out.splitlines() if line.split()[:2] == ["128", "131,072"] and "default" in line)
-    assert default.split("(5, 13)")[1].split() == ["2", "6", "8.54", "2.33x", "9.37", "13.34", "FITS"]
+    assert default.split("(5,8,13)")[1].split() == ["3", "9", "11.92", "3.25x", "12.76", "13.34", "FITS"]
+    default4 = next(line for line in out.splitlines() if line.split()[:2] == ["4", "131,072"] and "default" in line)
+    assert "(4,5,8,13)" in default4 and default4.endswith("FITS")
 
 
 @pytest.mark.xfail(strict=True, reason="MISSED as built: HYBRID's 24 padded runtime states take 64.02 GiB against "
@@ -407,6 +428,40 @@ def test_memory_budget_refusal_names_the_settings(llama):
     assert f"at most {0.905 - short / (H200_MIB * MiB):.3f}" in msg
     mb.check_fits(p, p.to_build + llama["reserve"], llama["reserve"])
     mb.check_fits(llama["eagle"], llama["free"], llama["reserve"])
+
+
+def test_memory_budget_fit_widths_keeps_the_required_and_adds_extras_in_order_while_they_fit():
+    """``fit_widths`` by hand, on a predicate that allows at most ``cap`` widths summing to at most ``room``: the
+    required widths are kept whatever they need, each extra in order is added if the set still fits, and one that
+    does not is skipped while a later, cheaper one is still tried."""
+    def fits(cap, room):
+        return lambda ws: len(ws) <= cap and sum(ws) <= room
+    assert mb.fit_widths(fits(4, 100), (5, 13), (8, 4)) == (4, 5, 8, 13)
+    assert mb.fit_widths(fits(3, 100), (13, 5), (8, 4)) == (5, 8, 13)           # sorted; 4 is one width too many
+    assert mb.fit_widths(fits(4, 25), (5, 13), (8, 4)) == (4, 5, 13)            # 8 too dear, 4 still fits
+    assert mb.fit_widths(fits(1, 0), (5, 13), (8, 4)) == (5, 13)                # the required ones stay regardless
+    assert mb.fit_widths(fits(9, 100), (5, 13), (5, 8, 8)) == (5, 8, 13)        # repeats add nothing
+    assert mb.fit_widths(fits(9, 100), (5, 13), ()) == (5, 13)
+
+
+def test_memory_budget_default_launch_fits_widths_at_start_on_gpu(measured):
+    """``fit_widths_at_start`` on the stand-in worker (Llama-8B shapes, 128 requests, a 131,072 context, one depth;
+    the states after SGLang's start-up one, with the runtime reserve, against the free memory): with 12 GiB free all
+    four widths; with 10 GiB EAGLE's width 5, the full tree 13 and the first extra 8, leaving out 4, which would need
+    more, named in the log line; with 7 GiB only the required two (8 and 4 each too dear)."""
+    reserve = measured["reserve"]
+    for gib, kept, left in (("12.0", [4, 5, 8, 13], []), ("10.0", [5, 8, 13], [4]), ("7.0", [5, 13], [8, 4])):
+        f = measured["fit"][gib]
+        free = float(gib) * GiB
+        need = {k: v + reserve for k, v in f["need"].items()}
+        assert f["kept"] == kept, f
+        fits = {k: n <= free for k, n in need.items()}
+        assert fits["5,8,13"] == (8 in kept) and fits["4,5,8,13"] == (4 in kept and 8 in kept), need
+        assert f["line"].startswith(f"HYBRID: verify widths {kept}"), f["line"]
+        assert f"{gib[:-2]}.00 GiB free" in f["line"], f["line"]
+        assert ("left out: " in f["line"]) == bool(left), f["line"]
+        for w in left:
+            assert f"{w} (would need" in f["line"], f["line"]
 
 
 def test_memory_budget_worker_check_logs_on_cpu_and_refuses_on_gpu(measured):

@@ -634,20 +634,44 @@ def test_ragged_late_caps_each_request_by_its_own_choice_two_steps_before():
 
 def test_realistic_as_built_is_the_readme_launch_unless_both_tables_are_given():
     """The headline's as-built HYBRID is the launch the README gives (no cost table: the verify table measured at start,
-    the worker's own widths for it, a fixed EAGLE depth) for every tuned combination of steps and chain length; with
+    the worker's own widths for it, trimmed at each batch to the runtime states that fit the H200's free memory, a
+    fixed EAGLE depth) for every tuned combination of steps and chain length; with
     ``cost_tables="given"`` it is the launch with both tables (every width bucket, adaptive drafting)."""
+    from bench.memory_budget import default_launch_widths
     from sglang_hybrid.sglang_plugin.config import HybridSettings
-    from sglang_hybrid.widths import default_buckets
+    from sglang_hybrid.widths import default_buckets, measured_table_buckets, paying_extras
 
+    def measured_widths(steps, full):
+        required, extras = measured_table_buckets(steps, full)
+        return tuple(sorted({*required, *extras}))
+
+    # the deployed S4/K8 at 128 requests x 131,072 context: the middle extra 8 fits, 4 does not; at batch 4 both
+    assert default_launch_widths(128, 4, 8, 12) == (5, 8, 13) and default_launch_widths(4, 4, 8, 12) == (4, 5, 8, 13)
     for tables in ("measured", "given"):
         cfg = replay_realistic.Config(batches=(4,), hybrid_steps=(6,), hybrid_ngram_ks=(24,), cost_tables=tables,
                                       sweep=False, decompose=False, plot=None)
-        pols = replay_realistic.Runner(cfg).engine_pols["as built"]
+        runner = replay_realistic.Runner(cfg)
+        pols = runner.engine_pols["as built"]
         assert len(pols) == 4
         for p in pols.values():
             if tables == "measured":
-                assert p.widths == HybridSettings(mode="merge", ngram_k=p.engine.ngram_k).resolved_verify_widths(
-                    p.num_steps, "cuda") == (p.num_steps + 1, p.n_nodes + 1)
+                resolved = HybridSettings(mode="merge", ngram_k=p.engine.ngram_k).resolved_verify_widths(
+                    p.num_steps, "cuda")
+                assert resolved == measured_widths(p.num_steps, p.n_nodes + 1)
+                for b in (4, 128):              # trimmed per batch to the states that fit, as the worker trims them
+                    p.reset(b)
+                    assert p.widths == default_launch_widths(b, p.num_steps, p.engine.ngram_k, p.n_nodes)
+                    assert {p.num_steps + 1, p.n_nodes + 1} <= set(p.widths) <= set(resolved)
+                    assert p.decide.widths == p.widths
+                    # charged at the run's step times: first the extras that pay by that table (the stand-in for the
+                    # measured one), then memory; at batch 4 the memory-bound verify makes the middle extra not pay
+                    cost = runner.specs.for_batch(b)
+                    p.reset(b, cost)
+                    _, extras = measured_table_buckets(p.num_steps, p.n_nodes + 1)
+                    paying = paying_extras(p.num_steps, p.n_nodes + 1, extras, cost.step_time, b)
+                    assert p.widths == default_launch_widths(b, p.num_steps, p.engine.ngram_k, p.n_nodes,
+                                                             extras=paying) == p.decide.widths
+                    assert (extras[0] in paying) == (b != 4)         # at 128 it pays; memory may still not fit it
                 assert p.depths is None
             else:
                 assert p.widths == default_buckets(p.n_nodes + 1) and len(p.widths) > 2
@@ -657,7 +681,8 @@ def test_realistic_as_built_is_the_readme_launch_unless_both_tables_are_given():
 
 
 def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch():
-    """The decomposition's rows: the as-built launch first, one mechanic switched per row, both cost tables, the two
+    """The decomposition's rows: the as-built launch first, one mechanic switched per row (the launch without its extra
+    widths among them), both cost tables, the two
     ragged designs (the blocking read at the configured stall and at twice it) and the ideal engine last. The blocking
     read's two rows make the same decisions and differ only in the stall, so the longer stall is strictly slower."""
     rng = np.random.default_rng(3)
@@ -671,7 +696,8 @@ def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch()
     lines = replay_realistic.decompose(runner, {1: bank}, {1: {"code": [0, 1, 2, 3]}}, cfg)
     rows = {line[:44].strip(): float(line[44:].strip().rstrip("x")) for line in lines[2:]}
     assert list(rows)[0] == "as built" and list(rows)[-1] == "ideal"
-    assert {"both cost tables given (does not fit B=128)", "ragged, blocking read (400 us), token tiers",
+    assert {"both cost tables given (does not fit B=128)", "as built, no extra widths (EAGLE's, full)",
+            "ragged, blocking read (400 us), token tiers",
             "ragged, blocking read (800 us), token tiers", "ragged, own width read late, token tiers"} <= set(rows)
     assert all(v > 0 for v in rows.values())
     assert rows["ragged, blocking read (800 us), token tiers"] < rows["ragged, blocking read (400 us), token tiers"]

@@ -26,6 +26,7 @@ pytest.importorskip("sglang.srt.entrypoints.engine", reason="sglang is not insta
 from sglang_hybrid.cpu_engine.kv_window import COMMIT_LOG, EXTEND_LOG  # noqa: E402
 from sglang_hybrid.cpu_engine.torch_attention import SWAP_LOG, TORCH_ATTENTION_ENV  # noqa: E402
 from tests.live_sglang_driver import REFERENCE_CACHE  # noqa: E402
+from sglang_hybrid.widths import measured_table_buckets  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "sglang_hybrid" / "data" / "check_prompts.jsonl"
@@ -92,8 +93,9 @@ def _assert_ragged(counters: dict, fewer: bool = True) -> None:
 def _assert_measured_price(counters: dict) -> None:
     """The verify cost table was measured at start (setting ``measure_cost_table = on``; ``startup_costs``): one
     positive, non-decreasing time per probe batch size (powers of two up to the running limit, times the full width),
-    and every step verified at plain EAGLE's width (3 steps + the root) or the full tree, the two widths a measured
-    table brings."""
+    and every step verified at one of the widths a measured table brings: plain EAGLE's (3 steps + the root), the full
+    tree, and the extras (their geometric middle, one narrower than EAGLE's), all kept on the CPU engine (the memory
+    fit is a GPU's)."""
     table = counters["cost_table"]
     assert table is not None and table["source"] == "measured", table
     full = table["meta"]["verify_width"]
@@ -102,7 +104,9 @@ def _assert_measured_price(counters: dict) -> None:
     assert table["sizes"] == [full * b for b in batches], table
     assert all(t > 0 for t in table["seconds"]) and table["seconds"] == sorted(table["seconds"]), table
     assert table["meta"]["seconds_spent"] > 0, table
-    assert counters["width_steps"] and set(counters["width_steps"]) <= {"4", str(full)}, counters["width_steps"]
+    required, extras = measured_table_buckets(3, full)
+    assert counters["width_steps"] and set(counters["width_steps"]) <= {str(w) for w in (*required, *extras)}, \
+        counters["width_steps"]
 
 
 def test_self_check_choose_and_merge_ragged_equal_plain_greedy():

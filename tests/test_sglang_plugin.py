@@ -198,11 +198,11 @@ def test_settings_validation_names_the_setting(tmp_path):
         load_settings({"SGLANG_HYBRID_NGRAM_K": "0"})
     with pytest.raises(HybridConfigError, match="SGLANG_HYBRID_NGRAMK: unknown HYBRID setting"):
         load_settings({"SGLANG_HYBRID_NGRAMK": "4"})
-    # no cost table: on a GPU one is measured at start (plain EAGLE's width or the full tree); on the CPU engine, by
-    # default, none (no price: the full width)
-    assert HybridSettings().resolved_verify_widths(4) == (5, 13)
+    # no cost table: on a GPU one is measured at start (plain EAGLE's width, the full tree and the extras 8 and 4,
+    # which the worker trims to what fits the memory); on the CPU engine, by default, none (no price: the full width)
+    assert HybridSettings().resolved_verify_widths(4) == (4, 5, 8, 13)
     assert HybridSettings().resolved_verify_widths(4, "cpu") == (13,)
-    assert HybridSettings(measure_cost_table="on").resolved_verify_widths(4, "cpu") == (5, 13)
+    assert HybridSettings(measure_cost_table="on").resolved_verify_widths(4, "cpu") == (4, 5, 8, 13)
     assert HybridSettings(cost_table="c.json").resolved_verify_widths(4) == (2, 4, 6, 7, 8, 13)  # n_nodes 12
     both = HybridSettings(cost_table="c.json", draft_cost_table="d.json")
     assert both.resolved_shapes(4) == ((1, 2, 3, 4), (2, 4, 6, 7, 8, 13))

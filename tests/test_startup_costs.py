@@ -82,25 +82,70 @@ def test_profile_interleaved_monotone_absorbs_a_noisy_probe(monkeypatch):
     assert "running maximum" in m.meta["statistic"]
 
 
-def test_measured_table_default_widths_are_eagles_and_the_full_tree():
-    """With the table measured at start (the default on a GPU), the engine verifies plain EAGLE's width (steps + 1)
-    or the whole tree, the price picking per step: two runtime states where padded verify builds one per width. A
-    user's table keeps the buckets; no price keeps the full width; explicit widths win; DP attention fixes one
-    width."""
+def test_measured_table_default_widths_are_eagles_the_full_tree_and_the_extras_that_fit():
+    """With the table measured at start (the default on a GPU), the engine verifies at plain EAGLE's width (steps + 1),
+    the whole tree, and the extras (their geometric middle, then one narrower than EAGLE's), the price picking per
+    step; on a GPU the worker keeps an extra only while its runtime states fit the free memory
+    (``fits_widths_to_memory``; tests/test_memory_budget.py). A user's table keeps the buckets; no price keeps the
+    full width; explicit widths win, untrimmed; DP attention fixes one width."""
     s = HybridSettings()                                      # merge, ngram_k 8: 4 steps -> 12 nodes, full width 13
     assert s.measure_cost_table == "auto"
     assert s.measures_cost_table("cuda") and not s.measures_cost_table("cpu")
-    assert s.resolved_verify_widths(4) == (5, 13)
-    assert s.resolved_shapes(4) == ((4,), (5, 13))
+    assert s.resolved_verify_widths(4) == (4, 5, 8, 13)
+    assert s.resolved_shapes(4) == ((4,), (4, 5, 8, 13))
     assert s.resolved_shapes(4, fixed=True) == ((4,), (13,))
+    assert s.fits_widths_to_memory("cuda") and not s.fits_widths_to_memory("cpu")
     assert s.resolved_verify_widths(4, "cpu") == (13,)           # the CPU engine measures only when asked to
     on = HybridSettings(measure_cost_table="on")
-    assert on.measures_cost_table("cpu") and on.resolved_verify_widths(4, "cpu") == (5, 13)
+    assert on.measures_cost_table("cpu") and on.resolved_verify_widths(4, "cpu") == (4, 5, 8, 13)
+    assert not on.fits_widths_to_memory("cpu")                 # no free memory to fit on the CPU engine: all kept
     off = HybridSettings(measure_cost_table="off")
     assert not off.measures_cost_table("cuda") and off.resolved_verify_widths(4) == (13,)
+    assert not off.fits_widths_to_memory("cuda")
     assert not HybridSettings(cost_table="t.json", measure_cost_table="on").measures_cost_table("cuda")
     assert HybridSettings(cost_table="t.json").resolved_verify_widths(4) == default_buckets(13)
+    assert not HybridSettings(cost_table="t.json").fits_widths_to_memory("cuda")
     assert HybridSettings(verify_widths=[4]).resolved_verify_widths(4) == (4, 13)
+    assert not HybridSettings(verify_widths=[4]).fits_widths_to_memory("cuda")
     assert HybridSettings(verify_widths=[]).resolved_verify_widths(4) == (13,)
-    # choose mode with a chain no longer than EAGLE's: one width
-    assert HybridSettings(mode="choose", ngram_k=3).resolved_verify_widths(4) == (5,)
+    assert HybridSettings(ngram_k=24).resolved_verify_widths(4) == (4, 5, 12, 29)       # 28 nodes: middle sqrt(145)
+    # choose mode with a chain no longer than EAGLE's: EAGLE's width is the full tree; the narrower extra stays
+    assert HybridSettings(mode="choose", ngram_k=3).resolved_verify_widths(4) == (4, 5)
+
+
+def test_hybrid_step_restrict_widths_decides_among_the_kept_buckets_only():
+    """The worker's start-up memory fit narrows the step's widths (``HybridStep.restrict_widths``): the decision is
+    rebuilt on the kept buckets. With verify slots priced dear, the same inputs that pick width 4 before the fit pick
+    the narrowest kept width (5) after it; selecting at a dropped width is refused; a set that drops the full tree or
+    adds a width is refused; the same set again is a no-op."""
+    from sglang_hybrid.cost import CostModel
+    from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
+
+    st = HybridStep(HybridSettings(measure_cost_table="on", decision_kernels="torch", log_interval=0), num_steps=4,
+                    pool_size=4, device="cpu")
+    assert st.widths == (4, 5, 8, 13)
+    table = CostModel.linear(1e-3, 1e-3)                     # every verified token costs as much as the step
+    st.set_cost(table, "measured")
+    assert st.cost_model is table                             # the host copy the start-up width choice reads
+    b = 3
+    slots, seq, gen = torch.arange(b), torch.full((b,), 12), torch.zeros(b, dtype=torch.int64)
+    root, chain = torch.tensor([1, 2, 3]), torch.tensor([[4, 5, 6, 7]] * b)
+    conf = torch.tensor([[0.9, 0.5, 0.2, 0.1]] * b)
+
+    def decide(width):
+        return st.select(root, chain, conf, slots, gen, seq, width=width)
+
+    assert int(decide(13).next_width) == 4
+    before = st.decide
+    st.restrict_widths((13, 8, 5))
+    assert st.widths == (5, 8, 13) == st.decide.widths and st.decide is not before
+    d = decide(8)
+    assert d.tree.tokens.shape[1] == 8 and int(d.next_width) == 5
+    with pytest.raises(ValueError, match="not one of the verify width buckets"):
+        decide(4)
+    for bad in ((5, 8), (5, 9, 13), (4, 13, 14)):
+        with pytest.raises(ValueError, match="must be a subset"):
+            st.restrict_widths(bad)
+    kept = st.decide
+    st.restrict_widths((5, 8, 13))
+    assert st.decide is kept

@@ -10,7 +10,8 @@ from sglang_hybrid.cost import CostModel
 from sglang_hybrid.selector import Candidates, Source, select
 from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
 from sglang_hybrid.survival import chain_parents
-from sglang_hybrid.widths import (check_buckets, choose_width, default_buckets, default_depths, start_width,
+from sglang_hybrid.widths import (MIN_CUT_SAVING, check_buckets, choose_width, default_buckets, default_depths,
+                                  measured_table_buckets, paying_extras, start_width,
                                   truncate, widen)
 
 torch.set_num_threads(1)
@@ -119,6 +120,41 @@ def test_default_depths_every_small_depth_then_half_and_full():
     for bad in (0, -1, 2.0, True, None):
         with pytest.raises(ValueError, match="num_steps must be a positive int"):
             default_depths(bad)
+
+
+def test_measured_table_buckets_by_hand():
+    """The default launch's widths: EAGLE's (steps + 1) and the full tree required; extras the rounded geometric middle
+    of the two, then one narrower than EAGLE's, each only where it is a new width in [2, full)."""
+    assert measured_table_buckets(4, 13) == ((5, 13), (8, 4))             # sqrt(65) = 8.06
+    assert measured_table_buckets(3, 12) == ((4, 12), (7, 3))             # sqrt(48) = 6.93
+    assert measured_table_buckets(6, 25) == ((7, 25), (13, 6))            # sqrt(175) = 13.2
+    assert measured_table_buckets(1, 9) == ((2, 9), (4,))                  # no width 1: narrower than 2 is left out
+    assert measured_table_buckets(4, 5) == ((5,), (4,))                    # EAGLE's width is the full tree
+    assert measured_table_buckets(8, 5) == ((5,), ())                      # steps beyond the tree: capped at it
+    assert measured_table_buckets(1, 2) == ((2,), ())
+    for bad in ((0, 13), (True, 13), (4, 1), (4, 2.0)):
+        with pytest.raises(ValueError):
+            measured_table_buckets(*bad)
+
+
+def test_paying_extras_by_hand():
+    """An extra above plain EAGLE's width pays only where ``T(B full) >= 1.25 T(B w)`` at the running limit ``B``; one
+    below EAGLE's always. On a table linear in the batch tokens, ``T(n) = 1 + c n``: at 4 requests, full 13 against
+    8, ``(1 + 52 c) / (1 + 32 c) >= 1.25`` iff ``c >= 1 / 48``."""
+    from sglang_hybrid.cost import CostModel
+
+    assert MIN_CUT_SAVING == 1.25
+    for c, kept in ((1 / 48 + 1e-9, (8, 4)), (1 / 48 - 1e-3, (4,)), (1e-4, (4,)), (1.0, (8, 4))):
+        assert paying_extras(4, 13, (8, 4), lambda n, c=c: 1 + c * n, 4) == kept, c
+    assert paying_extras(4, 13, (4, 8), lambda n: 1.0, 4) == (4,)              # order kept; a flat table: no cut pays
+    # a real table through the host CostModel, as the worker passes it: 1 ms + 0.1 ms per token
+    table = CostModel.linear(1e-3, 1e-4)
+    assert table.step_time_at(52) == pytest.approx(1e-3 + 52e-4)
+    assert paying_extras(4, 13, (8, 4), table.step_time_at, 4) == (8, 4)       # 6.2 / 4.2 ms = 1.48
+    assert paying_extras(4, 13, (8, 4), table.step_time_at, 1) == (8, 4)       # one request: 2.3 / 1.8 ms = 1.28
+    fixed_heavy = CostModel.linear(1e-2, 1e-4)                                   # a 10 ms step: the tokens barely count
+    assert paying_extras(4, 13, (8, 4), fixed_heavy.step_time_at, 4) == (4,)    # 15.2 / 13.2 ms = 1.15
+    assert paying_extras(4, 29, (12, 4), lambda n: 1.0 + 0.001 * n, 4) == (4,)
 
 
 def test_start_width_is_the_narrowest_bucket_holding_a_plain_eagle_chain():

@@ -90,8 +90,9 @@ VERIFY_LAYOUTS = {
 COST_TABLES = {
     "given": "both cost tables given by the user: every width bucket and adaptive drafting (does not start on an "
              "H200 at 128 requests: bench.memory_budget)",
-    "measured": "none given, the README's launch: the verify table measured at start, widths = plain EAGLE's and the "
-                "full tree, a fixed EAGLE depth",
+    "measured": "none given, the README's launch: the verify table measured at start, widths = plain EAGLE's, the "
+                "full tree and the extras that pay at the batch by that table and whose runtime states fit the H200's "
+                "free memory, a fixed EAGLE depth",
 }
 #: the "ragged_sync" stall's default, per step: a D2H read of B counts after a stream sync (about 10 us), the host's
 #: attention plan for the verify (FlashInfer plans on the host: a few tens of us) and the graph launch (about 10 us);
@@ -144,8 +145,9 @@ class EngineConfig:
     decision_kernels: str = "fused"
     #: which cost tables the launch has (``COST_TABLES``): "given" = both, the user's (every width bucket and
     #: adaptive drafting); "measured" = the README's launch, none given: the verify table measured at start, the
-    #: worker's widths for it (``HybridSettings.resolved_verify_widths``: plain EAGLE's and the full tree), no draft
-    #: table (a fixed EAGLE depth); ``widths`` and ``adaptive_depth`` apply to "given" only
+    #: worker's widths for it (``HybridSettings.resolved_verify_widths``: plain EAGLE's, the full tree and the extras
+    #: of ``widths.measured_table_buckets`` that fit the memory at the batch, ``verify_widths``), no draft table (a
+    #: fixed EAGLE depth); ``widths`` and ``adaptive_depth`` apply to "given" only
     cost_tables: str = "given"
     #: the verify layout (``VERIFY_LAYOUTS``): "padded" is what the GPU worker runs; the two ragged layouts are the
     #: designs for a GPU that docs/sglang.md ("Ragged verify") chooses between, modelled here, not built
@@ -200,11 +202,23 @@ class EngineConfig:
         """n-gram tokens proposed and buffered per request (``HybridStep.proposal_width``)."""
         return self.ngram_k + self.max_depth + 1
 
-    def verify_widths(self, mode: str, num_steps: int, n_nodes: int) -> tuple:
+    def verify_widths(self, mode: str, num_steps: int, n_nodes: int, batch: Optional[int] = None,
+                      step_time=None) -> tuple:
         """The padded engine's width buckets for a policy of ``num_steps`` EAGLE steps and ``n_nodes`` nodes: with a
-        measured table the worker's own resolution (``HybridSettings.resolved_verify_widths`` on a GPU), else
-        ``buckets``."""
+        measured table the worker's own resolution (``HybridSettings.resolved_verify_widths`` on a GPU) trimmed as
+        the worker trims it at start, at ``batch`` running requests: the extras that pay by the step-time table
+        ``step_time(n)`` (the measurement's stand-in; ``widths.paying_extras``; None: every extra), then those whose
+        runtime states fit the replay's H200 deployment (``bench.memory_budget.default_launch_widths``); ``batch``
+        None: untrimmed. Else ``buckets``."""
         if self.cost_tables == "measured":
+            if batch is not None:
+                from bench.memory_budget import default_launch_widths
+                from sglang_hybrid.widths import measured_table_buckets, paying_extras
+
+                _, extras = measured_table_buckets(num_steps, n_nodes + 1)
+                if step_time is not None:
+                    extras = paying_extras(num_steps, n_nodes + 1, extras, step_time, int(batch))
+                return default_launch_widths(int(batch), num_steps, self.ngram_k, n_nodes, mode, extras=extras)
             from sglang_hybrid.sglang_plugin.config import HybridSettings
 
             return HybridSettings(mode=mode, n_nodes=n_nodes).resolved_verify_widths(num_steps, "cuda")
@@ -236,7 +250,13 @@ class EngineConfig:
         text = VERIFY_LAYOUTS[self.verify].format(width_lag=self.width_lag, sync_us=self.sync_us)
         if self.verify != "padded":
             return text
-        widths = self.verify_widths("merge", self.num_steps, self.n_nodes)
+        if self.cost_tables == "measured":
+            widths = ", ".join(f"{self.verify_widths('merge', self.num_steps, self.n_nodes, b)} at B={b}"
+                               for b in (4, 32, 128)) + (
+                " by memory, the extras above EAGLE's width only where they pay by the step-time table "
+                "(widths.paying_extras)")
+        else:
+            widths = str(self.verify_widths("merge", self.num_steps, self.n_nodes))
         return (f"{COST_TABLES[self.cost_tables]}; padded verify at width buckets {widths} (for {self.num_steps} EAGLE "
                 f"steps, {self.n_nodes} nodes) chosen by DecisionStep: {text}")
 
@@ -412,8 +432,20 @@ class EnginePolicy(P.Policy):
                                              width_plan=self.widths is not None and len(self.widths) > 1,
                                              depth_plan=self.depths is not None, kernels=self.engine.decision_kernels)
 
-    def reset(self, batch: int):
+    def reset(self, batch: int, cost=None):
+        """A fresh engine at ``batch`` requests; ``cost`` (``costs.BatchCost``): the step times the run is charged,
+        whose table stands in for the one the default launch measures at start."""
         self.batch = batch
+        if self.widths is not None and self.engine.cost_tables == "measured":
+            # the default launch's widths depend on what pays and what fits at this batch
+            widths = self.engine.verify_widths(self.mode, self.num_steps, self.n_nodes, batch,
+                                               cost.step_time if cost is not None else None)
+            if widths != self.widths:
+                self.widths = widths
+                self.decide = self.core.step.DecisionStep(
+                    mode=self.mode, n_nodes=self.n_nodes, model_calibration=self.core.model_cal,
+                    ngram_calibration=self.core.ngram_cal if self.use_ngram else None, widths=widths,
+                    depths=self.depths)
         start = start_width(self.widths, self.num_steps) if self.widths is not None else self.n_nodes + 1
         self.pending = collections.deque([start] * max(1, self.engine.width_lag))   # the worker's start plan
         self.depth_pending = collections.deque([self.num_steps] * self.engine.depth_lag)

@@ -580,8 +580,10 @@ def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
     evaluation seed), with one mechanic switched at a time: without the device prompt lookup (misaligned rows get no
     n-gram candidate), with the host work added to the device step instead of overlapping it, fresh n-gram proposals
     and no n-gram host path, the decision on the torch path (its eager operators: what fusing it bought), one fixed
-    width n_nodes + 1 (the launch before a price came out of the box), and both cost tables given (every width bucket
-    and adaptive drafting: the launch the replay headlined before, which does not start on an H200 at batch 128). The
+    width n_nodes + 1 (the launch before a price came out of the box), the launch without its extra widths (plain
+    EAGLE's and the full tree only, the default before the extras: ``widths.measured_table_buckets``), and both cost
+    tables given (every width bucket and adaptive drafting: the launch the replay headlined before, which does not
+    start on an H200 at batch 128). The
     as-built engine is ``cfg.cost_tables``' launch: by default the README's, the verify table measured at start (widths
     ``num_steps + 1`` and ``n_nodes + 1``, no draft table so a fixed EAGLE depth; the replay prices it with its own
     step-time table, the measurement's stand-in). Then the two ragged-verify designs for a GPU
@@ -598,6 +600,9 @@ def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
                 ("as built, torch decision (eager operators)", dataclasses.replace(base, decision_kernels="torch")),
                 ("as built, one width 13 (no price)", dataclasses.replace(
                     base, cost_tables="given", widths=(base.n_nodes + 1,), adaptive_depth=False))]
+    if base.cost_tables == "measured":
+        variants.append(("as built, no extra widths (EAGLE's, full)", dataclasses.replace(
+            base, cost_tables="given", widths=(base.num_steps + 1, base.n_nodes + 1), adaptive_depth=False)))
     if base.cost_tables != "given":
         variants.append(("both cost tables given (does not fit B=128)", dataclasses.replace(
             base, cost_tables="given", adaptive_depth=True)))

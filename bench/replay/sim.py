@@ -107,7 +107,7 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
     if len(stream) < batch:
         raise ValueError("request stream shorter than the batch")
     if hasattr(policy, "reset"):
-        policy.reset(batch)        # engine state (width in flight, late n-gram proposals) starts fresh per run
+        policy.reset(batch, cost)  # engine state (width in flight, late n-gram proposals) starts fresh per run
     n_req = len(bank.lengths)
     req_tokens = np.zeros(n_req, np.float64)   # per request of the bank: tokens emitted, and its share of the time
     req_seconds = np.zeros(n_req, np.float64)  # (each step's time split evenly over the B slots): for the bootstrap

@@ -157,6 +157,14 @@ class HybridSettings(BaseModel):
                 f"(--speculative-num-steps); fix {ENV_PREFIX}DRAFT_DEPTHS or the config file")
         return tuple(sorted(set(depths) | {num_steps}))
 
+    def fits_widths_to_memory(self, device_type: str = "cuda") -> bool:
+        """Whether the worker trims the verify widths at start to the extras that pay by the measured table
+        (``widths.paying_extras``) and whose runtime states fit the GPU memory SGLang left
+        (``memory_budget.fit_widths``): the default launch on a GPU, a table measured at start and no
+        ``verify_widths`` given. A user's widths are built as given (and refused at start when they do not fit)."""
+        return (device_type == "cuda" and self.verify_widths is None and not self.cost_table
+                and self.measures_cost_table(device_type))
+
     def resolved_verify_widths(self, num_steps: int, device_type: str = "cuda") -> tuple[int, ...]:
         """The verify width buckets for ``num_steps`` EAGLE steps on a ``device_type`` device (sorted; the last is
         ``n_nodes + 1``).
@@ -164,17 +172,19 @@ class HybridSettings(BaseModel):
         Raises ``HybridConfigError`` naming the setting for a width outside ``[2, n_nodes + 1]``: width 1 (verify
         only the root) needs SGLang's zero-step draft, which HYBRID does not switch to (the EAGLE draft has run by
         the time the width applies)."""
-        from sglang_hybrid.widths import check_buckets, default_buckets
+        from sglang_hybrid.widths import check_buckets, default_buckets, measured_table_buckets
 
         full = self.resolved_n_nodes(num_steps) + 1
         if self.verify_widths is None:
             if self.cost_table:
                 return default_buckets(full)
             if self.measures_cost_table(device_type):
-                # a table measured at start: plain EAGLE's width or the whole tree, the price picks per step; two
-                # runtime states where padded verify needs one per width (the buckets' six do not fit an H200's
-                # free memory at 128 requests: bench/memory_budget.py)
-                return check_buckets([min(num_steps + 1, full)], full)
+                # a table measured at start: plain EAGLE's width and the whole tree, plus the extras, which the
+                # worker keeps on a GPU only where they pay and their runtime states fit the free memory
+                # (``fits_widths_to_memory``; the buckets' six do not fit an H200 at 128 requests:
+                # bench/memory_budget.py)
+                required, extras = measured_table_buckets(num_steps, full)
+                return check_buckets([*required, *extras], full)
             # without a price the width rule verifies every useful node, which is nearly always the full width:
             # extra runtime states would cost start-up time and memory for nothing
             return (full,)

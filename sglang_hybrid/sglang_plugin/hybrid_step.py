@@ -72,8 +72,9 @@ class HybridStep:
         #: the fused step's outputs and scratch, kept across steps (``kernels.workspace``: no allocation per step once
         #: the largest batch has run; a step's decision is valid until the next ``select``)
         self.workspace = kernels.Workspace(self.device) if self.fused is not None else None
-        #: the verify step-time table that prices slots (``set_cost``; None: no price)
+        #: the verify step-time table that prices slots (``set_cost``; None: no price), and its host copy
         self.cost = None
+        self.cost_model = None
         self.draft_cost = (CostModel.load(settings.draft_cost_table).to(self.device) if settings.draft_cost_table
                            else None)
         self.buffers = alignment.alloc_buffers(pool_size, self.proposal_width, max(2 * self.proposal_width, 16),
@@ -99,10 +100,29 @@ class HybridStep:
         #: draft-extend graph replays before ``after_verify`` reads the chain); static, so the copy is capturable
         self._chain = torch.zeros((pool_size, num_steps), dtype=torch.int64, device=self.device)
 
+    def restrict_widths(self, widths) -> None:
+        """Decide among ``widths`` only from now on (a subset of ``self.widths`` that keeps the full width): the
+        worker's start-up memory fit (``memory_budget.fit_widths_at_start``). Rebuilds the decision, whose bucket
+        constants are fixed at construction; before the first step, so no decision in flight refers to the old
+        buckets."""
+        widths = tuple(sorted(set(int(w) for w in widths)))
+        if not set(widths) <= set(self.widths) or widths[-1] != self.widths[-1]:
+            raise ValueError(f"verify widths {widths} must be a subset of {self.widths} keeping the full width "
+                             f"{self.widths[-1]}")
+        if widths == self.widths:
+            return
+        self.widths = widths
+        d = self.decide
+        self.decide = DecisionStep(mode=d.mode, n_nodes=d.n_nodes, model_calibration=d.model_cal,
+                                   ngram_calibration=d.ngram_cal, widths=widths, depths=d.depths)
+        self.fused = _fused_decision(self.settings.decision_kernels, self.decide, self.device)
+
     def set_cost(self, table: CostModel, source: str) -> None:
         """Price verify slots with ``table`` from now on (``source``: "file", the setting ``cost_table``, or
         "measured" at start); the counters report which table it is."""
         self.cost = table.to(self.device)
+        #: the same table on the host (start-up decisions read it: ``widths.paying_extras``)
+        self.cost_model = table
         self.counters.cost_table = {"source": source, "sizes": table.sizes.tolist(),
                                     "seconds": table.seconds.tolist(), "meta": dict(table.meta)}
 

@@ -5,7 +5,9 @@ verify; ``worker._build_runtime_states``), and each state owns its own attention
 and draft-extend CUDA graph sets. Their static buffers grow with ``max_bs x width x context``, and they are allocated
 after SGLang has sized its KV pool, out of the memory it left free. A configuration that does not fit would otherwise
 fail deep inside a graph capture with an out-of-memory error naming no setting. So the worker computes this budget at
-start (``check_start``), logs it, and stops with the settings to change when it does not fit.
+start (``check_start``), logs it, and stops with the settings to change when it does not fit. The default launch (a
+verify table measured at start, no ``verify_widths``) first picks its optional width buckets with the same budget
+(``fit_widths_at_start``): each extra only while the states still fit.
 
 Every size below is SGLang 0.5.23's own sizing, read from its source (paths relative to ``sglang/``; "~" = approximate
 line), and FlashInfer 0.7.2's (the version SGLang 0.5.23 requires; not installed on CPU machines, read from its wheel):
@@ -65,7 +67,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -453,16 +455,8 @@ def deployment_of(worker, tp_size: int) -> Deployment:
         kv_pool_tokens=int(getattr(target_runner, "max_total_num_tokens", 0) or 0) or None)
 
 
-def check_start(worker, states: Sequence) -> Budget:
-    """At start, once the runtime states are known and before they are built: HYBRID's budget for ``states`` (after
-    the start-up state, which SGLang has built) and plain EAGLE's at the same settings, one log line, and on a GPU
-    the refusal when the rest does not fit the free memory (SGLang's ``get_available_gpu_memory``, read once here).
-    Never refuses on the CPU engine."""
-    import torch
-
-    args = worker.server_args
-    tp = max(int(getattr(args, "tp_size", 1) or 1), 1)
-    dep = deployment_of(worker, tp)
+def _start_budget(worker, dep: Deployment, states: Sequence) -> Budget:
+    """HYBRID's budget at ``dep`` for the start-up state (SGLang's, built) and ``states``."""
     step = worker.hybrid_step
     width = worker.speculative_num_draft_tokens
     own = hybrid_buffer_bytes(
@@ -472,16 +466,81 @@ def check_start(worker, states: Sequence) -> Budget:
         model_bias=step.model_bias is not None, fused=step.fused is not None,
         max_bs=dep.max_bs or dep.max_running_requests, width=width, depths=len(step.depths),
         mask_entries=workspace_mask_entries(dep, width))
-    hybrid = budget(dep, [(worker.speculative_num_steps, width), *states], layout="HYBRID", max_draft_tokens=width,
-                    own=own)
+    return budget(dep, [(worker.speculative_num_steps, width), *states], layout="HYBRID", max_draft_tokens=width,
+                  own=own)
+
+
+def _free_and_reserve(worker, *, across_tp: bool = False) -> tuple[int, int]:
+    """The GPU memory free now (SGLang's ``get_available_gpu_memory``; ``across_tp``: its minimum over the tensor
+    parallel ranks, so every rank makes the same choice) and SGLang's post-capture runtime reserve."""
+    from sglang.srt.utils import get_available_gpu_memory
+
+    args = worker.server_args
+    tp = _tp_size(worker)
+    if across_tp and tp > 1:
+        from sglang.srt.distributed import get_tp_group
+
+        free = get_available_gpu_memory(worker.device, worker.gpu_id, distributed=True,
+                                        cpu_group=get_tp_group().cpu_group)
+    else:
+        free = get_available_gpu_memory(worker.device, worker.gpu_id)
+    free = int(free * GiB)
+    return free, post_capture_reserve_bytes(tp, int(getattr(args, "pp_size", 1) or 1))
+
+
+def _tp_size(worker) -> int:
+    return max(int(getattr(worker.server_args, "tp_size", 1) or 1), 1)
+
+
+def fit_widths(fits: Callable[[tuple], bool], required: Sequence[int], extras: Sequence[int]) -> tuple:
+    """The verify widths to build: ``required``, then each of ``extras`` in order whose runtime states, with the
+    widths kept so far, still ``fits`` (a predicate on a sorted width tuple); sorted. An extra that does not fit is
+    skipped and a later, cheaper one still tried (a narrower width's states are smaller)."""
+    kept = tuple(sorted(set(required)))
+    for w in extras:
+        trial = tuple(sorted({*kept, int(w)}))
+        if trial != kept and fits(trial):
+            kept = trial
+    return kept
+
+
+def fit_widths_at_start(worker, depths: Sequence[int], required: Sequence[int], extras: Sequence[int]) -> tuple:
+    """At start on a GPU (the default launch, ``HybridSettings.fits_widths_to_memory``): the widths whose runtime
+    states (one per depth and width, padded verify) fit the memory free now with SGLang's runtime reserve kept,
+    ``check_fits``' criterion; ``required`` are kept whatever they need (``check_start`` then refuses with the
+    fix). One log line names what was left out and why."""
+    dep = deployment_of(worker, _tp_size(worker))
+    free, reserve = _free_and_reserve(worker, across_tp=True)   # the runtime states must agree across TP ranks
+
+    def need(widths: tuple) -> int:
+        return _start_budget(worker, dep, [(d, w) for d in depths for w in widths]).to_build + reserve
+
+    kept = fit_widths(lambda ws: need(ws) <= free, required, extras)
+    left = [w for w in extras if w not in kept]
+    logger.info("HYBRID: verify widths %s (plain EAGLE's and the full tree, then the extras that pay, %s, while their "
+                "runtime states fit %s free with %s kept for the runtime)%s; setting verify_widths chooses them "
+                "instead",
+                list(kept), list(extras) or "none", _gib(free), _gib(reserve),
+                "; left out: " + ", ".join(f"{w} (would need {_gib(need(tuple(sorted({*kept, w}))))})" for w in left)
+                if left else "")
+    return kept
+
+
+def check_start(worker, states: Sequence) -> Budget:
+    """At start, once the runtime states are known and before they are built: HYBRID's budget for ``states`` (after
+    the start-up state, which SGLang has built) and plain EAGLE's at the same settings, one log line, and on a GPU
+    the refusal when the rest does not fit the free memory (SGLang's ``get_available_gpu_memory``, read once here).
+    Never refuses on the CPU engine."""
+    import torch
+
+    args = worker.server_args
+    dep = deployment_of(worker, _tp_size(worker))
+    hybrid = _start_budget(worker, dep, states)
     eagle = eagle_budget(dep, worker.speculative_num_steps)
     if torch.device(worker.device).type != "cuda":
         logger.info(log_line(hybrid, eagle, None, None))
         return hybrid
-    from sglang.srt.utils import get_available_gpu_memory
-
-    free = int(get_available_gpu_memory(worker.device, worker.gpu_id) * GiB)
-    reserve = post_capture_reserve_bytes(tp, int(getattr(args, "pp_size", 1) or 1))
+    free, reserve = _free_and_reserve(worker)
     logger.info(log_line(hybrid, eagle, free, reserve))
     check_fits(hybrid, free, reserve, total_memory=torch.cuda.get_device_properties(worker.gpu_id).total_memory,
                mem_fraction_static=getattr(args, "mem_fraction_static", None))

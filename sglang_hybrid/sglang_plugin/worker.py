@@ -66,7 +66,7 @@ from .ragged import layout as ragged_layout
 from .ragged.target import RaggedVerifyTarget
 from .tp_sync import TreeBroadcast
 from .verify_input import TreeMaskMode, build_verify_input, verify_nodes
-from sglang_hybrid.widths import start_width, widen
+from sglang_hybrid.widths import measured_table_buckets, paying_extras, start_width, widen
 
 logger = logging.getLogger(__name__)
 
@@ -444,10 +444,21 @@ class HybridWorkerV2(EAGLEWorkerV2):
         ``build_adaptive_runtime_state`` (fresh target and draft attention backends sized for the pair, its draft,
         verify and draft-extend CUDA graphs when graphs are on), in the contexts SGLang's adaptive speculation builds
         them in. Under ragged verify one per depth, at the full width: padding costs nothing there, and the step's
-        width bucket only caps the nodes each request verifies (``build_verify``)."""
+        width bucket only caps the nodes each request verifies (``build_verify``). The default launch on a GPU (a
+        table measured at start, no ``verify_widths``) first keeps only the extra widths whose states fit the free
+        memory (``memory_budget.fit_widths_at_start``)."""
         step = self.hybrid_step
         if self._draft_worker is None or step is None:
             return
+        if (not self._ragged and not self._fixed_shapes
+                and self.settings.fits_widths_to_memory(torch.device(self.device).type)):
+            # the default launch on a GPU: the extra width buckets that pay at the running limit by the table just
+            # measured, and only while their states fit the free memory
+            steps, full = self.speculative_num_steps, self.speculative_num_draft_tokens
+            required, extras = measured_table_buckets(steps, full)
+            extras = paying_extras(steps, full, extras, step.cost_model.step_time_at,
+                                   int(self._target_worker.model_runner.max_running_requests))
+            step.restrict_widths(memory_budget.fit_widths_at_start(self, step.depths, required, extras))
         self._plans_switch = len(step.widths) * len(step.depths) > 1
         widths = (self.speculative_num_draft_tokens,) if self._ragged else step.widths
         memory_budget.check_start(self, [(d, w) for d in step.depths for w in widths])   # logs; refuses if too big
