@@ -39,6 +39,7 @@ Static shapes, no host sync: CUDA-graph and ``torch.compile(fullgraph=True)`` sa
 """
 from __future__ import annotations
 
+import copy
 from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
@@ -144,6 +145,17 @@ class DecisionStep:
         #: per skipped step, the carried rate's distance to 1 is multiplied by this (1: no probing)
         self.probe_keep = 1.0 if probe_half_life is None else 0.5 ** (1.0 / float(probe_half_life))
         self._constants: dict = {}
+
+    def with_widths(self, widths: Sequence[int]) -> "DecisionStep":
+        """The same decision (mode, calibrations, depths, probing) choosing among ``widths`` instead: what an engine
+        builds once it knows which widths it can run (the worker's start-up fit, the replay's per-batch launch). The
+        bucket constants are cached per instance, so the copy starts without them."""
+        if self.widths is None:
+            raise ValueError("with_widths is for padded verify; this DecisionStep verifies ragged (widths=None)")
+        out = copy.copy(self)
+        out.widths = check_buckets(list(widths), self.n_nodes + 1)
+        out._constants = {}
+        return out
 
     @property
     def max_width(self) -> int:

@@ -172,3 +172,22 @@ def test_step_cost_times_adaptive_drafting():
     for bad in ("1,2", "a,8", "-1,8"):
         with pytest.raises(SystemExit):
             step_cost.main(["--no-model", "--batches", "1", "--depths", bad])
+
+
+def test_with_widths_keeps_every_setting_but_the_buckets():
+    """``DecisionStep.with_widths``: a copy choosing among other widths (the full width always added), with the same
+    mode, node budget, calibrations, depths and probing; the original is untouched; a ragged step (no widths)
+    refuses."""
+    base = DecisionStep(mode="merge", n_nodes=12, ngram_calibration=NgramCalibration.load().to(),
+                        widths=(4, 5, 8, 13), depths=(1, 4), probe_half_life=3.0)
+    base._constant("widths", base.widths, "cpu")
+    narrow = base.with_widths([8, 5])
+    assert narrow.widths == (5, 8, 13) and base.widths == (4, 5, 8, 13)
+    assert (narrow.mode, narrow.n_nodes, narrow.depths, narrow.probe_keep) == ("merge", 12, (1, 4), base.probe_keep)
+    assert narrow.model_cal is base.model_cal and narrow.ngram_cal is base.ngram_cal
+    assert narrow._constant("widths", narrow.widths, "cpu").tolist() == [5, 8, 13]      # no stale bucket constant
+    assert base._constant("widths", base.widths, "cpu").tolist() == [4, 5, 8, 13]
+    with pytest.raises(ValueError, match="outside"):
+        base.with_widths([14])
+    with pytest.raises(ValueError, match="ragged"):
+        DecisionStep(mode="merge", n_nodes=12).with_widths([5])

@@ -442,10 +442,7 @@ class EnginePolicy(P.Policy):
                                                cost.step_time if cost is not None else None)
             if widths != self.widths:
                 self.widths = widths
-                self.decide = self.core.step.DecisionStep(
-                    mode=self.mode, n_nodes=self.n_nodes, model_calibration=self.core.model_cal,
-                    ngram_calibration=self.core.ngram_cal if self.use_ngram else None, widths=widths,
-                    depths=self.depths)
+                self.decide = self.decide.with_widths(widths)
         start = start_width(self.widths, self.num_steps) if self.widths is not None else self.n_nodes + 1
         self.pending = collections.deque([start] * max(1, self.engine.width_lag))   # the worker's start plan
         self.depth_pending = collections.deque([self.num_steps] * self.engine.depth_lag)

@@ -112,9 +112,7 @@ class HybridStep:
         if widths == self.widths:
             return
         self.widths = widths
-        d = self.decide
-        self.decide = DecisionStep(mode=d.mode, n_nodes=d.n_nodes, model_calibration=d.model_cal,
-                                   ngram_calibration=d.ngram_cal, widths=widths, depths=d.depths)
+        self.decide = self.decide.with_widths(widths)
         self.fused = _fused_decision(self.settings.decision_kernels, self.decide, self.device)
 
     def set_cost(self, table: CostModel, source: str) -> None:
