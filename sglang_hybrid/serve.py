@@ -10,6 +10,9 @@ not have to find the second. This module applies that recipe, then hands over to
 streaming, ``/metrics`` and every other flag are SGLang's. Flags given here come after the recipe's, so any of them
 overrides it (e.g. ``--context-length 2048``, ``--max-running-requests 8``).
 
+Two kinds of request SGLang's server would serve although OpenAI's API refuses them, a ``model`` it does not serve
+and ``temperature`` above 2, are refused here with OpenAI's 404 and a 400 (``sglang_hybrid.http_guard``).
+
 ``--no-speculation`` serves the same model without speculation (``torch_native``, much faster on CPU): the
 reference HYBRID's greedy output must equal, and what the live server tests compare with.
 
@@ -53,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--speculative-num-steps", type=int, default=3, help="EAGLE draft steps (default 3)")
     ap.add_argument("--speculative-algorithm", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--device", default=None, help=argparse.SUPPRESS)
+    # SGLang's flag, kept at its default 1: more workers re-import SGLang's app without the request guard
+    ap.add_argument("--tokenizer-worker-num", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=1,
                     help="tensor-parallel ranks over gloo (default 1)")
     return ap
@@ -73,6 +78,9 @@ def validate(args) -> None:
             "with --no-speculation); drop the flag, or run another algorithm with python -m sglang.launch_server")
     if args.no_speculation and args.speculative_algorithm is not None:
         raise ServeUsageError("--no-speculation and --speculative-algorithm contradict each other: keep one")
+    if args.tokenizer_worker_num != 1:
+        raise ServeUsageError(f"--tokenizer-worker-num {args.tokenizer_worker_num}: this server runs one HTTP process "
+                              "(the request guard, sglang_hybrid/http_guard.py, lives in it); drop the flag")
     if args.tp_size < 1 or args.speculative_num_steps < 1:
         raise ServeUsageError("--tp-size and --speculative-num-steps must be at least 1")
     if not args.no_speculation and not Path(args.speculative_draft_model_path, "config.json").is_file():
@@ -133,8 +141,11 @@ def main(argv=None) -> int:
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.utils import kill_process_tree
 
+    from sglang_hybrid.http_guard import install_on_sglang_server
+
     load_plugins()      # registers HYBRID as a --speculative-algorithm choice before the flags are parsed
     server_args = prepare_server_args(server_argv(args, model_path, passthrough))
+    install_on_sglang_server()
     try:
         run_server(server_args)
     finally:                       # as SGLang's own launcher: the scheduler and detokenizer go with the server

@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("clean_hybrid_env")]
     (["--cpu", "--no-speculation", "--speculative-algorithm", "HYBRID"], ["contradict"]),
     (["--cpu", "--speculative-draft-model-path", "/nonexistent/head"], ["/nonexistent/head", "no config.json"]),
     (["--cpu", "--tp-size", "0"], ["--tp-size"]),
+    (["--cpu", "--tokenizer-worker-num", "2"], ["--tokenizer-worker-num 2", "drop the flag"]),
 ])
 def test_server_cli_refuses_bad_use_with_the_fix(argv, words, capsys):
     """Refused before SGLang is imported or the model converted: exit 2 and a message naming the flag and the fix."""
