@@ -28,9 +28,12 @@ CUDA graph is measured by ``bench/device_run.sh`` when a GPU is lent.
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
+import inspect
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -156,7 +159,28 @@ def _hybrid_step_fn(step, b: int):
     return one_step
 
 
-@functools.lru_cache(maxsize=None)
+#: counts made so far, by (function, arguments): counting runs the step under the profiler (seconds each). A plain dict
+#: rather than ``functools.lru_cache`` so that the replay's forked processes can hand theirs back to the process that
+#: forks the next ones (``bench.replay.realistic.Runner.in_processes``)
+COUNTS: dict = {}
+
+
+def _memo(fn):
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def counted(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        key = (fn.__name__, tuple(bound.arguments.values()))
+        if key not in COUNTS:
+            COUNTS[key] = fn(*args, **kwargs)
+        return COUNTS[key]
+
+    return counted
+
+
+@_memo
 def hybrid_launches(b: int, mode: str = "merge", num_steps: int = STEPS, ngram_k: int = K, width_plan: bool = True,
                     depth_plan: bool = True, context: int = CONTEXT, kernels: str = "fused") -> int:
     """Launches of one HYBRID decode step of the worker (``HybridStep``) for ``b`` requests with decision path
@@ -165,16 +189,68 @@ def hybrid_launches(b: int, mode: str = "merge", num_steps: int = STEPS, ngram_k
     if kernels == "fused":
         if os.environ.get("TRITON_INTERPRET") == "1":
             return _hybrid_count(*args, "fused")
-        env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-        proc = subprocess.run([sys.executable, "-m", "bench.step_launches", "--count", json.dumps(args)],
-                              env=env, capture_output=True, text=True, timeout=600,
-                              cwd=Path(__file__).resolve().parent.parent)
-        if proc.returncode != 0:
-            raise RuntimeError(f"counting the fused step failed:\n{proc.stderr[-3000:]}")
-        return int(proc.stdout.strip().splitlines()[-1])
+        return _FUSED_COUNTER.count(args)
     if kernels != "torch":
         raise ValueError(f"kernels must be 'fused' or 'torch', got {kernels!r}")
     return _hybrid_count(*args, "torch")
+
+
+class _FusedCounter:
+    """One subprocess under Triton's interpreter that counts fused steps on request, started at the first count.
+
+    Why a subprocess: the interpreter must be switched on before Triton is imported, which the caller (the replay, a
+    test) has done long before. Why one for all counts: starting Python, torch and Triton took seconds per count, and
+    the realistic replay asks for dozens. A process forked from the caller (the replay's cells) starts its own: pipes
+    are not shared between processes."""
+
+    TIMEOUT_S = 600
+
+    def __init__(self):
+        self.proc, self.owner, self.log = None, None, None
+
+    def count(self, args) -> int:
+        if self.proc is None or self.owner != os.getpid() or self.proc.poll() is not None:
+            self._start()
+        self.proc.stdin.write(json.dumps(args) + "\n")
+        self.proc.stdin.flush()
+        while True:
+            ready, _, _ = select.select([self.proc.stdout], [], [], self.TIMEOUT_S)
+            line = self.proc.stdout.readline() if ready else ""
+            if line.startswith("count "):
+                return int(line.split()[1])
+            if not line:                    # it died or hung: say why, and start afresh on the next count
+                self.proc.kill()
+                self.log.seek(0)
+                raise RuntimeError(f"counting the fused step {args} failed:\n{self.log.read()[-3000:]}")
+
+    def _start(self) -> None:
+        self.log = tempfile.TemporaryFile("w+")
+        env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.step_launches", "--serve-counts"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     cwd=Path(__file__).resolve().parent.parent)
+        self.owner = os.getpid()
+        atexit.register(self._stop, self.proc, self.log)
+
+    @staticmethod
+    def _stop(proc, log) -> None:
+        """At exit: end of input ends the counter's loop."""
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        proc.stdout.close()
+        log.close()
+
+
+_FUSED_COUNTER = _FusedCounter()
+
+
+def _serve_counts() -> None:
+    """The counter's side: one JSON list of ``_hybrid_count`` arguments per line in, ``count N`` per line out."""
+    for line in sys.stdin:
+        print(f"count {_hybrid_count(*json.loads(line), 'fused')}", flush=True)
 
 
 def _hybrid_count(b, mode, num_steps, ngram_k, width_plan, depth_plan, context, kernels) -> int:
@@ -198,7 +274,7 @@ def _hybrid_count(b, mode, num_steps, ngram_k, width_plan, depth_plan, context, 
             return count_launches(fn) if kernels == "fused" else count_ops(fn)
 
 
-@functools.lru_cache(maxsize=None)
+@_memo
 def model_only_launches(b: int, k: int = STEPS) -> int:
     """ATen operators of one step of the replay's model-only adaptive baseline for ``b`` requests: the core's
     ``DecisionStep`` on an EAGLE chain of ``k`` (no n-gram side) at a width bucket, with the verify tree links and
@@ -243,10 +319,10 @@ class _one_thread:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", default="1,32,128")
-    ap.add_argument("--count", help=argparse.SUPPRESS)            # internal: one fused count, in the subprocess
+    ap.add_argument("--serve-counts", action="store_true", help=argparse.SUPPRESS)   # internal: _FusedCounter's side
     args = ap.parse_args(argv)
-    if args.count:
-        print(_hybrid_count(*json.loads(args.count), "fused"))
+    if args.serve_counts:
+        _serve_counts()
         return 0
     batches = [int(x) for x in args.batches.split(",")]
     print("Launches per decode step (HybridStep.select + verify-input node tokens, tree links and mask + "

@@ -4,6 +4,7 @@ drafter's calibration, the bootstrap."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -144,6 +145,21 @@ def test_decision_launches_are_charged_by_hand(monkeypatch, width_lag, host_us):
     mo = replay_engine.EnginePolicy("m", "choose", 4, 4, core, replay_engine.EngineConfig(), ngram=False)
     assert mo.launches(4) == step_launches.model_only_launches(4, 4) < step_launches.hybrid_launches(4,
                                                                                                       kernels="torch")
+
+
+def test_fused_launch_counter_serves_many_counts_and_names_a_failed_one():
+    """The fused counts come from one interpreter subprocess (``step_launches._FusedCounter``): two counts in a row from
+    the same process, a count that fails raises with the subprocess's own error and does not hang, and the next
+    count starts a fresh counter."""
+    from bench import step_launches
+
+    counter = step_launches._FusedCounter()
+    args = (1, "merge", 1, 1, False, False, 256)
+    assert counter.count(args) == counter.count(args) == step_launches.hybrid_launches(*args)
+    first = counter.proc.pid
+    with pytest.raises(RuntimeError, match="counting the fused step .*mode"):
+        counter.count((1, "no-such-mode", 1, 1, False, False, 256))
+    assert counter.count(args) == step_launches.hybrid_launches(*args) and counter.proc.pid != first
 
 
 def test_model_free_baselines_pay_their_host_scan():
@@ -433,6 +449,40 @@ def test_realistic_runner_tunes_hybrids_launch_settings_like_the_baselines():
     assert runner.tuned_free("text", "code", 4, "ngram_ours") == max(ours, key=ours.get)
 
 
+def test_realistic_cells_in_forked_processes_give_the_runs_of_one_process(monkeypatch):
+    """``--jobs``: the cells of a source run in forked processes and their runs and choices join the runner in the
+    cells' order, equal to the same cells run one after another (every run a function of its inputs and seed); the
+    launch counts the children made come back too, so that the next fork does not count them again."""
+    from bench import step_launches
+    rng = np.random.default_rng(1)
+    reqs = [dataclasses.replace(one_request_trace(L=50, k=8, output=rng.integers(0, 40, 50), workload=w)[0],
+                                id=f"{w}{i}") for i, w in enumerate(["code", "code", "chat", "chat"])]
+    groups = {"code": [0, 1], "chat": [2, 3]}
+    got = []
+    for jobs in (1, 2):
+        monkeypatch.setattr(step_launches, "COUNTS", {})
+        cfg = replay_realistic.Config(requests=2, out_tokens=50, seeds=(0, 1), batches=(2,), eagle_ks=(2,),
+                                      model_ks=(2,), hybrid_steps=(), hybrid_ngram_ks=(), ngram_ks=(8,),
+                                      sweep=False, decompose=False, plot=None, jobs=jobs)
+        runner = replay_realistic.Runner(cfg)
+        bank = replay_drafts.DraftBank(reqs, runner.bank_k, ngram_width=runner.pw)
+        lines = []
+        runner.run_source((0.7, 0.9), {0: bank, 1: bank}, {0: groups, 1: groups}, [("code", 2), ("chat", 2)],
+                          [0, 1], ("as built", "ideal"), lines.append)
+        assert [line.split(":")[0] for line in lines] == ["  SIM alpha=0.7 copy=0.90 | code B=2",
+                                                          "  SIM alpha=0.7 copy=0.90 | chat B=2"]
+        got.append((runner.runs, runner.best))
+        assert any(key[0] == "hybrid_launches" for key in step_launches.COUNTS)   # counted here, or handed back
+        pids = runner.in_processes(lambda _: os.getpid(), [0, 1, 2])
+        assert (set(pids) == {os.getpid()}) == (jobs == 1), pids         # jobs 2: forked children ran them
+    (runs1, best1), (runs2, best2) = got
+    assert list(runs1) == list(runs2) and best1 == best2
+    for key, r in runs1.items():
+        other = runs2[key]
+        assert dataclasses.asdict(r) == dataclasses.asdict(other), key
+        assert all(np.array_equal(a, b) for a, b in zip(r.per_request, other.per_request)), key
+
+
 @pytest.mark.parametrize("eagle_right", [True, False])
 def test_oracle_verifies_exactly_the_accepted_tokens_of_the_better_drafter(eagle_right):
     """The oracle's proposal holds the better chain's accepted prefix and nothing else (every node it verifies is
@@ -554,9 +604,12 @@ def test_model_offset_option_reaches_both_engines_and_bad_values_are_refused(mon
     seen.clear()
     replay.main(["--realistic"])
     assert seen["cfg"].model_bias_eta is None
+    assert seen["cfg"].jobs == len(os.sched_getaffinity(0))      # the cells run on every usable core by default
     for bad in ("0", "-1", "fast"):
         with pytest.raises(SystemExit):
             replay.main(["--realistic", "--model-bias-eta", bad])
+    with pytest.raises(SystemExit):
+        replay.main(["--realistic", "--jobs", "0"])
 
 
 def test_ragged_token_tiers_by_hand():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 
@@ -104,6 +105,9 @@ def main(argv=None) -> int:
                          "counts: how long the device idles per step (read + attention plan + graph launch; "
                          f"default {RAGGED_SYNC_US:g}; the decomposition also prints it at twice this)")
     rg.add_argument("--no-sweep", action="store_true", help="realistic: the headline point alpha=0.7/0.9 only")
+    rg.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                    help="realistic: processes the cells run in (default: this machine's usable cores; the results "
+                         "do not depend on it)")
     rg.add_argument("--hybrid-steps", type=int, nargs="*", default=[6],
                     help="realistic: EAGLE step counts HYBRID is also run with besides the deployed 4, the best per "
                          "cell chosen on the first seed as the baselines' k is (none given: the deployed 4 only)")
@@ -127,8 +131,10 @@ def main(argv=None) -> int:
             if any(not 1 <= k <= 32 for k in ks):
                 ap.error(f"{opt} {ks}: each n-gram chain length must be in [1, 32] (the worker's ngram_k range)")
 
+        if args.jobs < 1:
+            ap.error(f"--jobs {args.jobs}: give at least 1 process")
         batches = tuple(args.batches)
-        cfg = RR.Config(requests=args.requests, out_tokens=args.out_tokens, seeds=tuple(args.seeds),
+        cfg = RR.Config(jobs=args.jobs, requests=args.requests, out_tokens=args.out_tokens, seeds=tuple(args.seeds),
                         batches=batches, width_lag=args.width_lag, ngram_lag=args.ngram_lag,
                         cost_tables=args.cost_tables,
                         adaptive_depth=not args.fixed_depth, hybrid_steps=tuple(args.hybrid_steps),

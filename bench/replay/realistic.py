@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import time
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
+from bench import step_launches
 from bench.replay import policies as P
 from bench.replay import costs as replay_costs, synth as replay_synth
 from bench.replay.drafts import DraftBank
@@ -153,10 +155,27 @@ class Config:
     #: the decomposition's ragged-verify design with a blocking read: the device's idle time per step, in us
     ragged_sync_us: float = RAGGED_SYNC_US
     real_trace: Optional[Path] = None
+    #: processes the cells run in (forked from the run, each a whole cell: results do not depend on it)
+    jobs: int = 1
     sweep: bool = True
     decompose: bool = True
     out: Path = Path("out/replay_realistic")
     plot: Optional[Path] = ROOT / "docs" / "replay_alpha.png"
+
+
+#: (runner, work) for the processes `Runner.in_processes` forks: set before the fork, inherited by the children
+_FORKED = None
+_ABSENT = object()
+
+
+def _forked_item(item) -> tuple:
+    """In a forked child: run one item of `Runner.in_processes`; return the runs and choices it added, and its value."""
+    runner, work = _FORKED
+    runs_before, best_before, counts_before = set(runner.runs), dict(runner.best), set(step_launches.COUNTS)
+    value = work(item)
+    return ({k: r for k, r in runner.runs.items() if k not in runs_before},
+            {k: v for k, v in runner.best.items() if best_before.get(k, _ABSENT) != v},
+            {k: n for k, n in step_launches.COUNTS.items() if k not in counts_before}, value)
 
 
 class Runner:
@@ -253,59 +272,92 @@ class Runner:
         (the sweep points reuse the headline point's per cell and mode, to fit the default run's time budget: the
         text, which decides how far copies run, is the same at every point; fixed EAGLE's k and HYBRID's EAGLE steps,
         which follow the simulated drafter's strength, are tuned at every point)."""
-        tune, evals = seeds[0], evaluation_seeds(seeds)
-        for w, b in cells:
-            if w not in groups[tune]:
-                continue
-            t0 = time.perf_counter()
-            free_src = "text" if source != "real" else "real"
+        tune = seeds[0]
+        todo = [(w, b) for w, b in cells if w in groups[tune]]
+        for line in self.in_processes(lambda cell: self._run_cell(source, banks, groups, cell, seeds, modes,
+                                                                  adaptive_from), todo):
+            log(line)
 
-            def run(pol, src, mode, name, ss):
-                for s in ss:
-                    self.sim(pol, banks[s], groups[s][w], b, s, (src, mode, w, b, name, s))
+    def _run_cell(self, source, banks: dict, groups: dict, cell, seeds, modes, adaptive_from) -> str:
+        """`run_source` on one (workload, batch) cell; returns its log line."""
+        (w, b), tune, evals = cell, seeds[0], evaluation_seeds(seeds)
+        t0 = time.perf_counter()
+        free_src = "text" if source != "real" else "real"
 
-            for pol in self.free:
-                run(pol, free_src, "-", pol.name, seeds)
-            ng_best = max((p.name for p in self.free[1:]),
-                          key=lambda n: self.runs[(free_src, "-", w, b, n, tune)].tok_per_s)
-            for pol in self.eagle:
-                run(pol, source, "-", pol.name, [tune])
-            ks = list(self.adaptive)
-            if adaptive_from is not None:
-                ks = [self.adaptive_k(adaptive_from, w, b) or ks[-1]]
-            for name in ks:
-                run(self.adaptive[name], source, "-", name, [tune])
-            cands = {p.name: p for p in self.eagle}
-            cands.update({n: self.adaptive[n] for n in ks})
-            best = max(cands, key=lambda n: self.runs[(source, "-", w, b, n, tune)].tok_per_s)
-            run(cands[best], source, "-", best, evals)
-            # the one-line rule "n-gram if it matches, else EAGLE", at the cell's best fixed EAGLE k, tuned over the
-            # n-gram chain length; and the oracle (the limit of any selector over these two drafters)
-            ke = max(self.eagle, key=lambda p: self.runs[(source, "-", w, b, p.name, tune)].tok_per_s).k
-            rules = {f"ngram_else_eagle_n{k}_e{ke}": P.NgramElseEagle(k, ke) for k in self.cfg.ngram_ks}
-            for name, pol in rules.items():
-                pol.name = name
-                run(pol, source, "-", name, [tune])
-            rule = max(rules, key=lambda n: self.runs[(source, "-", w, b, n, tune)].tok_per_s)
-            run(rules[rule], source, "-", rule, evals)
-            run(self.oracle, source, "-", "oracle", evals)
-            for m in modes:
-                pols = self.engine_pols[m]
-                self.best[(source, m, w, b, "model")] = (best, (source, "-", w, b, best))
-                self.best[(source, m, w, b, "ngram")] = (ng_best, (free_src, "-", w, b, ng_best))
-                self.best[(source, m, w, b, "rule")] = (rule, (source, "-", w, b, rule))
-                # HYBRID's EAGLE steps and n-gram chain length, tuned like the baselines (the chosen one is stored as
-                # "hybrid_merge")
-                hy = self.hybrid_candidates(m)
-                if adaptive_from is not None and (adaptive_from, m, w, b, "hybrid") in self.best:
-                    k_head = self.best[(adaptive_from, m, w, b, "hybrid")][1]
-                    hy = [n for n in hy if pols[n].engine.ngram_k == k_head]
-                for n in hy:
-                    run(pols[n], source, m, "tune:" + n, [tune])
-                hy_best = max(hy, key=lambda n: self.runs[(source, m, w, b, "tune:" + n, tune)].tok_per_s)
-                self.best[(source, m, w, b, "hybrid")] = (pols[hy_best].num_steps, pols[hy_best].engine.ngram_k)
-                run(pols[hy_best], source, m, "hybrid_merge", evals)
-            log(f"  {label(source)} | {w} B={b}: {time.perf_counter() - t0:.1f} s")
+        def run(pol, src, mode, name, ss):
+            for s in ss:
+                self.sim(pol, banks[s], groups[s][w], b, s, (src, mode, w, b, name, s))
+
+        for pol in self.free:
+            run(pol, free_src, "-", pol.name, seeds)
+        ng_best = max((p.name for p in self.free[1:]),
+                      key=lambda n: self.runs[(free_src, "-", w, b, n, tune)].tok_per_s)
+        for pol in self.eagle:
+            run(pol, source, "-", pol.name, [tune])
+        ks = list(self.adaptive)
+        if adaptive_from is not None:
+            ks = [self.adaptive_k(adaptive_from, w, b) or ks[-1]]
+        for name in ks:
+            run(self.adaptive[name], source, "-", name, [tune])
+        cands = {p.name: p for p in self.eagle}
+        cands.update({n: self.adaptive[n] for n in ks})
+        best = max(cands, key=lambda n: self.runs[(source, "-", w, b, n, tune)].tok_per_s)
+        run(cands[best], source, "-", best, evals)
+        # the one-line rule "n-gram if it matches, else EAGLE", at the cell's best fixed EAGLE k, tuned over the
+        # n-gram chain length; and the oracle (the limit of any selector over these two drafters)
+        ke = max(self.eagle, key=lambda p: self.runs[(source, "-", w, b, p.name, tune)].tok_per_s).k
+        rules = {f"ngram_else_eagle_n{k}_e{ke}": P.NgramElseEagle(k, ke) for k in self.cfg.ngram_ks}
+        for name, pol in rules.items():
+            pol.name = name
+            run(pol, source, "-", name, [tune])
+        rule = max(rules, key=lambda n: self.runs[(source, "-", w, b, n, tune)].tok_per_s)
+        run(rules[rule], source, "-", rule, evals)
+        run(self.oracle, source, "-", "oracle", evals)
+        for m in modes:
+            pols = self.engine_pols[m]
+            self.best[(source, m, w, b, "model")] = (best, (source, "-", w, b, best))
+            self.best[(source, m, w, b, "ngram")] = (ng_best, (free_src, "-", w, b, ng_best))
+            self.best[(source, m, w, b, "rule")] = (rule, (source, "-", w, b, rule))
+            # HYBRID's EAGLE steps and n-gram chain length, tuned like the baselines (the chosen one is stored as
+            # "hybrid_merge")
+            hy = self.hybrid_candidates(m)
+            if adaptive_from is not None and (adaptive_from, m, w, b, "hybrid") in self.best:
+                k_head = self.best[(adaptive_from, m, w, b, "hybrid")][1]
+                hy = [n for n in hy if pols[n].engine.ngram_k == k_head]
+            for n in hy:
+                run(pols[n], source, m, "tune:" + n, [tune])
+            hy_best = max(hy, key=lambda n: self.runs[(source, m, w, b, "tune:" + n, tune)].tok_per_s)
+            self.best[(source, m, w, b, "hybrid")] = (pols[hy_best].num_steps, pols[hy_best].engine.ngram_k)
+            run(pols[hy_best], source, m, "hybrid_merge", evals)
+        return f"  {label(source)} | {w} B={b}: {time.perf_counter() - t0:.1f} s"
+
+    def in_processes(self, work, items) -> list:
+        """``work(item)`` for each item, in ``cfg.jobs`` processes forked from this one (each inherits the runner as
+        it is: banks, policies, the choices made so far); the runs and choices each item adds come back and join this
+        runner in the items' order, as they would run one after another, and the launch counts it made join this
+        process's (``bench.step_launches.COUNTS``), so that later forks do not count them again. Returns ``work``'s
+        values in that order.
+
+        Why processes and not threads: a cell is pure Python and torch on small tensors, bound by the interpreter; why
+        fork: the draft banks (and the Rust drafter objects behind them) are not picklable, and forked children share
+        them copy-on-write. Every simulated run is a function of its inputs and seed (no clock, no shared random
+        state), so the results are the same at any ``jobs`` (``tests/test_replay.py`` runs both and compares)."""
+        jobs = min(self.cfg.jobs, len(items))
+        if jobs <= 1:
+            return [work(item) for item in items]
+        global _FORKED
+        _FORKED = (self, work)
+        values = []
+        try:
+            with multiprocessing.get_context("fork").Pool(jobs) as pool:
+                for runs, best, counts, value in pool.imap(_forked_item, items):
+                    self.runs.update(runs)
+                    self.best.update(best)
+                    step_launches.COUNTS.update(counts)      # the next fork inherits them: counted once per run
+                    values.append(value)
+        finally:
+            _FORKED = None
+        return values
 
     def tuned_policy(self, source, mode, w, b, what: str):
         """The policy object a cell compares: ``what`` in "model", "ngram", "hybrid" (its tuned choice)."""
@@ -614,15 +666,15 @@ def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
     cols = [c for c in cfg.sweep_cells if c[0] in groups[s]]
     lines = [f"Where the as-built gap comes from: HYBRID merge / no speculation, {label(HEADLINE)}, seed {s}",
              f"{'engine':<44}" + "".join(f"{w + ' B=' + str(b):>14}" for w, b in cols)]
-    for name, eng in variants:
-        pol = engine_policies(runner.core, eng, ())[0]
-        row = f"{name:<44}"
-        for w, b in cols:
-            key = (HEADLINE, "decompose:" + name, w, b, "hybrid_merge", s)
-            r = runner.sim(pol, banks[s], groups[s][w], b, s, key)
-            ns = runner.sim(runner.free[0], banks[s], groups[s][w], b, s, ("text", "-", w, b, "no_spec", s))
-            row += f"{r.tok_per_s / ns.tok_per_s:>13.2f}x"
-        lines.append(row)
+    def speedup(item) -> float:
+        name, eng, (w, b) = item
+        r = runner.sim(engine_policies(runner.core, eng, ())[0], banks[s], groups[s][w], b, s,
+                       (HEADLINE, "decompose:" + name, w, b, "hybrid_merge", s))
+        ns = runner.sim(runner.free[0], banks[s], groups[s][w], b, s, ("text", "-", w, b, "no_spec", s))
+        return r.tok_per_s / ns.tok_per_s
+
+    got = iter(runner.in_processes(speedup, [(name, eng, c) for name, eng in variants for c in cols]))
+    lines += [f"{name:<44}" + "".join(f"{next(got):>13.2f}x" for _ in cols) for name, _ in variants]
     return lines
 
 
@@ -634,7 +686,7 @@ def run(cfg: Config, log=print) -> int:
     runner = Runner(cfg)
     log("# Hybrid Spark realistic replay (python -m bench.replay --realistic)")
     log(f"date {time.strftime('%Y-%m-%d %H:%M')}; {cfg.requests} requests per workload, outputs <= {cfg.out_tokens} "
-        f"tokens, seeds {list(cfg.seeds)}, batches {list(cfg.batches)}")
+        f"tokens, seeds {list(cfg.seeds)}, batches {list(cfg.batches)}; cells in {cfg.jobs} process(es)")
     log("MEASURED inputs: real text (code edits between package releases, ShareGPT assistant turns, mixed); the "
         "n-gram drafters' real proposals; the worker's host path (bench.host_path). SIMULATED: the model drafter "
         "(swept strength, calibrated by construction) and every step time (GPU roofline below); the engine is "
@@ -702,6 +754,8 @@ def run(cfg: Config, log=print) -> int:
         tr = replay_traces.read_trace(real)
         reqs = [r for r in tr.requests if len(r.output)]
         rb = DraftBank(reqs, max(tr.eagle_k, runner.bank_k), ngram_width=runner.pw)
+        for kind in ("ngram", "pld-5-5", "pld-2-5"):      # before the cells fork: computed once, not per process
+            rb.ensure(kind)
         g = {w: [i for i, r in enumerate(reqs) if r.workload == w] for w in ("code", "chat")}
         g["mixed"] = list(range(len(reqs)))
         rbanks = {s: rb for s in cfg.seeds}
@@ -734,11 +788,11 @@ def run(cfg: Config, log=print) -> int:
     log(f"The same contenders under the hard-max roofline (max(t_mem, t_flop): verified tokens free up to the ridge "
         f"point), {label(HEADLINE)}, as built, choices tuned under the smooth knee; HYBRID / best model-only, / best "
         "single drafter, / no speculation:")
-    for col, w, bs in columns(cfg.batches):
-        for b in bs:
-            c = runner.hardmax_cell(HEADLINE, eb_head, groups, w, b)
-            if c is not None:
-                log(f"  {w} B={b}: {fmt_ci(c['vs_model'])}, {fmt_ci(c['vs_single'])}, {fmt_ci(c['vs_nospec'])}")
+    hard_cells = [(w, b) for _, w, bs in columns(cfg.batches) for b in bs]
+    for (w, b), c in zip(hard_cells, runner.in_processes(lambda cell: runner.hardmax_cell(HEADLINE, eb_head, groups,
+                                                                                           *cell), hard_cells)):
+        if c is not None:
+            log(f"  {w} B={b}: {fmt_ci(c['vs_model'])}, {fmt_ci(c['vs_single'])}, {fmt_ci(c['vs_nospec'])}")
     log("")
     log(f"Per-policy speedup over no speculation, {label(HEADLINE)} (pooled over evaluation seeds "
         f"{evaluation_seeds(cfg.seeds)}; {charged}):")
