@@ -52,11 +52,23 @@ def refusal(body: object, served_name: str, lora_enabled: bool) -> tuple[int, di
             "message": f"The model '{model}' does not exist: this server serves '{served_name}' (GET /v1/models "
                        "lists it)",
             "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}
-    temperature = body.get("temperature")
-    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > MAX_TEMPERATURE:
-        return 400, {"object": "error", "message": f"temperature must be in [0, 2] (OpenAI's range), got {temperature}",
+    temperature = _number(body.get("temperature"))
+    if temperature is not None and temperature > MAX_TEMPERATURE:
+        return 400, {"object": "error",
+                     "message": f"temperature must be in [0, 2] (OpenAI's range), got {body['temperature']}",
                      "type": "BadRequestError", "param": "temperature", "code": 400}
     return None
+
+
+def _number(value) -> float | None:
+    """``value`` as SGLang's schema reads a float field: a number, or a string holding one (pydantic's lax mode turns
+    ``"3"`` into 3.0); ``None`` for anything else, which SGLang's own validation answers."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
 
 
 def _served(model: str, served_name: str, lora_enabled: bool) -> bool:

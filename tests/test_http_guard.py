@@ -68,7 +68,8 @@ def test_http_guard_refuses_a_model_the_server_does_not_serve_with_openais_404(p
     assert "'gpt-4o' does not exist" in answer["error"]["message"] and SERVED in answer["error"]["message"]
 
 
-@pytest.mark.parametrize("temperature, status", [(3, 400), (2.0001, 400), (2, 200), (0, 200), (1.3, 200)])
+@pytest.mark.parametrize("temperature, status", [(3, 400), (2.0001, 400), ("3", 400), (2, 200), (0, 200), (1.3, 200),
+                                                 ("2", 200), ("warm", 200)])
 def test_http_guard_refuses_temperature_above_openais_maximum_of_2(temperature, status):
     seen = []
     got, answer = _call(_app(seen), "/v1/chat/completions",
@@ -85,6 +86,7 @@ def test_http_guard_refuses_temperature_above_openais_maximum_of_2(temperature, 
     {"prompt": "hi"},                                # no model: SGLang's protocol defaults it to "default"
     {"model": SERVED, "prompt": "hi", "temperature": -1},     # SGLang answers negative values itself
     {"model": SERVED, "prompt": "hi", "temperature": True},   # not a number: SGLang's schema answers it
+    {"model": SERVED, "prompt": "hi", "temperature": "warm"},
     [1, 2, 3],                                       # not an object: SGLang's schema answers it
 ])
 def test_http_guard_passes_on_what_openai_accepts_or_sglang_answers_itself_byte_for_byte(body):
