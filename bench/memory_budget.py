@@ -53,9 +53,9 @@ H200_MIB = 143771
 H200_CHUNKED_PREFILL = 8192
 #: the replay's deployed configuration (``bench.replay.engine.EngineConfig()``): EAGLE steps, n-gram chain, mode
 STEPS, NGRAM_K, MODE = 4, 8, "merge"
-#: the HYBRID launch settings the replay also tunes per cell (``bench.replay.realistic.Config``: hybrid_steps (6,),
+#: the HYBRID launch settings the replay also tunes per cell (``bench.replay.realistic.Config``: hybrid_steps (2, 6),
 #: hybrid_ngram_ks (24,)), with the deployed one first
-REPLAY_TUNED = ((4, 8), (4, 24), (6, 8), (6, 24))
+REPLAY_TUNED = ((4, 8), (4, 24), (2, 8), (2, 24), (6, 8), (6, 24))
 COST_TABLE = ROOT / "bench" / "cost_tables" / "h200_llama8b.json"
 BATCHES = (4, 32, 128)
 CONTEXTS = (8192, 32768, 131072)

@@ -113,6 +113,40 @@ def test_greedy_tree_accept_takes_deepest_path_and_respects_parents():
         replay_sim.greedy_tree_accept(np.array([[1, 2]]), np.array([[-1, 1]]), np.array([[1, 2]]))
 
 
+def test_greedy_tree_accept_equals_brute_force_on_random_chains_and_trees():
+    """Chains take a shortcut (the run of leading matches); trees walk node by node: both equal a brute force that
+    follows every drafted node's path to the root and keeps the deepest whose tokens all equal the targets."""
+    def brute(tokens, parents, targets):
+        out = []
+        for tok, par, tgt in zip(tokens, parents, targets):
+            best = 0
+            for i in range(len(tok)):
+                path, j = [], i
+                while j >= 0:
+                    path.append(j)
+                    j = par[j]
+                path.reverse()
+                if all(tok[k] >= 0 and tok[k] == tgt[d] for d, k in enumerate(path)):
+                    best = max(best, len(path))
+            out.append(best)
+        return out
+
+    rng = np.random.default_rng(0)
+    kinds = set()
+    for _ in range(3000):
+        b, n = int(rng.integers(1, 5)), int(rng.integers(1, 10))
+        targets = rng.integers(0, 3, (b, n + 2))
+        tokens = rng.integers(0, 3, (b, n))
+        tokens[np.arange(n)[None] >= rng.integers(0, n + 1, b)[:, None]] = -1        # chains of any length
+        parents = np.tile(np.arange(-1, n - 1), (b, 1))
+        if rng.random() < 0.4:                                                      # a tree instead
+            for i in range(1, n):
+                parents[:, i] = rng.integers(-1, i, b)
+        kinds.add(bool(((parents == np.arange(-1, n - 1)) | (tokens < 0)).all()))
+        assert replay_sim.greedy_tree_accept(tokens, parents, targets).tolist() == brute(tokens, parents, targets)
+    assert kinds == {True, False}
+
+
 def _fake(policy, tok_s):
     return replay_sim.RunResult(policy, policy, "w", 4, "c", 1, int(tok_s), 1.0, 1, 0, 0, 1, 0, 0.0, 0.0)
 

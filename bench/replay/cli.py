@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     rg.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
                     help="realistic: processes the cells run in (default: this machine's usable cores; the results "
                          "do not depend on it)")
-    rg.add_argument("--hybrid-steps", type=int, nargs="*", default=[6],
+    rg.add_argument("--hybrid-steps", type=int, nargs="*", default=[2, 6],
                     help="realistic: EAGLE step counts HYBRID is also run with besides the deployed 4, the best per "
                          "cell chosen on the first seed as the baselines' k is (none given: the deployed 4 only)")
     rg.add_argument("--hybrid-ngram-ks", type=int, nargs="*", default=[24],

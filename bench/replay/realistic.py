@@ -130,8 +130,9 @@ class Config:
     sweep_modes: tuple = ("as built",)
     model_ks: tuple = (2, 4, 8)
     #: EAGLE step counts HYBRID also runs with besides the deployed one (``EngineConfig.num_steps``, 4); the best per
-    #: cell is chosen on the first seed, as the baselines' k is
-    hybrid_steps: tuple = (6,)
+    #: cell is chosen on the first seed, as the baselines' k is (fixed EAGLE over 1..8, model-only adaptive over
+    #: K 2, 4, 8): the user's ``--speculative-num-steps``, fewer on a busy server of weak drafts
+    hybrid_steps: tuple = (2, 6)
     #: n-gram chain lengths HYBRID also runs with besides the deployed one (``EngineConfig.ngram_k``, 8), each
     #: combined with each step count; the best per cell is chosen on the first seed, as the baselines' k is
     hybrid_ngram_ks: tuple = (24,)

@@ -41,6 +41,11 @@ def greedy_tree_accept(tokens: np.ndarray, parents: np.ndarray, targets: np.ndar
     b, n = tokens.shape
     if n == 0:
         return np.zeros(b, np.int64)
+    if ((parents == np.arange(-1, n - 1)) | (tokens < 0)).all():
+        # every drafted node hangs off the one before it: chains (most policies), whose accepted length is the run of
+        # leading matches; the same answer as the walk below, without a pass per node
+        ok = (tokens >= 0) & (tokens == targets[:, :n])
+        return np.cumprod(ok, axis=1).sum(axis=1).astype(np.int64)
     rows = np.arange(b)
     depth = np.zeros((b, n), np.int64)
     acc = np.zeros((b, n), bool)
