@@ -667,14 +667,16 @@ def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
     cols = [c for c in cfg.sweep_cells if c[0] in groups[s]]
     lines = [f"Where the as-built gap comes from: HYBRID merge / no speculation, {label(HEADLINE)}, seed {s}",
              f"{'engine':<44}" + "".join(f"{w + ' B=' + str(b):>14}" for w, b in cols)]
+    pols = {name: engine_policies(runner.core, eng, ())[0] for name, eng in variants}     # one per row, every column
+
     def speedup(item) -> float:
-        name, eng, (w, b) = item
-        r = runner.sim(engine_policies(runner.core, eng, ())[0], banks[s], groups[s][w], b, s,
+        name, (w, b) = item
+        r = runner.sim(pols[name], banks[s], groups[s][w], b, s,
                        (HEADLINE, "decompose:" + name, w, b, "hybrid_merge", s))
         ns = runner.sim(runner.free[0], banks[s], groups[s][w], b, s, ("text", "-", w, b, "no_spec", s))
         return r.tok_per_s / ns.tok_per_s
 
-    got = iter(runner.in_processes(speedup, [(name, eng, c) for name, eng in variants for c in cols]))
+    got = iter(runner.in_processes(speedup, [(name, c) for name, _ in variants for c in cols]))
     lines += [f"{name:<44}" + "".join(f"{next(got):>13.2f}x" for _ in cols) for name, _ in variants]
     return lines
 
