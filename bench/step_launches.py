@@ -220,6 +220,8 @@ class _FusedCounter:
                 return int(line.split()[1])
             if not line:                    # it died or hung: say why, and start afresh on the next count
                 self.proc.kill()
+                self.proc.wait()            # reaped, so the next count cannot mistake it for a live one
+                self.proc = None
                 self.log.seek(0)
                 raise RuntimeError(f"counting the fused step {args} failed:\n{self.log.read()[-3000:]}")
 

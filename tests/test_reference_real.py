@@ -51,3 +51,29 @@ def test_shipped_head_checkpoint_fits_smollm2(setup):
     assert cfg["architectures"] == ["LlamaForCausalLMEagle"]
     assert cfg["hidden_size"] == lm.model.config.hidden_size == head.dims.hidden_size
     assert (DEFAULT_OUT / "model.safetensors").stat().st_size < 20_000_000
+
+
+def test_eagle_rank_hit_rates_rank_the_heads_candidates_against_the_committed_tokens(setup, tmp_path):
+    """`bench.replay.eagle_ranks` (the measured rates the replay's simulated EAGLE trees use): on a trace recorded
+    with the shipped head, its rank-1 rate is exactly the trace's first-chain-token hit rate, every rate is a
+    probability, and a trace whose chains another head drafted is refused."""
+    import numpy as np
+
+    from bench.replay import eagle_ranks
+    from sglang_hybrid.reference import trace as TR
+
+    lm, head, prompts, ref, _ = setup
+    recs = []
+    for i, (p, out) in enumerate(zip(prompts, ref)):
+        toks, probs = TR.eagle_rows(lm.model, head, list(p), list(out), 8)
+        recs.append(TR.TraceRecord(f"r{i}", "code" if i == 0 else "chat", list(p), list(out), toks, probs))
+    path = TR.write_trace(tmp_path / "t.jsonl", TR.TraceHeader(model="SmolLM2", draft_model="shipped",
+                                                               temperature=0.0, eagle_k=8), recs)
+    rates, n = eagle_ranks.rank_hits(path, lm=lm, head=head)
+    assert n == sum(len(out) for out in ref)
+    first = np.mean([t[0] == o for r in recs for t, o in zip(r.eagle_tokens, r.output)])
+    assert rates[0] == pytest.approx(first) and all(0.0 <= x <= 1.0 for x in rates)
+    recs[0].eagle_tokens[0][0] = (recs[0].eagle_tokens[0][0] + 1) % lm.model.config.vocab_size
+    TR.write_trace(path, TR.TraceHeader(model="SmolLM2", draft_model="other", temperature=0.0, eagle_k=8), recs)
+    with pytest.raises(RuntimeError, match="differ from the trace's chains"):
+        eagle_ranks.rank_hits(path, lm=lm, head=head)

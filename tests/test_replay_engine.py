@@ -342,6 +342,93 @@ def test_simulated_drafter_is_flat_and_calibrated():
         assert r[m].mean() == pytest.approx(c[m].mean(), abs=0.04)
 
 
+def _tree_bank(L=3000, alpha=0.6, alpha_copy=0.6, seed=3):
+    """One long request with a simulated drafter (chains of 8) and its simulated EAGLE trees."""
+    rng = np.random.default_rng(0)
+    bank = replay_drafts.DraftBank(one_request_trace(L=L, k=8, output=rng.integers(0, 5000, L)), k=8)
+    flags = np.zeros(L, bool)
+    toks, probs = replay_synth.simulated_eagle(bank, flags, alpha, alpha_copy, 8, seed=seed)
+    trees = replay_synth.SimulatedEagleTrees(bank, flags, alpha, alpha_copy, toks, probs, seed)
+    return replay_synth.with_eagle(bank, toks, probs, trees), toks
+
+
+def test_simulated_eagle_tree_of_topk_1_is_the_chain_and_runs_like_fixed_eagle():
+    """A tree with one child per node (topk = 1) is the simulated chain, node for node; through the replay it runs
+    step for step like fixed EAGLE of the same length (same tokens, verified nodes, draft forwards and time)."""
+    bank, toks = _tree_bank(L=400)
+    req, pos = np.zeros(400, np.int64), np.arange(400)
+    for steps in (1, 3, 5):
+        t, par = bank.eagle_trees.rows(req, pos, steps, 1, steps + 1)
+        assert np.array_equal(t, toks[:, :steps])
+        assert np.array_equal(par, np.broadcast_to(np.arange(steps) - 1, (400, steps)))
+        cost = linear_cost(base=1.0, per_token=0.1, draft=0.05)
+        tree = replay_sim.simulate(P.EagleTree(steps, 1, steps + 1), bank, [0], batch=1, cost=cost)
+        chain = replay_sim.simulate(P.EagleFixed(steps), bank, [0], batch=1, cost=cost)
+        assert (tree.steps, tree.tokens, tree.verified_nodes, tree.model_steps) == \
+            (chain.steps, chain.tokens, chain.verified_nodes, chain.model_steps)
+        assert tree.seconds == pytest.approx(chain.seconds)
+
+
+def test_simulated_eagle_tree_follows_sglangs_shape_and_its_measured_later_candidates():
+    """Every tree has num_draft_tokens - 1 nodes in topological order, at most topk children per node and steps
+    levels; siblings carry distinct tokens. With one step every one of the root's topk children is verified, and how
+    often one of them is the output's token is the chain's first-token rate plus, when that one is wrong, the chance
+    that a later candidate is (1 - prod(1 - RANK_HIT[:topk - 1])). Asking in another order gives the same trees."""
+    L = 3000
+    bank, toks = _tree_bank(L=L)
+    req, pos = np.zeros(L, np.int64), np.arange(L)
+    truth = bank.targets(req, pos, 8)
+    inside = truth[:, 0] >= 0
+    for steps, topk, n in ((5, 4, 8), (6, 8, 32), (3, 2, 6)):
+        t, par = bank.eagle_trees.rows(req, pos, steps, topk, n)
+        assert t.shape == par.shape == (L, n - 1)
+        assert (par < np.arange(n - 1)).all() and (par >= -1).all()
+        depth = np.zeros((L, n - 1), np.int64)
+        for i in range(n - 1):
+            up = np.take_along_axis(depth, np.maximum(par[:, i:i + 1], 0), 1)[:, 0]
+            depth[:, i] = np.where(par[:, i] < 0, 1, up + 1)
+        assert depth.max() <= steps
+        for row in range(0, L, 97):
+            kids = {}
+            for i, p in enumerate(par[row]):
+                kids.setdefault(int(p), []).append(int(t[row, i]))
+            assert all(len(v) <= topk and len(set(v)) == len(v) for v in kids.values())
+        shuffled = np.random.default_rng(1).permutation(L)
+        t2, par2 = bank.eagle_trees.rows(req[shuffled], pos[shuffled], steps, topk, n)
+        assert np.array_equal(t2, t[shuffled]) and np.array_equal(par2, par[shuffled])
+    for topk in (2, 8):
+        t, par = bank.eagle_trees.rows(req, pos, 1, topk, topk + 1)
+        assert (par == -1).all()
+        hit = (t == truth[:, :1]).any(axis=1)[inside]
+        first = (toks[:, 0] == truth[:, 0])[inside].mean()
+        later = 1 - np.prod(1 - np.asarray(replay_synth.RANK_HIT[:topk - 1]))
+        assert hit.mean() == pytest.approx(first + (1 - first) * later, abs=0.03)
+        assert (t[:, 0] == toks[:, 0]).all()          # the first child is the chain's token
+
+
+def test_eagle_tree_draft_forwards_run_topk_beams_and_only_the_roofline_prices_them():
+    """A tree's draft forwards after the first run topk sequences per request, each reading its request's KV: on the
+    roofline each costs a draft step of B x topk requests at topk times the KV; a table cannot price them."""
+    from bench.cost_tables import roofline
+
+    spec = replay_costs.gpu_cost_spec([4], 2048, "gpu", max_width=33)
+    c = spec.for_batch(4)
+    ctx = 4 * 3000.0
+    assert c.draft_time(ctx, branches=8) == pytest.approx(roofline.Roofline(context_tokens=2048).draft_step_s(
+        32, 8 * ctx))
+    assert c.draft_time(ctx, branches=8) > c.draft_time(ctx)
+    bank, _ = _tree_bank(L=200)
+    res = replay_sim.simulate(P.EagleTree(5, 4, 8), bank, [0], batch=1, cost=spec.for_batch(4))
+    assert res.verified_nodes == 7 * res.request_steps
+    with pytest.raises(ValueError, match="roofline"):
+        replay_sim.simulate(P.EagleTree(5, 4, 8), bank, [0], batch=1, cost=linear_cost())
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        bank.eagle_trees.rows(np.zeros(1, np.int64), np.zeros(1, np.int64), 2, 2, 8)
+    plain = replay_drafts.DraftBank(one_request_trace(L=20, k=8), k=8)
+    with pytest.raises(replay_drafts.DrafterUnavailable, match="chain only"):
+        replay_sim.simulate(P.EagleTree(5, 4, 8), plain, [0], batch=1, cost=spec.for_batch(4))
+
+
 def _run(tokens, seconds, ids):
     r = replay_sim.RunResult("a", "a", "w", 4, "c", 1, int(sum(tokens)), float(sum(seconds)), 1, 0, 0, 1, 0, 0.0,
                              0.0)
@@ -512,18 +599,19 @@ def test_oracle_verifies_exactly_the_accepted_tokens_of_the_better_drafter(eagle
 
 
 def test_realistic_step_times_cover_every_policys_widest_verify():
-    """Every policy's widest verify (HYBRID's n_nodes + 1, a model-free chain of k + 1, EAGLE k + 1) lies inside the
-    step-time table of each batch, so no step is charged the cost model's extrapolation (flat past the end of a
-    CUDA-graph bucket: a wider step would be charged too little; the old fixed 17-wide table stopped short of
-    HYBRID with a 24-token n-gram chain)."""
+    """Every policy's widest verify (HYBRID's n_nodes + 1, a model-free chain of k + 1, EAGLE k + 1, an EAGLE tree's
+    num_draft_tokens) lies inside the step-time table of each batch, so no step is charged the cost model's
+    extrapolation (flat past the end of a CUDA-graph bucket: a wider step would be charged too little; the old fixed
+    17-wide table stopped short of HYBRID with a 24-token n-gram chain)."""
     cfg = replay_realistic.Config(batches=(4, 32), sweep_cells=(("code", 4),), hybrid_ngram_ks=(24,),
                                   ngram_ks=(8, 24), sweep=False, decompose=False, plot=None)
     runner = replay_realistic.Runner(cfg)
     widest = max(p.n_nodes + 1 for ps in runner.engine_pols.values() for p in ps.values())
-    assert widest == 6 + 24 + 1 and runner.max_width == widest
+    assert widest == 6 + 24 + 1
+    assert runner.max_width == max(widest, *(t[2] for t in cfg.eagle_trees)) == 32     # the (6, 8, 32) tree
     for b in (4, 32):
         sizes = runner.specs.for_batch(b).model.sizes
-        assert int(sizes[-1]) >= b * widest
+        assert int(sizes[-1]) >= b * runner.max_width
     old = replay_costs.gpu_cost_spec([32], 2048)       # the default 17-wide table
     assert int(old.for_batch(32).model.sizes[-1]) < 32 * widest
 
@@ -610,6 +698,27 @@ def test_model_offset_option_reaches_both_engines_and_bad_values_are_refused(mon
             replay.main(["--realistic", "--model-bias-eta", bad])
     with pytest.raises(SystemExit):
         replay.main(["--realistic", "--jobs", "0"])
+
+
+def test_realistic_command_line_defaults_are_the_configs_and_eagle_trees_parse(monkeypatch):
+    """The realistic replay's command-line defaults are `Config`'s own (one place to change them); ``--eagle-trees``
+    takes SGLang's three settings per tree and refuses a tree SGLang's rule cannot grow."""
+    from bench.replay import cli as replay
+
+    seen = {}
+    monkeypatch.setattr(replay_realistic, "run", lambda cfg: seen.setdefault("cfg", cfg) and 0)
+    replay.main(["--realistic"])
+    want = replay_realistic.Config()
+    for field in ("requests", "out_tokens", "seeds", "batches", "width_lag", "ngram_lag", "cost_tables",
+                  "hybrid_steps", "hybrid_ngram_ks", "ngram_ks", "eagle_trees"):
+        assert getattr(seen["cfg"], field) == getattr(want, field), field
+    assert seen["cfg"].real_trace == replay_realistic.REAL_TRACE
+    seen.clear()
+    replay.main(["--realistic", "--eagle-trees", "5,4,8", "2,2,7"])
+    assert seen["cfg"].eagle_trees == ((5, 4, 8), (2, 2, 7))
+    for bad in ("5,4", "5,1,6", "2,2,8", "9,2,6", "a,b,c"):
+        with pytest.raises(SystemExit):
+            replay.main(["--realistic", "--eagle-trees", bad])
 
 
 def test_ragged_token_tiers_by_hand():

@@ -18,7 +18,8 @@ The modules, one job each:
   bench.replay.policies   the policies compared
   bench.replay.engine     the engine mechanics: as built (width buckets + lag, late n-gram proposals through the
                           plugin's alignment, measured host path, the decision's launches) or ideal (ragged, fresh)
-  bench.replay.synth      the SIMULATED model drafter and the real-text workloads
+  bench.replay.synth      the SIMULATED model drafter (chains and EAGLE trees) and the real-text workloads
+  bench.replay.eagle_ranks  the real EAGLE head's rank-r hit rates the simulated trees use (measured, by hand)
   bench.replay.realistic  the headline run (--realistic): sweep, tuned baselines, oracle, bootstrap CIs, targets
 
 Run: ``python -m bench.replay --realistic`` (the headline); ``python -m bench.replay --trace T.jsonl [...]`` (see

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from bench.replay import policies as P
+from bench.replay import realistic as RR
 from bench.replay import costs as replay_costs, record as replay_record, traces as replay_traces
 from bench.replay import report as report
 from bench.cost_tables import roofline
@@ -39,13 +40,30 @@ def _positive_or_zero(value: str) -> float:
     return x
 
 
+def _tree_shape(value: str) -> tuple:
+    """``--eagle-trees``: one EAGLE tree as ``STEPS,TOPK,TOKENS`` (SGLang's three settings)."""
+    try:
+        steps, topk, tokens = (int(x) for x in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give an EAGLE tree as STEPS,TOPK,NUM_DRAFT_TOKENS, got {value!r}") from None
+    if not (1 <= steps <= 8 and topk >= 2 and 2 <= tokens <= 1 + topk + (steps - 1) * topk * topk):
+        raise argparse.ArgumentTypeError(
+            f"EAGLE tree {value!r}: need 1 <= steps <= 8 (the simulated chains' length), topk >= 2 and "
+            "2 <= num_draft_tokens <= 1 + topk + (steps - 1) * topk^2")
+    return steps, topk, tokens
+
+
+#: the realistic replay's defaults (its command-line defaults are these, not copies of them)
+_REALISTIC = RR.Config()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.replay",
                                  description="Replay speculation policies over per-position traces (the paper's "
                                              "HYBRID vs model-only adaptive table).")
     ap.add_argument("--trace", nargs="*", default=[], help="trace files (JSON Lines, docs/ARCHITECTURE.md)")
     ap.add_argument("--synthetic", action="store_true", help="use a generated synthetic trace (mechanics demo only)")
-    ap.add_argument("--batches", type=int, nargs="+", default=[4, 32, 128])
+    ap.add_argument("--batches", type=int, nargs="+", default=list(_REALISTIC.batches))
     ap.add_argument("--policies", nargs="+", default=list(P.ALL_POLICIES))
     ap.add_argument("--cost", nargs="+", default=["gpu", "cpu"],
                     help="'gpu' (roofline with a smooth knee and CUDA-graph buckets, simulated), 'gpu-hardmax' (the "
@@ -81,15 +99,17 @@ def main(argv=None) -> int:
     rg.add_argument("--ideal", action="store_true",
                     help="--trace/--synthetic runs: the idealised engine (ragged verify, fresh n-gram proposals, no "
                          "host time) instead of the engine as built; --realistic always prints both side by side")
-    rg.add_argument("--requests", type=int, default=100, help="requests per workload (realistic)")
-    rg.add_argument("--out-tokens", type=int, default=128, help="output tokens per request (realistic)")
-    rg.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (realistic)")
-    rg.add_argument("--width-lag", type=int, default=2,
+    rg.add_argument("--requests", type=int, default=_REALISTIC.requests, help="requests per workload (realistic)")
+    rg.add_argument("--out-tokens", type=int, default=_REALISTIC.out_tokens,
+                    help="output tokens per request (realistic)")
+    rg.add_argument("--seeds", type=int, nargs="+", default=list(_REALISTIC.seeds),
+                    help="seeds (realistic; the first tunes every choice, the others evaluate)")
+    rg.add_argument("--width-lag", type=int, default=_REALISTIC.width_lag,
                     help="steps between choosing a width bucket (and EAGLE depth) and using it (2: GPU engine with "
                          "overlap scheduling, the default; 1: without overlap)")
-    rg.add_argument("--ngram-lag", type=int, default=1,
+    rg.add_argument("--ngram-lag", type=int, default=_REALISTIC.ngram_lag,
                     help="steps by which n-gram proposals are late (1: overlap scheduling, the default; 0: without)")
-    rg.add_argument("--cost-tables", choices=list(COST_TABLES), default="measured",
+    rg.add_argument("--cost-tables", choices=list(COST_TABLES), default=_REALISTIC.cost_tables,
                     help="realistic: the as-built launch's cost tables: 'measured' (the default, the README's launch: "
                          "the verify table measured at start, widths = plain EAGLE's and the full tree, a fixed EAGLE "
                          "depth) or 'given' (both tables: every width bucket and adaptive drafting; does not start "
@@ -108,16 +128,22 @@ def main(argv=None) -> int:
     rg.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
                     help="realistic: processes the cells run in (default: this machine's usable cores; the results "
                          "do not depend on it)")
-    rg.add_argument("--hybrid-steps", type=int, nargs="*", default=[2, 6],
+    rg.add_argument("--hybrid-steps", type=int, nargs="*", default=list(_REALISTIC.hybrid_steps),
                     help="realistic: EAGLE step counts HYBRID is also run with besides the deployed 4, the best per "
                          "cell chosen on the first seed as the baselines' k is (none given: the deployed 4 only)")
-    rg.add_argument("--hybrid-ngram-ks", type=int, nargs="*", default=[24],
+    rg.add_argument("--hybrid-ngram-ks", type=int, nargs="*", default=list(_REALISTIC.hybrid_ngram_ks),
                     help="realistic: n-gram chain lengths (the worker's ngram_k) HYBRID is also run with besides the "
                          "deployed 8, with each EAGLE step count; the best per cell chosen on the first seed (none "
                          "given: the deployed 8 only)")
-    rg.add_argument("--ngram-ks", type=int, nargs="+", default=[8, 16, 24],
+    rg.add_argument("--ngram-ks", type=int, nargs="+", default=list(_REALISTIC.ngram_ks),
                     help="realistic: chain lengths every model-free n-gram baseline is tuned over per cell")
-    rg.add_argument("--real-trace", type=Path, default=Path("out/traces/smollm2_t0_final.jsonl"),
+    rg.add_argument("--eagle-trees", type=_tree_shape, nargs="*", default=list(_REALISTIC.eagle_trees),
+                    metavar="STEPS,TOPK,TOKENS",
+                    help="realistic: EAGLE trees (SGLang's --speculative-num-steps, --speculative-eagle-topk, "
+                         "--speculative-num-draft-tokens) the model-only baseline is also tuned over, on the simulated "
+                         "drafter (none given: chains only; default: "
+                         + " ".join(",".join(map(str, t)) for t in _REALISTIC.eagle_trees) + ")")
+    rg.add_argument("--real-trace", type=Path, default=RR.REAL_TRACE,
                     help="the real SmolLM2 trace for the 'real, small' row (skipped with a note when absent)")
     rg.add_argument("--plot", type=Path, default=None, help="realistic: ratio-vs-alpha plot (default docs/...png)")
     rg.add_argument("--sweep-ideal", action="store_true",
@@ -125,8 +151,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     launch = LaunchCost(host_us=args.launch_host_us, gpu_us=args.launch_gpu_us)
     if args.realistic:
-        from bench.replay import realistic as RR
-
         for opt, ks in (("--hybrid-ngram-ks", args.hybrid_ngram_ks), ("--ngram-ks", args.ngram_ks)):
             if any(not 1 <= k <= 32 for k in ks):
                 ap.error(f"{opt} {ks}: each n-gram chain length must be in [1, 32] (the worker's ngram_k range)")
@@ -139,6 +163,7 @@ def main(argv=None) -> int:
                         cost_tables=args.cost_tables,
                         adaptive_depth=not args.fixed_depth, hybrid_steps=tuple(args.hybrid_steps),
                         hybrid_ngram_ks=tuple(args.hybrid_ngram_ks), ngram_ks=tuple(args.ngram_ks),
+                        eagle_trees=tuple(args.eagle_trees),
                         model_bias_eta=args.model_bias_eta, gpu_context=args.gpu_context, real_trace=args.real_trace,
                         launch=launch, ragged_sync_us=args.ragged_sync_us,
                         sweep=not args.no_sweep,

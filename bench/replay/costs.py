@@ -40,8 +40,15 @@ class BatchCost:
             return self.roof.target_step_s(int(n), self.requests, context_total)
         return float(self.model.step_time_np(np.asarray([n]))[0])
 
-    def draft_time(self, context_total: Optional[float] = None) -> float:
-        """Seconds of one EAGLE draft forward (real contexts as in `step_time`)."""
+    def draft_time(self, context_total: Optional[float] = None, branches: int = 1) -> float:
+        """Seconds of one EAGLE draft forward (real contexts as in `step_time`); ``branches`` > 1: a tree's forward
+        over that many beams per request, each a sequence reading its request's whole KV (SGLang's draft decode for
+        ``topk`` > 1), which only the roofline can price."""
+        if branches > 1:
+            if self.roof is None or context_total is None:
+                raise ValueError("an EAGLE tree's draft forwards (topk > 1) need the GPU roofline with each request's "
+                                 "context: a cost table holds one sequence per request (use --cost gpu)")
+            return self.roof.draft_step_s(self.requests * branches, context_total * branches)
         if self.roof is not None and context_total is not None:
             return self.roof.draft_step_s(self.requests, context_total)
         return self.draft_step_s

@@ -38,6 +38,7 @@ class Proposal:
       time per launch on the device and its host dispatch time on the host (``bench.replay.host.LaunchCost``)
     stall_s: seconds the device idles inside the step while the host waits on it (a blocking device-to-host read
       between the decision and the verify): added to the step, overlapped with nothing
+    draft_topk: see the field
     """
 
     tokens: np.ndarray
@@ -49,6 +50,9 @@ class Proposal:
     host_overlaps: bool = False
     launches: int = 0
     stall_s: float = 0.0
+    #: sequences each EAGLE draft forward after the first runs per request: SGLang's ``--speculative-eagle-topk``
+    #: (1 for chains); a tree's later forwards run ``topk`` beams per request, each reading the request's KV
+    draft_topk: int = 1
 
 
 def draft_forwards(k: int) -> int:
@@ -130,6 +134,33 @@ class EagleFixed(Policy):
         toks, _ = view.drafts.eagle(view.req, view.pos, self.k)
         return Proposal(toks, chain_parents_np(len(view.req), self.k), draft_forwards(self.k),
                         np.zeros(toks.shape, np.int8))
+
+
+class EagleTree(Policy):
+    """SGLang's EAGLE with ``--speculative-eagle-topk`` > 1: a tree of ``num_draft_tokens - 1`` nodes grown in
+    ``steps`` draft forwards, ``topk`` children per beam, the best-scored nodes verified, every request the same size
+    (bench/replay/synth.py, `SimulatedEagleTrees`). Its draft forwards after the first run ``topk`` beams per request.
+    Only a simulated drafter has trees: a recorded trace holds the head's chain."""
+
+    name = "eagle_tree"
+    needs = ("eagle_tree",)
+
+    def __init__(self, steps: int, topk: int, num_draft_tokens: int):
+        self.steps, self.topk, self.num_draft_tokens = int(steps), int(topk), int(num_draft_tokens)
+        self.name = f"eagle_tree_s{self.steps}_t{self.topk}_n{self.num_draft_tokens}"
+        self.label = (f"EAGLE tree (steps={self.steps}, topk={self.topk}, "
+                      f"num_draft_tokens={self.num_draft_tokens})")
+
+    def propose(self, view):
+        trees = getattr(view.drafts, "eagle_trees", None)
+        if trees is None:
+            from bench.replay.drafts import DrafterUnavailable
+
+            raise DrafterUnavailable("EAGLE trees need the simulated drafter: a recorded trace holds the head's "
+                                     "chain only")
+        toks, pars = trees.rows(view.req, view.pos, self.steps, self.topk, self.num_draft_tokens)
+        return Proposal(toks, pars, draft_forwards(self.steps), np.zeros(toks.shape, np.int8),
+                        draft_topk=self.topk)
 
 
 class _ChainDrafter(Policy):

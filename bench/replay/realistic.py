@@ -9,7 +9,8 @@ What it runs, and what is measured vs simulated:
   long n-gram match predicts the next token, calibrated by construction; swept over alpha in {0.5, 0.6, 0.7, 0.8}
   x alpha_copy in {alpha, 0.9, 0.95}. The real SmolLM2 trace (real outputs, real EAGLE-head chains; small) is the
   "real, small" row when its file exists.
-* **n-gram drafters: real code** (ours, the Rust suffix automaton; vLLM prompt lookup's rule at 5/5 and 2/5).
+* **n-gram drafters: real code** (ours, the Rust suffix automaton; vLLM prompt lookup's rule at 5/5 and 2/5; Arctic
+  Inference's suffix decoding when it is installed).
 * **Step times: SIMULATED** (the GPU roofline of `bench.cost_tables.roofline`: an 8B target on an H200-class GPU).
 * **Engine: modelled** (`bench.replay.engine`): HYBRID and model-only adaptive call the worker's
   ``DecisionStep``; "as built" models the plugin as the README launches it (no cost table given: the verify table
@@ -17,17 +18,19 @@ What it runs, and what is measured vs simulated:
   width's lag, late n-gram proposals through the plugin's own alignment and device prompt-lookup code and the
   measured host path; "ideal" is ragged verify with fresh proposals.
 
-Ratios: HYBRID (merge, the deployed configuration) over the best model-only policy (fixed EAGLE at its best k, or
-model-only adaptive at its best K, both picked per cell on the first seed, same engine mode and calibration as
-HYBRID's model side) and over the best single drafter (that, or the best model-free n-gram policy). Throughputs pool
-the evaluation seeds (every seed but the first, which tunes); 95 % confidence intervals come from a paired percentile
-bootstrap over source files (a code file's windows, a chat conversation; each step's time split evenly over its batch
-slots). Targets are printed MET / MISSED; missing one is not an error.
+Ratios: HYBRID (merge, the deployed configuration) over the best model-only policy (fixed EAGLE at its best k,
+model-only adaptive at its best K, or, on the simulated drafter, an EAGLE tree at its best shape, all picked per
+cell on the first seed, same calibration as HYBRID's model side) and over the best single drafter (that, or the best
+model-free n-gram policy). Throughputs pool the evaluation seeds (every seed but the first, which tunes); 95 %
+confidence intervals come from a paired percentile bootstrap over source files (a code file's windows, a chat
+conversation; each step's time split evenly over its batch slots). Targets are printed MET / MISSED; missing one is
+not an error.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import multiprocessing
 import time
 from pathlib import Path
@@ -140,6 +143,10 @@ class Config:
     #: cell on the first seed (vLLM's ``num_speculative_tokens``; our drafter's ``k``)
     ngram_ks: tuple = (8, 16, 24)
     eagle_ks: tuple = (1, 2, 3, 4, 5, 6, 7, 8)
+    #: EAGLE trees (SGLang's --speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens) the
+    #: model-only baseline is also tuned over, on the simulated drafter: SGLang's default (5, 4, 8), a small tree and
+    #: two wide ones
+    eagle_trees: tuple = ((3, 2, 6), (5, 4, 8), (5, 8, 16), (6, 8, 32))
     width_lag: int = 2
     ngram_lag: int = 1
     #: the as-built launch's cost tables (``engine.COST_TABLES``): "measured" = the README's launch (the default);
@@ -183,7 +190,7 @@ class Runner:
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self.runs: dict = {}      # (source, mode, workload, batch, policy, seed) -> RunResult
-        self.best: dict = {}      # (source, mode, workload, batch, "model"|"ngram") -> policy name
+        self.best: dict = {}      # (source, mode, workload, batch, what) -> the choice tuned for it (policy name, ...)
         self.engines = {"as built": EngineConfig(width_lag=cfg.width_lag, ngram_lag=cfg.ngram_lag,
                                                  cost_tables=cfg.cost_tables, adaptive_depth=cfg.adaptive_depth,
                                                  model_bias_eta=cfg.model_bias_eta),
@@ -198,11 +205,17 @@ class Runner:
             self.free += [ours, P.PromptLookup(k, 5, 5, name="vllm_ngram_5_5" + tag),
                           P.PromptLookup(k, 2, 5, name="vllm_ngram_2_5" + tag)]
         self.suffix_note = self._suffix_available()
+        if self.suffix_note is None:
+            for k in cfg.ngram_ks:
+                sd = P.SuffixDecoding(k)
+                sd.name = "suffix" + ("" if k == self.engines["as built"].ngram_k else f"_k{k}")
+                self.free.append(sd)
         self.eagle = []
         for k in cfg.eagle_ks:
             p = P.EagleFixed(k)
             p.name = f"eagle_fixed_k{k}"
             self.eagle.append(p)
+        self.trees = [P.EagleTree(*t) for t in cfg.eagle_trees]
         self.engine_pols = {m: {p.name: p for p in engine_policies(self.core, e, (), hybrid_steps=cfg.hybrid_steps,
                                                                    ngram_ks=cfg.hybrid_ngram_ks)}
                             for m, e in self.engines.items()}
@@ -218,7 +231,8 @@ class Runner:
         self.bank_k = max(cfg.ngram_ks)
         #: the widest verify of any policy per request (root included): the step-time tables reach B x this, so no
         #: step is charged an extrapolated time
-        self.max_width = max([p.n_nodes + 1 for p in pols] + [k + 1 for k in (*cfg.ngram_ks, *cfg.eagle_ks)])
+        self.max_width = max([p.n_nodes + 1 for p in pols] + [k + 1 for k in (*cfg.ngram_ks, *cfg.eagle_ks)]
+                             + [t.num_draft_tokens for t in self.trees])
         sizes = sorted(set(cfg.batches) | {b for _, b in cfg.sweep_cells})
         self.specs = replay_costs.gpu_cost_spec(sizes, cfg.gpu_context, "gpu", max_width=self.max_width
                                                 ).with_launch_cost(cfg.launch)
@@ -227,16 +241,19 @@ class Runner:
                                                   ).with_launch_cost(cfg.launch)
 
     @staticmethod
-    def _suffix_available() -> str:
+    def _suffix_available() -> Optional[str]:
+        """None when Arctic Inference's suffix decoding imports (it then runs as a model-free baseline), else the
+        NOT RUN line naming why."""
         try:
-            from bench.anchors import ArcticAdapter  # noqa: F401
-
-            import arctic_inference  # noqa: F401
+            from arctic_inference.suffix_decoding import SuffixDecodingCache  # noqa: F401
         except Exception as e:  # noqa: BLE001
-            return (f"NOT RUN: suffix decoding (Arctic Inference, vLLM defaults: global cache on, depth 24): "
-                    f"arctic-inference is not importable here ({type(e).__name__}: {e})")
-        return ("NOT RUN: suffix decoding is installed but its global-cache, depth-24 mode is not wired into this "
-                "replay yet")
+            return (f"NOT RUN: suffix decoding (Arctic Inference): arctic-inference is not importable here "
+                    f"({type(e).__name__}: {e}; scripts/setup.sh builds it with HYBRID_ANCHORS=1)")
+        return None
+
+    def free_kinds(self) -> tuple:
+        """The model-free draft kinds the baselines read (computed in the banks before the cells fork)."""
+        return tuple(dict.fromkeys(k for p in self.free[1:] for k in p.needs))
 
     def sim(self, pol, bank, idx, b, seed, key, spec=None):
         if key in self.runs:
@@ -269,15 +286,33 @@ class Runner:
         (a baseline's k, HYBRID's EAGLE steps and n-gram chain length) is tuned on ``seeds[0]``, and every policy
         compared runs on ``seeds[1:]``, the evaluation seeds (the tuning seed's text never enters a ratio).
 
-        ``adaptive_from``: a source whose tuned model-only adaptive K and HYBRID n-gram chain length are reused here
-        (the sweep points reuse the headline point's per cell and mode, to fit the default run's time budget: the
-        text, which decides how far copies run, is the same at every point; fixed EAGLE's k and HYBRID's EAGLE steps,
-        which follow the simulated drafter's strength, are tuned at every point)."""
+        ``adaptive_from``: a source whose tuned model-only adaptive K, EAGLE tree shape and HYBRID n-gram chain length
+        are reused here (the sweep points reuse the headline point's per cell and mode, to fit the default run's time
+        budget: the text, which decides how far copies run, is the same at every point; fixed EAGLE's k and HYBRID's
+        EAGLE steps, which follow the simulated drafter's strength, are tuned at every point)."""
         tune = seeds[0]
         todo = [(w, b) for w, b in cells if w in groups[tune]]
+        self.in_processes(self.count_launches, sorted({b for _, b in todo}))
+
+        def work(cell) -> float:          # a cell's relative cost: the steps its runs take, a larger batch's dearer
+            w, b = cell
+            n = len(groups[tune][w])
+            stream = math.ceil(max(2 * b, n) / n) * n
+            mean_len = float(np.mean([banks[tune].lengths[i] for i in groups[tune][w]]))
+            return stream * mean_len / b * (1 + b / 32)
+
         for line in self.in_processes(lambda cell: self._run_cell(source, banks, groups, cell, seeds, modes,
-                                                                  adaptive_from), todo):
+                                                                  adaptive_from), todo, cost=work):
             log(line)
+
+    def count_launches(self, b: int) -> None:
+        """Count the decision launches every engine policy is charged at ``b`` requests (each new count runs the fused
+        step in a Triton-interpreter subprocess, about a second): once per batch size before the cells fork, instead
+        of once in every cell of that batch size (`in_processes` hands the counts back to this process)."""
+        cost = self.specs.for_batch(b)
+        for pol in [*(p for ps in self.engine_pols.values() for p in ps.values()), *self.adaptive.values()]:
+            pol.reset(b, cost)
+            pol.launches(b)
 
     def _run_cell(self, source, banks: dict, groups: dict, cell, seeds, modes, adaptive_from) -> str:
         """`run_source` on one (workload, batch) cell; returns its log line."""
@@ -302,6 +337,15 @@ class Runner:
             run(self.adaptive[name], source, "-", name, [tune])
         cands = {p.name: p for p in self.eagle}
         cands.update({n: self.adaptive[n] for n in ks})
+        if getattr(banks[tune], "eagle_trees", None) is not None and self.trees:    # the simulated drafter only
+            trees = self.trees
+            if adaptive_from is not None and (adaptive_from, "-", w, b, "tree") in self.best:
+                trees = [p for p in trees if p.name == self.best[(adaptive_from, "-", w, b, "tree")]]
+            for pol in trees:
+                run(pol, source, "-", pol.name, [tune])
+            self.best[(source, "-", w, b, "tree")] = max(
+                (p.name for p in trees), key=lambda n: self.runs[(source, "-", w, b, n, tune)].tok_per_s)
+            cands.update({p.name: p for p in trees})
         best = max(cands, key=lambda n: self.runs[(source, "-", w, b, n, tune)].tok_per_s)
         run(cands[best], source, "-", best, evals)
         # the one-line rule "n-gram if it matches, else EAGLE", at the cell's best fixed EAGLE k, tuned over the
@@ -332,7 +376,7 @@ class Runner:
             run(pols[hy_best], source, m, "hybrid_merge", evals)
         return f"  {label(source)} | {w} B={b}: {time.perf_counter() - t0:.1f} s"
 
-    def in_processes(self, work, items) -> list:
+    def in_processes(self, work, items, cost=None) -> list:
         """``work(item)`` for each item, in ``cfg.jobs`` processes forked from this one (each inherits the runner as
         it is: banks, policies, the choices made so far); the runs and choices each item adds come back and join this
         runner in the items' order, as they would run one after another, and the launch counts it made join this
@@ -342,22 +386,30 @@ class Runner:
         Why processes and not threads: a cell is pure Python and torch on small tensors, bound by the interpreter; why
         fork: the draft banks (and the Rust drafter objects behind them) are not picklable, and forked children share
         them copy-on-write. Every simulated run is a function of its inputs and seed (no clock, no shared random
-        state), so the results are the same at any ``jobs`` (``tests/test_replay.py`` runs both and compares)."""
+        state), so the results are the same at any ``jobs`` (``tests/test_replay.py`` runs both and compares).
+
+        ``cost(item)``: an estimate of an item's run time; the processes take the items dearest first (so that a long
+        item does not start last and run alone at the end), and what they return still joins in the items' order."""
         jobs = min(self.cfg.jobs, len(items))
         if jobs <= 1:
             return [work(item) for item in items]
+        order = sorted(range(len(items)), key=lambda i: -cost(items[i])) if cost else list(range(len(items)))
         global _FORKED
         _FORKED = (self, work)
-        values = []
+        got = {}
         try:
             with multiprocessing.get_context("fork").Pool(jobs) as pool:
-                for runs, best, counts, value in pool.imap(_forked_item, items):
-                    self.runs.update(runs)
-                    self.best.update(best)
-                    step_launches.COUNTS.update(counts)      # the next fork inherits them: counted once per run
-                    values.append(value)
+                for i, result in zip(order, pool.imap(_forked_item, [items[i] for i in order])):
+                    got[i] = result
         finally:
             _FORKED = None
+        values = []
+        for i in range(len(items)):
+            runs, best, counts, value = got[i]
+            self.runs.update(runs)
+            self.best.update(best)
+            step_launches.COUNTS.update(counts)      # the next fork inherits them: counted once per run
+            values.append(value)
         return values
 
     def tuned_policy(self, source, mode, w, b, what: str):
@@ -367,7 +419,7 @@ class Runner:
             pols = [self.engine_pols[mode][n] for n in self.hybrid_candidates(mode)]
             return next(p for p in pols if (p.num_steps, p.engine.ngram_k) == (steps, k))
         name = self.best[(source, mode, w, b, what)][0]
-        pols = {p.name: p for p in [*self.free, *self.eagle, *self.adaptive.values()]}
+        pols = {p.name: p for p in [*self.free, *self.eagle, *self.trees, *self.adaptive.values()]}
         return pols[name]
 
     def hardmax_cell(self, source, banks, groups, w, b) -> Optional[dict]:
@@ -545,6 +597,13 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
     return v
 
 
+def model_tag(name: str) -> str:
+    """A model-only policy's short name in the tables: E<k>, A<K> or T<steps>/<topk>/<tokens>."""
+    if name.startswith("eagle_tree_s"):
+        return "T" + "/".join(part[1:] for part in name[len("eagle_tree_"):].split("_"))
+    return name.replace("eagle_fixed_k", "E").replace("model_adaptive_k", "A")
+
+
 def detail_table(runner: Runner, source, cells) -> list:
     """Speedup over no speculation per policy (pooled over the evaluation seeds) for one source's cells."""
     lines = []
@@ -557,7 +616,8 @@ def detail_table(runner: Runner, source, cells) -> list:
     lines += [head, "-" * len(head)]
     ns = {c: tok_s(runner.seeds_of((free_src, "-") + c + ("no_spec",), evals)) for c in cols}
     lines.append(f"{'no_spec (tok/s)':<26}" + "".join(f"{ns[c]:>16.0f}" for c in cols))
-    for family in ("ngram_ours", "vllm_ngram_5_5", "vllm_ngram_2_5"):
+    families = ("ngram_ours", "vllm_ngram_5_5", "vllm_ngram_2_5") + (("suffix",) if runner.suffix_note is None else ())
+    for family in families:
         row = f"{family:<26}"
         for c in cols:
             n = runner.tuned_free(free_src, *c, family)
@@ -579,15 +639,16 @@ def detail_table(runner: Runner, source, cells) -> list:
             val = {"model": cc["model"], "hybrid": cc["hybrid"], "oracle": cc["oracle"],
                    "rule": cc["rule"]}[what]
             tag = {"hybrid": f" S{cc['hybrid_steps']}/K{cc['hybrid_ngram_k']}",
-                   "model": " " + cc["model_name"].replace("eagle_fixed_k", "E").replace("model_adaptive_k", "A"),
+                   "model": " " + model_tag(cc["model_name"]),
                    "rule": " " + cc["rule_name"].replace("ngram_else_eagle_n", "K").replace("_e", "/E"),
                    "oracle": ""}[what]
             row += f"{f'{val / ns[c]:.2f}x{tag}':>16}"
         if any_:
             lines.append(row)
     lines.append("(K<k>: n-gram chain length; best model-only: E<k> = fixed EAGLE chain of k, A<K> = model-only "
-                 "adaptive at K (ragged, fresh, fused decision); n-gram else EAGLE K<k>/E<k>; HYBRID S<n>/K<k>: its "
-                 "EAGLE steps and n-gram chain length; all tuned per cell on the first seed)")
+                 "adaptive at K (ragged, fresh, fused decision), T<s>/<t>/<n> = EAGLE tree of s steps, topk t, n draft "
+                 "tokens (simulated drafter only); n-gram else EAGLE K<k>/E<k>; HYBRID S<n>/K<k>: its EAGLE steps and "
+                 "n-gram chain length; all tuned per cell on the first seed)")
     return lines
 
 
@@ -694,14 +755,24 @@ def run(cfg: Config, log=print) -> int:
         "n-gram drafters' real proposals; the worker's host path (bench.host_path). SIMULATED: the model drafter "
         "(swept strength, calibrated by construction) and every step time (GPU roofline below); the engine is "
         "MODELLED (as built / ideal). No GPU run.")
-    for name, e in runner.engines.items():
-        log(f"engine {name}: {e.describe()}")
+    for e in runner.engines.values():
+        log(f"engine {e.describe()}")
     log(f"draft forwards: a k-token EAGLE chain costs {P.draft_forwards(4)} draft steps for k=4 (SGLang 0.5.23: "
         f"draft-extend + k-1 draft decodes), for every EAGLE policy")
     log(f"cost model {runner.specs.name} (simulated):")
     for a in runner.specs.assumptions:
         log(f"  - {a}")
-    log(f"baselines: {runner.suffix_note}")
+    log("baselines: " + (runner.suffix_note or (
+        "suffix decoding: Arctic Inference's SuffixDecodingCache (vLLM's suffix defaults: depth 24, max_spec_factor "
+        "1, min_token_prob 0.1, chain mode), its k tuned like the n-gram baselines; without the global cache of other "
+        "responses: the replay's streams repeat requests, and a global cache would copy a request's own earlier "
+        "answer")))
+    log(f"EAGLE trees (SGLang's --speculative-eagle-topk > 1; (steps, topk, num_draft_tokens) in "
+        f"{[tuple(t) for t in cfg.eagle_trees]}, tuned with fixed EAGLE and model-only adaptive as the best model-only "
+        f"policy; simulated drafter only): the r-th candidate of a node on the output's path is right, when no better "
+        f"one is, with a share of the probability left drawn around {list(replay_synth.RANK_HIT)} (r = 2..8, "
+        "MEASURED on the SmolLM2 EAGLE head's first draft token); its draft forwards after the first run topk beams "
+        "per request, each reading the request's KV")
     cands = [runner.engine_pols["as built"][n] for n in runner.hybrid_candidates("as built")]
     log(f"HYBRID merge: (EAGLE steps, n-gram chain length) "
         f"{', '.join(f'({p.num_steps}, {p.engine.ngram_k})' for p in cands)} "
@@ -718,7 +789,7 @@ def run(cfg: Config, log=print) -> int:
         banks[s] = DraftBank(reqs, runner.bank_k, ngram_width=runner.pw)
         banks[s].ensure("ngram")
         groups[s] = g
-    for kind in ("pld-5-5", "pld-2-5"):
+    for kind in runner.free_kinds():
         for s in cfg.seeds:
             banks[s].ensure(kind)
     n_tok = {w: int(sum(banks[cfg.seeds[0]].lengths[i] for i in idx)) for w, idx in groups[cfg.seeds[0]].items()}
@@ -739,7 +810,8 @@ def run(cfg: Config, log=print) -> int:
         eb = {}
         for s in (cfg.seeds if pt == HEADLINE else cfg.seeds[:2]):
             toks, probs = replay_synth.simulated_eagle(banks[s], flags[s], pt[0], pt[1], 8, s)
-            eb[s] = replay_synth.with_eagle(banks[s], toks, probs)
+            trees = replay_synth.SimulatedEagleTrees(banks[s], flags[s], pt[0], pt[1], toks, probs, s)
+            eb[s] = replay_synth.with_eagle(banks[s], toks, probs, trees)
         if pt == HEADLINE:
             runner.run_source(pt, eb, groups, head_cells, list(cfg.seeds), MODES, log)
             eb_head = eb
@@ -757,7 +829,7 @@ def run(cfg: Config, log=print) -> int:
         tr = replay_traces.read_trace(real)
         reqs = [r for r in tr.requests if len(r.output)]
         rb = DraftBank(reqs, max(tr.eagle_k, runner.bank_k), ngram_width=runner.pw)
-        for kind in ("ngram", "pld-5-5", "pld-2-5"):      # before the cells fork: computed once, not per process
+        for kind in ("ngram",) + runner.free_kinds():      # before the cells fork: computed once, not per process
             rb.ensure(kind)
         g = {w: [i for i, r in enumerate(reqs) if r.workload == w] for w in ("code", "chat")}
         g["mixed"] = list(range(len(reqs)))

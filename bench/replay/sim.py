@@ -4,13 +4,13 @@ Replay rule (per step, continuous batching at a fixed concurrency B):
   * every active request gets draft nodes from the policy (bench/replay/policies.py);
   * accepted = the deepest draft node whose whole path equals the trace's output (greedy acceptance);
     emitted = accepted + 1 (the bonus token), capped at what is left of the output;
-  * the step verifies n = sum over requests of (1 + draft nodes) tokens (ragged verify; a policy that models a
-    padded engine says how many it verifies, `Proposal.verify_tokens`, e.g. B x W) and costs T(n) + (EAGLE draft
-    forwards) x t_draft from the cost model (a roofline model charges both at the batch's real context lengths,
-    prompt + output so far), plus the GPU time of the kernels the policy's own work launches
-    (`Proposal.launches`); the host time the policy reports (`Proposal.host_s`, plus the dispatch of those launches)
-    adds to that, or the step takes the larger of the two when the host time overlaps the device
-    (`Proposal.host_overlaps`: overlap scheduling); a device stall the policy reports (`Proposal.stall_s`, a
+  * the step verifies n = sum over requests of (1 + draft nodes) tokens (ragged verify; a policy that models a padded
+    engine says how many it verifies, `Proposal.verify_tokens`, e.g. B x W) and costs T(n) + (EAGLE draft forwards) x
+    t_draft from the cost model (a roofline model charges both at the batch's real context lengths, prompt + output so
+    far; an EAGLE tree's forwards after the first run ``topk`` beams per request), plus the GPU time of the kernels the
+    policy's own work launches (`Proposal.launches`); the host time the policy reports (`Proposal.host_s`, plus the
+    dispatch of those launches) adds to that, or the step takes the larger of the two when the host time overlaps the
+    device (`Proposal.host_overlaps`: overlap scheduling); a device stall the policy reports (`Proposal.stall_s`, a
     blocking read inside the step) adds to either;
   * finished requests are replaced by the next one from a seeded stream (whole permutations of the workload);
     the run stops at the first step after which a slot cannot be refilled, so throughput is measured with the batch
@@ -43,23 +43,25 @@ def greedy_tree_accept(tokens: np.ndarray, parents: np.ndarray, targets: np.ndar
         return np.zeros(b, np.int64)
     if ((parents == np.arange(-1, n - 1)) | (tokens < 0)).all():
         # every drafted node hangs off the one before it: chains (most policies), whose accepted length is the run of
-        # leading matches; the same answer as the walk below, without a pass per node
+        # leading matches; the same answer as the pointer jumping below, in one pass
         ok = (tokens >= 0) & (tokens == targets[:, :n])
         return np.cumprod(ok, axis=1).sum(axis=1).astype(np.int64)
-    rows = np.arange(b)
-    depth = np.zeros((b, n), np.int64)
-    acc = np.zeros((b, n), bool)
-    for i in range(n):
-        par = parents[:, i]
-        if (par >= i).any():
-            raise ValueError("parents must satisfy parents[i] < i (topological order)")
-        has = par >= 0
-        pidx = np.where(has, par, 0)
-        d = np.where(has, depth[rows, pidx], 0) + 1
-        ok_parent = np.where(has, acc[rows, pidx], True)
-        depth[:, i] = d
-        acc[:, i] = (tokens[:, i] >= 0) & ok_parent & (tokens[:, i] == targets[rows, d - 1])
-    return (depth * acc).max(axis=1)
+    if (parents >= np.arange(n)).any():
+        raise ValueError("parents must satisfy parents[i] < i (topological order)")
+    # trees: every node's depth, then whether its whole path matches, each by pointer jumping (log2(depth) rounds over
+    # all nodes at once, each node adding what its current ancestor holds and jumping to that one's ancestor)
+    # (a virtual column n stands above the root's children: its depth is 0, its path matches, it jumps to itself)
+    up = np.concatenate([np.where(parents < 0, n, parents), np.full((b, 1), n)], axis=1)
+    depth = np.concatenate([np.ones((b, n), np.int64), np.zeros((b, 1), np.int64)], axis=1)
+    while (up[:, :n] < n).any():
+        depth, up = depth + np.take_along_axis(depth, up, 1), np.take_along_axis(up, up, 1)
+    depth = depth[:, :n]
+    good = np.concatenate([(tokens >= 0) & (tokens == np.take_along_axis(targets, depth - 1, axis=1)),
+                           np.ones((b, 1), bool)], axis=1)
+    up = np.concatenate([np.where(parents < 0, n, parents), np.full((b, 1), n)], axis=1)
+    while (up[:, :n] < n).any():
+        good, up = good & np.take_along_axis(good, up, 1), np.take_along_axis(up, up, 1)
+    return (depth * good[:, :n]).max(axis=1)
 
 
 @dataclasses.dataclass
@@ -133,8 +135,11 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
         emitted = np.minimum(accepted + 1, remaining)
         n_tokens = batch + int(n_nodes.sum()) if prop.verify_tokens is None else int(prop.verify_tokens)
         ctx = float(context.sum())
-        device_s = (cost.step_time(n_tokens, ctx) + prop.model_steps * cost.draft_time(ctx)
-                    + cost.launch.device_s(prop.launches))
+        if prop.draft_topk > 1 and prop.model_steps > 0:    # a tree: the forwards after the first run topk beams
+            draft_s = cost.draft_time(ctx) + (prop.model_steps - 1) * cost.draft_time(ctx, branches=prop.draft_topk)
+        else:
+            draft_s = prop.model_steps * cost.draft_time(ctx)
+        device_s = cost.step_time(n_tokens, ctx) + draft_s + cost.launch.device_s(prop.launches)
         host_s = float(prop.host_s) + cost.launch.host_s(prop.launches)
         dt = (max(device_s, host_s) if prop.host_overlaps else device_s + host_s) + float(prop.stall_s)
         tot["seconds"] += dt

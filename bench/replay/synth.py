@@ -20,6 +20,7 @@ after output[:p]):
 from __future__ import annotations
 
 import copy
+import functools
 from typing import List
 
 import numpy as np
@@ -30,6 +31,11 @@ from bench.replay.traces import Trace, TraceRequest
 KAPPA = 6.0          # Beta concentration of the simulated confidences
 COPY_MATCH = 4       # "long" n-gram match: at least this many context tokens matched
 VOCAB = 100_277      # cl100k
+#: P(the target's token is the EAGLE head's r-th candidate | none of its r - 1 better ones is), r = 2..8: MEASURED on
+#: the only real EAGLE head here (SmolLM2-135M's, its first draft token at the 4,058 output positions of the real
+#: trace; ``python -m bench.replay.eagle_ranks``). The simulated trees' later candidates use them
+#: (`SimulatedEagleTrees`); rank 1 is the simulated chain's own draw.
+RANK_HIT = (0.230, 0.155, 0.116, 0.090, 0.069, 0.067, 0.054)
 
 
 def real_text_requests(n: int, seed: int, out_tokens: int, k: int, edit_dense: bool = True) -> tuple:
@@ -81,30 +87,184 @@ def _positions(bank) -> np.ndarray:
     return np.concatenate([np.arange(n) for n in bank.lengths]).astype(np.int64)
 
 
+def _strength(bank, flags: np.ndarray, alpha: float, alpha_copy: float, k: int, rows=None) -> tuple:
+    """(a, inside, truth), each [R, k], for bank rows ``rows`` (default all): the simulated drafter's mean strength
+    at depth j (``alpha_copy`` where a long n-gram match predicts that position, else ``alpha``), whether position
+    p + j is inside the output, and the output token there (padding past the end)."""
+    total = int(bank.lengths.sum())
+    rows = np.arange(total) if rows is None else np.asarray(rows, np.int64)
+    req = np.searchsorted(bank.offset, rows, side="right") - 1           # the request each row belongs to
+    pos = rows - bank.offset[req]
+    j = np.arange(k)[None, :]
+    q = pos[:, None] + j                                                  # predicted output position
+    inside = q < bank.lengths[req][:, None]
+    flag_idx = np.minimum(rows[:, None] + j, total - 1)                  # row of position q in the same request
+    cf = np.where(inside, flags[flag_idx], False)
+    return np.where(cf, alpha_copy, alpha), inside, bank.out_pad[bank.out_off[req][:, None] + q]
+
+
+_QUANTILES = 4096
+
+
+@functools.lru_cache(maxsize=None)
+def _beta_quantiles(mean: float) -> np.ndarray:
+    """The Beta(mean * KAPPA, (1 - mean) * KAPPA) distribution's quantiles at (i + 1/2) / `_QUANTILES`."""
+    from scipy import stats
+
+    a, b = max(mean * KAPPA, 1e-3), max((1.0 - mean) * KAPPA, 1e-3)
+    return stats.beta.ppf((np.arange(_QUANTILES) + 0.5) / _QUANTILES, a, b)
+
+
+def _beta(rng, mean, shape) -> np.ndarray:
+    """Draws of shape ``shape`` from Beta of mean ``mean`` (broadcast to ``shape``) and concentration `KAPPA`, by
+    inverse CDF over a table of quantiles (a tree needs ~10^5 draws per request: numpy's Beta sampler was most of
+    the replay's tree time)."""
+    if 0 in shape:
+        return np.empty(shape)
+    means, which = np.unique(np.asarray(mean, np.float64), return_inverse=True)
+    table = np.stack([_beta_quantiles(float(m)) for m in means])
+    return table[np.broadcast_to(which.reshape(np.shape(mean)), shape), rng.integers(0, _QUANTILES, size=shape)]
+
+
 def simulated_eagle(bank, flags: np.ndarray, alpha: float, alpha_copy: float, k: int, seed: int) -> tuple:
     """(eagle_tokens int64 [rows, k], eagle_probs float32 [rows, k]) over every row of ``bank`` (module docstring)."""
     rng = np.random.default_rng([int(seed), int(round(alpha * 1000)), int(round(alpha_copy * 1000)), 7])
     rows = int(bank.lengths.sum())
-    pos = _positions(bank)
-    start = bank.out_off.repeat(bank.lengths)
-    j = np.arange(k)[None, :]
-    q = pos[:, None] + j                                                  # predicted output position
-    inside = q < bank.lengths.repeat(bank.lengths)[:, None]
-    flag_idx = np.minimum(np.arange(rows)[:, None] + j, rows - 1)         # row of position q in the same request
-    cf = np.where(inside, flags[flag_idx], False)
-    a = np.where(cf, alpha_copy, alpha)
+    a, inside, truth = _strength(bank, flags, alpha, alpha_copy, k)
     conf = rng.beta(np.maximum(a * KAPPA, 1e-3), np.maximum((1.0 - a) * KAPPA, 1e-3)).astype(np.float32)
     right = rng.random((rows, k)) < conf
-    truth = bank.out_pad[start[:, None] + q]
     wrong = (np.maximum(truth, 0) + 1 + rng.integers(0, 1000, size=(rows, k))) % VOCAB
     toks = np.where(inside & right, truth, np.where(inside, wrong, 0)).astype(np.int64)
     return toks, np.clip(conf, 1e-4, 1.0 - 1e-4).astype(np.float32)
 
 
-def with_eagle(bank, tokens: np.ndarray, probs: np.ndarray):
-    """A view of ``bank`` (sharing its model-free drafts) with these EAGLE rows."""
+class SimulatedEagleTrees:
+    """The simulated drafter's EAGLE trees (SGLang's ``--speculative-eagle-topk`` > 1), consistent with its chains.
+
+    SGLang 0.5.23 drafts a tree in ``steps`` forwards: the first gives the root's ``topk`` most likely children; each
+    later forward expands each of the ``topk`` best nodes so far (the beams) by its ``topk`` children, scored by the
+    product of draft probabilities along the path, and keeps the ``topk`` best of those as the next beams; the
+    ``num_draft_tokens - 1`` best-scored nodes of all candidates are verified (``eagle_utils.organize_draft_results``).
+    This class builds that tree per output position with the same rule, over simulated candidates:
+
+    * a node whose path so far equals the output ("on the path") at depth j of row p has as its first child the
+      simulated chain's token j of row p, with its probability and right/wrong draw (so a tree of ``topk`` = 1 is the
+      chain, node for node);
+    * its further children take stick-breaking shares of the probability left: the r-th gets the share ``u_r`` of
+      what ranks < r left, ``u_r`` ~ Beta with mean `RANK_HIT` [r - 2] (MEASURED: how often the real SmolLM2 EAGLE
+      head's r-th candidate is the target's token when its better ones are not), and is the output's token with
+      probability ``u_r`` when no better-ranked sibling was (calibrated: P(right) = its probability);
+    * a node off the path has children of the same shape, none of them right; its first child's probability is a
+      fresh draw of the chain's strength at that depth.
+
+    The chain's own nodes (first children all the way from the root) carry the chain's tokens; the other wrong
+    children carry distinct tokens that never equal the output. Each request's trees are a function of
+    (seed, strength, the tree's shape, the request), computed when first asked for and kept, so any order of asking
+    (a forked cell, a batch stream) sees the same trees.
+    """
+
+    def __init__(self, bank, flags, alpha: float, alpha_copy: float, chain_tokens, chain_probs, seed: int):
+        self.bank, self.flags = bank, flags
+        self.alpha, self.alpha_copy, self.seed = float(alpha), float(alpha_copy), int(seed)
+        self.chain_tokens, self.chain_probs = chain_tokens, chain_probs
+        self._cache: dict = {}
+        for m in (*RANK_HIT, self.alpha, self.alpha_copy):    # tabulated here, before the replay forks its cells
+            _beta_quantiles(float(m))
+
+    def rows(self, req, pos, steps: int, topk: int, n_draft: int) -> tuple:
+        """(tokens int64 [B, n_draft - 1], parents int64 [B, n_draft - 1]) of the tree drafted after output[:pos] of
+        each request ``req`` (parents: -1 = child of the root)."""
+        req, pos = np.asarray(req, np.int64), np.asarray(pos, np.int64)
+        shape = (int(steps), int(topk), int(n_draft))
+        toks = np.empty((len(req), n_draft - 1), np.int64)
+        pars = np.empty((len(req), n_draft - 1), np.int64)
+        for r in np.unique(req):
+            key = (shape, int(r))
+            if key not in self._cache:
+                self._cache[key] = self._request(int(r), *shape)
+            sel = req == r
+            toks[sel], pars[sel] = self._cache[key][0][pos[sel]], self._cache[key][1][pos[sel]]
+        return toks, pars
+
+    def _request(self, r: int, steps: int, topk: int, n_draft: int) -> tuple:
+        if steps < 1 or topk < 1 or not 2 <= n_draft <= topk + (steps - 1) * topk * topk + 1:
+            raise ValueError(f"EAGLE tree steps={steps} topk={topk} num_draft_tokens={n_draft}: need steps >= 1, "
+                             f"topk >= 1 and 2 <= num_draft_tokens <= 1 + topk + (steps - 1) * topk^2")
+        if steps > self.chain_tokens.shape[1]:
+            raise ValueError(f"EAGLE tree of {steps} steps exceeds the simulated chains' {self.chain_tokens.shape[1]}")
+        bank = self.bank
+        rng = np.random.default_rng([self.seed, int(round(self.alpha * 1000)), int(round(self.alpha_copy * 1000)),
+                                     steps, topk, n_draft, r, 11])
+        rows = np.arange(bank.offset[r], bank.offset[r] + bank.lengths[r])
+        R, K = len(rows), topk
+        a, inside, truth = _strength(bank, self.flags, self.alpha, self.alpha_copy, steps, rows)
+        conf = self.chain_probs[rows, :steps].astype(np.float64)
+        right = inside & (self.chain_tokens[rows, :steps] == truth)
+        scores, onpath, onchain, parents, depth = [], [], [], [], []
+        beam_score, beam_on, beam_idx = np.ones((R, 1)), np.ones((R, 1), bool), np.full((R, 1), -1, np.int64)
+        beam_chain = np.ones((R, 1), bool)        # the beam is a node of the simulated chain (or the root)
+        n_pool = 0
+        for d in range(steps):
+            P = beam_score.shape[1]
+            q = np.empty((R, P, K))
+            q[:, :, 0] = np.where(beam_on, conf[:, d:d + 1], np.clip(_beta(rng, a[:, d:d + 1], (R, P)), 1e-4,
+                                                                          1 - 1e-4))
+            u = np.clip(_beta(rng, np.asarray(RANK_HIT[:K - 1]), (R, P, K - 1)), 1e-4, 1 - 1e-4)
+            left = 1.0 - q[:, :, 0]
+            for c in range(1, K):
+                q[:, :, c] = left * u[:, :, c - 1]
+                left = left * (1.0 - u[:, :, c - 1])
+            # which child (if any) is the output's token, for beams on the path: the chain's draw for the first, then
+            # each later one with probability u given no better one was
+            hit = np.zeros((R, P, K), bool)
+            hit[:, :, 0] = right[:, d:d + 1]
+            miss = ~hit[:, :, 0]
+            later = rng.random((R, P, K - 1)) < u
+            for c in range(1, K):
+                hit[:, :, c] = miss & later[:, :, c - 1]
+                miss &= ~hit[:, :, c]
+            hit &= beam_on[:, :, None] & inside[:, d:d + 1, None]
+            s = (beam_score[:, :, None] * q).reshape(R, P * K)
+            scores.append(s)
+            onpath.append(hit.reshape(R, P * K))
+            chain = np.zeros((R, P, K), bool)
+            chain[:, :, 0] = beam_chain
+            onchain.append(chain.reshape(R, P * K))
+            parents.append(np.repeat(beam_idx, K, axis=1))
+            depth.append(np.full(P * K, d))
+            keep = np.argpartition(-s, K - 1, axis=1)[:, :K] if s.shape[1] > K else np.arange(K)[None].repeat(R, 0)
+            beam_score = np.take_along_axis(s, keep, 1)
+            beam_on = np.take_along_axis(onpath[-1], keep, 1)
+            beam_chain = np.take_along_axis(onchain[-1], keep, 1)
+            beam_idx = keep + n_pool
+            n_pool += P * K
+        score, on, parent = np.concatenate(scores, 1), np.concatenate(onpath, 1), np.concatenate(parents, 1)
+        chain_node = np.concatenate(onchain, 1)
+        dep = np.concatenate(depth)
+        # the n_draft - 1 best-scored candidates, in pool order (parents before children: a child's score is below
+        # its parent's, so every chosen node's parent is chosen too)
+        chosen = np.sort(np.argpartition(-score, n_draft - 2, axis=1)[:, :n_draft - 1], axis=1)
+        where = np.full((R, n_pool), -1, np.int64)
+        np.put_along_axis(where, chosen, np.arange(n_draft - 1)[None, :].repeat(R, 0), 1)
+        par_pool = np.take_along_axis(parent, chosen, 1)
+        par = np.where(par_pool < 0, -1, np.take_along_axis(where, np.maximum(par_pool, 0), 1))
+        if (par_pool >= 0).any() and (par[par_pool >= 0] < 0).any():
+            raise AssertionError("a chosen tree node's parent was not chosen")
+        d_of = dep[chosen]
+        t_at = np.take_along_axis(truth, d_of, 1)
+        # the chain's own nodes keep its tokens (right or wrong); other wrong candidates get tokens outside the range
+        # the chain's wrong tokens are drawn from, so siblings never share one
+        tok = np.where(np.take_along_axis(on, chosen, 1), t_at, (np.maximum(t_at, 0) + 1001 + chosen) % VOCAB)
+        tok = np.where(np.take_along_axis(chain_node, chosen, 1),
+                       np.take_along_axis(self.chain_tokens[rows, :steps], d_of, 1), tok)
+        return tok.astype(np.int64), par.astype(np.int64)
+
+
+def with_eagle(bank, tokens: np.ndarray, probs: np.ndarray, trees: "SimulatedEagleTrees | None" = None):
+    """A view of ``bank`` (sharing its model-free drafts) with these EAGLE rows (and, when given, these trees)."""
     b = copy.copy(bank)
     b.eagle_tokens, b.eagle_probs = tokens, probs
+    b.eagle_trees = trees
     return b
 
 
