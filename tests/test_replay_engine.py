@@ -700,6 +700,22 @@ def test_model_offset_option_reaches_both_engines_and_bad_values_are_refused(mon
         replay.main(["--realistic", "--jobs", "0"])
 
 
+def test_suffix_decoding_joins_the_model_free_baselines_where_arctic_imports():
+    """Arctic's suffix decoding is one more model-free baseline, tuned over the same chain lengths, wherever its
+    package imports (``HYBRID_ANCHORS=1 bash scripts/setup.sh``); elsewhere (CI) the run says NOT RUN and why."""
+    runner = replay_realistic.Runner(replay_realistic.Config(batches=(4,), ngram_ks=(8, 16), sweep=False,
+                                                             decompose=False, plot=None))
+    suffix = [p.name for p in runner.free if isinstance(p, P.SuffixDecoding)]
+    try:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache  # noqa: F401
+    except ImportError:
+        assert runner.suffix_note.startswith("NOT RUN: suffix decoding") and "HYBRID_ANCHORS=1" in runner.suffix_note
+        assert suffix == [] and "suffix" not in runner.free_kinds()
+        return
+    assert runner.suffix_note is None
+    assert suffix == ["suffix", "suffix_k16"] and "suffix" in runner.free_kinds()
+
+
 def test_realistic_command_line_defaults_are_the_configs_and_eagle_trees_parse(monkeypatch):
     """The realistic replay's command-line defaults are `Config`'s own (one place to change them); ``--eagle-trees``
     takes SGLang's three settings per tree and refuses a tree SGLang's rule cannot grow."""
