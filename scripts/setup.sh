@@ -34,8 +34,13 @@ $PIP install -q -e ".[reference,bench,test]"
 # missing anchors as NOT RUN with the reason). Arctic Inference only installs from source; it builds on CPU.
 if [ "${HYBRID_ANCHORS:-0}" = 1 ]; then
     $PIP install -q --no-deps "vllm==0.33.0"
-    $PIP install -q "numba==0.65.1" "cbor2==6.3.0" "openai-harmony==0.0.8" "ninja==1.13.2" "cmake==4.4.5" "nanobind==2.9.2"
-    CMAKE_BUILD_PARALLEL_LEVEL=1 CMAKE_ARGS="-DPython_EXECUTABLE=$($PY -c 'import sys; print(sys.executable)')" \
+    $PIP install -q "numba==0.65.1" "cbor2==6.3.0" "openai-harmony==0.0.8" "ninja==1.13.2" "cmake==4.4.5" \
+        "nanobind==2.9.2" "setuptools>=70"
+    # The build runs without isolation (setuptools' bdist_wheel comes from this environment: a fresh venv's is too old)
+    # and calls cmake and ninja by name: put this interpreter's scripts folder, where pip put them, first on PATH.
+    SCRIPTS="$($PY -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+    PATH="$SCRIPTS:$PATH" CMAKE_BUILD_PARALLEL_LEVEL=1 \
+        CMAKE_ARGS="-DPython_EXECUTABLE=$($PY -c 'import sys; print(sys.executable)')" \
         $PIP install -q --no-deps --no-build-isolation --no-binary arctic-inference "arctic-inference==0.3.0"
 fi
 echo "setup: done"
