@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bench.replay import policies as P
 from bench.replay import realistic as RR
-from bench.replay import costs as replay_costs, record as replay_record, traces as replay_traces
+from bench.replay import costs as replay_costs, record as replay_record, synth as replay_synth, traces as replay_traces
 from bench.replay import report as report
 from bench.cost_tables import roofline
 from bench.replay.drafts import DraftBank, DrafterUnavailable
@@ -46,7 +46,7 @@ def _tree_shape(value: str) -> tuple:
         steps, topk, tokens = (int(x) for x in value.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"give an EAGLE tree as STEPS,TOPK,NUM_DRAFT_TOKENS, got {value!r}") from None
-    if not (1 <= steps <= 8 and topk >= 2 and 2 <= tokens <= 1 + topk + (steps - 1) * topk * topk):
+    if not (1 <= steps <= 8 and topk >= 2 and 2 <= tokens <= replay_synth.max_draft_tokens(steps, topk)):
         raise argparse.ArgumentTypeError(
             f"EAGLE tree {value!r}: need 1 <= steps <= 8 (the simulated chains' length), topk >= 2 and "
             "2 <= num_draft_tokens <= 1 + topk + (steps - 1) * topk^2")

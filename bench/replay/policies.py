@@ -38,7 +38,9 @@ class Proposal:
       time per launch on the device and its host dispatch time on the host (``bench.replay.host.LaunchCost``)
     stall_s: seconds the device idles inside the step while the host waits on it (a blocking device-to-host read
       between the decision and the verify): added to the step, overlapped with nothing
-    draft_topk: see the field
+    draft_topk: sequences each EAGLE draft forward after the first runs per request: SGLang's
+      ``--speculative-eagle-topk`` (1 for chains); a tree's later forwards run ``topk`` beams per request, each reading
+      the request's KV
     """
 
     tokens: np.ndarray
@@ -50,8 +52,6 @@ class Proposal:
     host_overlaps: bool = False
     launches: int = 0
     stall_s: float = 0.0
-    #: sequences each EAGLE draft forward after the first runs per request: SGLang's ``--speculative-eagle-topk``
-    #: (1 for chains); a tree's later forwards run ``topk`` beams per request, each reading the request's KV
     draft_topk: int = 1
 
 

@@ -198,18 +198,17 @@ class Runner:
                                                     model_bias_eta=cfg.model_bias_eta)}
         self.core = P._Core()
         self.free = [P.NoSpeculation()]
+        self.suffix_note = self._suffix_available()
         for k in cfg.ngram_ks:
             tag = "" if k == self.engines["as built"].ngram_k else f"_k{k}"     # the deployed k keeps the plain name
             ours = P.NgramOurs(k)
             ours.name = "ngram_ours" + tag
             self.free += [ours, P.PromptLookup(k, 5, 5, name="vllm_ngram_5_5" + tag),
                           P.PromptLookup(k, 2, 5, name="vllm_ngram_2_5" + tag)]
-        self.suffix_note = self._suffix_available()
-        if self.suffix_note is None:
-            for k in cfg.ngram_ks:
-                sd = P.SuffixDecoding(k)
-                sd.name = "suffix" + ("" if k == self.engines["as built"].ngram_k else f"_k{k}")
-                self.free.append(sd)
+            if self.suffix_note is None:
+                suffix = P.SuffixDecoding(k)
+                suffix.name = "suffix" + tag
+                self.free.append(suffix)
         self.eagle = []
         for k in cfg.eagle_ks:
             p = P.EagleFixed(k)

@@ -48,20 +48,23 @@ def greedy_tree_accept(tokens: np.ndarray, parents: np.ndarray, targets: np.ndar
         return np.cumprod(ok, axis=1).sum(axis=1).astype(np.int64)
     if (parents >= np.arange(n)).any():
         raise ValueError("parents must satisfy parents[i] < i (topological order)")
-    # trees: every node's depth, then whether its whole path matches, each by pointer jumping (log2(depth) rounds over
-    # all nodes at once, each node adding what its current ancestor holds and jumping to that one's ancestor)
-    # (a virtual column n stands above the root's children: its depth is 0, its path matches, it jumps to itself)
+    # trees: every node's depth, then whether its whole path matches, each folded along the path to the root
     up = np.concatenate([np.where(parents < 0, n, parents), np.full((b, 1), n)], axis=1)
-    depth = np.concatenate([np.ones((b, n), np.int64), np.zeros((b, 1), np.int64)], axis=1)
+    depth = _fold_to_root(np.ones((b, n), np.int64), 0, up, np.add)
+    good = (tokens >= 0) & (tokens == np.take_along_axis(targets, depth - 1, axis=1))
+    return (depth * _fold_to_root(good, True, up, np.logical_and)).max(axis=1)
+
+
+def _fold_to_root(values: np.ndarray, neutral, up: np.ndarray, combine) -> np.ndarray:
+    """``combine`` of ``values`` over each node's path to the root ([B, N]), by pointer jumping: log2(depth) rounds
+    over all nodes at once, each node combining what its current ancestor holds and jumping to that one's ancestor.
+    ``up`` [B, N + 1]: each node's parent, N for the root's children; column N is a virtual node above them that holds
+    ``neutral`` and jumps to itself."""
+    n = values.shape[1]
+    vals = np.concatenate([values, np.full((values.shape[0], 1), neutral, values.dtype)], axis=1)
     while (up[:, :n] < n).any():
-        depth, up = depth + np.take_along_axis(depth, up, 1), np.take_along_axis(up, up, 1)
-    depth = depth[:, :n]
-    good = np.concatenate([(tokens >= 0) & (tokens == np.take_along_axis(targets, depth - 1, axis=1)),
-                           np.ones((b, 1), bool)], axis=1)
-    up = np.concatenate([np.where(parents < 0, n, parents), np.full((b, 1), n)], axis=1)
-    while (up[:, :n] < n).any():
-        good, up = good & np.take_along_axis(good, up, 1), np.take_along_axis(up, up, 1)
-    return (depth * good[:, :n]).max(axis=1)
+        vals, up = combine(vals, np.take_along_axis(vals, up, 1)), np.take_along_axis(up, up, 1)
+    return vals[:, :n]
 
 
 @dataclasses.dataclass

@@ -138,6 +138,12 @@ def simulated_eagle(bank, flags: np.ndarray, alpha: float, alpha_copy: float, k:
     return toks, np.clip(conf, 1e-4, 1.0 - 1e-4).astype(np.float32)
 
 
+def max_draft_tokens(steps: int, topk: int) -> int:
+    """The most ``num_draft_tokens`` (root included) SGLang's tree rule can verify: the root, its ``topk`` children and
+    ``topk`` x ``topk`` candidates from each later step."""
+    return 1 + topk + (steps - 1) * topk * topk
+
+
 class SimulatedEagleTrees:
     """The simulated drafter's EAGLE trees (SGLang's ``--speculative-eagle-topk`` > 1), consistent with its chains.
 
@@ -187,7 +193,7 @@ class SimulatedEagleTrees:
         return toks, pars
 
     def _request(self, r: int, steps: int, topk: int, n_draft: int) -> tuple:
-        if steps < 1 or topk < 1 or not 2 <= n_draft <= topk + (steps - 1) * topk * topk + 1:
+        if steps < 1 or topk < 1 or not 2 <= n_draft <= max_draft_tokens(steps, topk):
             raise ValueError(f"EAGLE tree steps={steps} topk={topk} num_draft_tokens={n_draft}: need steps >= 1, "
                              f"topk >= 1 and 2 <= num_draft_tokens <= 1 + topk + (steps - 1) * topk^2")
         if steps > self.chain_tokens.shape[1]:
