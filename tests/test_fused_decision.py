@@ -212,3 +212,27 @@ def test_fused_setting_names_itself_where_triton_cannot_run():
     assert HybridStep(HybridSettings(), num_steps=2, pool_size=2, device="cpu").fused is None
     with pytest.raises(HybridConfigError, match="decision_kernels.*SGLANG_HYBRID_DECISION_KERNELS"):
         HybridStep(HybridSettings(decision_kernels="fused"), num_steps=2, pool_size=2, device="cpu")
+
+
+def test_workspace_hands_out_one_view_per_shape_until_its_buffer_grows():
+    """``Workspace.take`` returns the same view object for a (name, shape, dtype) asked for before (the eager step's
+    host cost), views of one name share the front of its buffer, and a larger request replaces the buffer and every
+    cached view of that name, never another name's."""
+    import torch
+
+    from sglang_hybrid.kernels.workspace import Workspace
+
+    ws = Workspace("cpu")
+    a = ws.take("x", (2, 3), torch.int32)
+    assert ws.take("x", (2, 3), torch.int32) is a
+    b = ws.take("x", (3,), torch.int32)                       # a smaller shape: the front of the same buffer
+    assert b.data_ptr() == a.data_ptr() and b is not a
+    other = ws.take("y", (4,), torch.float32)
+    a.fill_(7)
+    assert ws.take("x", (2, 3), torch.int32).eq(7).all()      # writes stay visible through the cached view
+    big = ws.take("x", (5, 5), torch.int32)                   # grows: a new buffer
+    assert ws.nbytes == 25 * 4 + 4 * 4
+    again = ws.take("x", (2, 3), torch.int32)
+    assert again is not a and again.data_ptr() == big.data_ptr()
+    assert ws.take("y", (4,), torch.float32) is other         # another name's views are kept
+    assert ws.take("x", (2, 3), torch.int64).dtype == torch.int64   # another dtype: its own buffer and views
