@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The device run: measured cost tables, the selection step graph-captured at deployed shapes, lossless checks.
+# The device run: measured cost tables, the selection step graph-captured at deployed shapes, the ragged verify
+# layout captured per token tier, lossless checks.
 #
-#   bash bench/device_run.sh              # GPU present: the full run (a few minutes on an H200);
+#   bash bench/device_run.sh              # GPU present: the full run (about 70 s on an H200);
 #                                         # no GPU: the CPU mode (same checks, small sizes, < 2 minutes)
 #   bash bench/device_run.sh --cpu        # the CPU mode even where a GPU is present
 #   bash bench/device_run.sh --prepare    # here, before a GPU call: wheels into dist/device/, carry size checked
 #   bash bench/device_run.sh --check-carry  # only the size check
 #
 # Outputs go to $OUT when set (the device tool sets it), else out/device/: device_run.log, summary.json,
-# cost_tables.json + cost_tables.png, selection.json, lossless.json (six files: the tool returns at most eight).
+# cost_tables.json + cost_tables.png, selection.json, ragged.json, lossless.json (seven files: the tool returns at
+# most eight).
 # The GPU machine has Python 3.12 and torch but no pydantic and no build of our Rust extension: --prepare downloads
 # pydantic's wheels (cp312, manylinux x86_64) and copies the abi3 wheel of sglang_hybrid (scripts/build_wheel.sh)
 # into dist/device/, which the run call carries. docs/benchmarks.md ("Device run") gives the exact call.
@@ -77,7 +79,7 @@ EOF
 Ready. The device call (run tool), from this checkout:
   command:   bash bench/device_run.sh
   carry:     ["$WHEELS"]
-  timeout_s: 540
+  timeout_s: 300
 EOF
 }
 

@@ -36,7 +36,7 @@ def test_cpu_mode_passes_and_says_no_gpu(cpu_run):
     assert not re.search(r"\d+(\.\d+)? ?ms\b", text), "the CPU mode printed a millisecond timing"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["on_gpu"] is False and summary["result"] == "all checks passed"
-    assert set(summary["jobs"]) == {"cost_table", "selection", "lossless"}
+    assert set(summary["jobs"]) == {"cost_table", "selection", "ragged", "lossless"}
     assert (out / "device_run.log").read_text().strip().endswith(f"outputs in {out}/")
 
 
@@ -50,8 +50,15 @@ def test_cpu_mode_outputs(cpu_run):
     assert doc["source"].startswith("CPU smoke") and "NOT a GPU table" in doc["source"]
     sel = json.loads((out / "selection.json").read_text())
     assert sel["failures"] == 0 and sel["verdicts"] == [], sel
-    assert {r["W"] for r in sel["results"]} == {13}
+    assert {(r["config"], r["W"]) for r in sel["results"]} == {("S4/K8", 13), ("S2/K24", 27), ("S6/K24", 31)}
     assert all(r["compiled_vs_eager_cpu"] == "equal" for r in sel["results"])
+    rag = json.loads((out / "ragged.json").read_text())
+    assert rag["failures"] == 0 and rag["on_gpu"] is False and "graph_ms" not in rag, rag
+    assert rag["T"] == sum(rag["counts_batch1"]) == sum(rag["counts_batch2"])
+    assert rag["counts_batch1"] != rag["counts_batch2"] and rag["max_nodes"] == rag["W"] == 29
+    assert all(rag[k] == "equal" for k in ("batch1_eager_vs_cpu_and_reference", "batch1_compiled_vs_eager",
+                                           "batch2_compiled_vs_eager", "batch2_compiled_vs_cpu_and_reference"))
+    assert rag["negative_control_differs"].startswith("differs")
     loss = json.loads((out / "lossless.json").read_text())
     assert loss["failures"] == 0 and loss["verify"]["cuda_vs_cpu"] == "skipped: no GPU", loss
     assert loss["decode"]["device"] == "cpu"
@@ -102,7 +109,8 @@ def test_carry_check(tmp_path):
 
 def test_device_path_imports_no_sglang():
     """Everything the device run imports must load on a machine without SGLang."""
-    code = ("import sys; import bench.device.cost_table, bench.device.selection, bench.device.lossless; "
+    code = ("import sys; import bench.device.cost_table, bench.device.selection, bench.device.lossless, "
+            "bench.device.ragged, sglang_hybrid.sglang_plugin.ragged.layout; "
             "import sglang_hybrid.sglang_plugin.tree_mask, sglang_hybrid.sglang_plugin.hybrid_step; "
             "bad = [m for m in sys.modules if m == 'sglang' or m.startswith('sglang.')]; "
             "assert not bad, bad")

@@ -34,10 +34,11 @@ def main() -> int:
         summary["jobs"][name] = {"status": status, "seconds": round(time.perf_counter() - t, 1)}
         return res
 
-    from bench.device import cost_table, lossless, selection
+    from bench.device import cost_table, lossless, ragged, selection
 
     cost_doc = job("cost_table", cost_table.run)
     job("selection", lambda: selection.run(cost_doc))
+    job("ragged", ragged.run)
     job("lossless", lossless.run)
     if on_gpu and time.perf_counter() - t0 < 360:
         from bench import gpu_check

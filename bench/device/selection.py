@@ -41,10 +41,17 @@ from bench.device import _env
 NUM_STEPS, NGRAM_K, MODE = 4, 8, "merge"
 GPU_BATCHES = (1, 4, 16, 32, 64, 128)
 CPU_BATCHES = (1, 4, 16)
+#: (EAGLE steps, n-gram k) the realistic replay tunes HYBRID over besides the deployed (4, 8), at their widest and
+#: shallowest (W = 29 and 31): the same checks at fewer batch sizes, no 5 % verdict (the cost table stops at W = 16)
+TUNED_CONFIGS = ((2, 24), (6, 24))
+TUNED_GPU_BATCHES = (4, 32, 128)
+TUNED_CPU_BATCHES = (4,)
 CONTEXT = 2048
 VOCAB = 128256
 TARGET_SHARE = 0.05
 TARGET_BATCHES = (32, 128)
+#: the batch whose eager step's host time is profiled (GPU only)
+PROFILE_BATCH = 32
 
 
 class StepInputs(NamedTuple):
@@ -56,13 +63,14 @@ class StepInputs(NamedTuple):
     seq_lens: torch.Tensor
 
 
-def make_step(device, cost_model=None):
-    """A ``HybridStep`` as the worker builds it (deployed settings); ``cost_model`` replaces the settings' table."""
+def make_step(device, cost_model=None, num_steps: int = NUM_STEPS, ngram_k: int = NGRAM_K):
+    """A ``HybridStep`` as the worker builds it (deployed settings unless given); ``cost_model`` replaces the
+    settings' table."""
     from sglang_hybrid.sglang_plugin.config import HybridSettings
     from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
 
-    settings = HybridSettings(mode=MODE, ngram_k=NGRAM_K)
-    return settings, (lambda pool: _with_cost(HybridStep(settings, num_steps=NUM_STEPS, pool_size=pool,
+    settings = HybridSettings(mode=MODE, ngram_k=ngram_k)
+    return settings, (lambda pool: _with_cost(HybridStep(settings, num_steps=num_steps, pool_size=pool,
                                                          device=device, max_context_len=CONTEXT), cost_model))
 
 
@@ -85,8 +93,8 @@ def make_inputs(step, batch: int, seed: int = 0):
     cur_gen = torch.randint(1, 4, (batch,), generator=g)
     seq_lens = torch.randint(CONTEXT - 512, CONTEXT - 16, (batch,), generator=g)
     root = torch.randint(0, VOCAB, (batch,), generator=g)
-    model_tokens = torch.randint(0, VOCAB, (batch, NUM_STEPS), generator=g)
-    model_conf = torch.rand((batch, NUM_STEPS), generator=g) ** 0.3
+    model_tokens = torch.randint(0, VOCAB, (batch, step.num_steps), generator=g)
+    model_conf = torch.rand((batch, step.num_steps), generator=g) ** 0.3
     d = torch.randint(0, 3, (batch,), generator=g)                        # tokens accepted since the proposal
     tokens = torch.randint(0, VOCAB, (batch, pw), generator=g)
     tokens[:, 0] = torch.where(d == 0, torch.where(torch.rand(batch, generator=g) < 0.5, model_tokens[:, 0],
@@ -176,12 +184,12 @@ def _target_step_ms(cost_doc, batch: int, width: int):
     return t["raw_seconds"][t["widths"].index(width)] * 1e3
 
 
-def check_batch_gpu(batch: int, cost_doc, iters: int, log) -> dict:
+def check_batch_gpu(batch: int, cost_doc, iters: int, log, config=(NUM_STEPS, NGRAM_K)) -> dict:
     dev = torch.device("cuda")
     cost, cost_src = _cost_for(cost_doc, batch)
-    settings, factory = make_step(dev, cost)
+    settings, factory = make_step(dev, cost, *config)
     pool = max(2 * batch, 8)
-    gpu_step, cpu_step = factory(pool), make_step("cpu", cost)[1](pool)
+    gpu_step, cpu_step = factory(pool), make_step("cpu", cost, *config)[1](pool)
     w = gpu_step.n_nodes + 1
     host, publish = make_inputs(cpu_step, batch, seed=batch)
     x_cpu, x_gpu = publish(cpu_step), publish(gpu_step)
@@ -189,7 +197,8 @@ def check_batch_gpu(batch: int, cost_doc, iters: int, log) -> dict:
     numel = seq_lens_sum * w + w * w * batch
     buf_cpu = torch.ones(numel, dtype=torch.bool)
     buf_gpu = torch.ones(numel, dtype=torch.bool, device=dev)
-    rec = {"batch": batch, "W": w, "n_nodes": gpu_step.n_nodes, "cost": cost_src}
+    rec = {"config": f"S{config[0]}/K{config[1]}", "batch": batch, "W": w, "n_nodes": gpu_step.n_nodes,
+           "cost": cost_src}
     want = run_step(cpu_step, x_cpu, seq_lens_sum, buf_cpu)
     want = tuple(t.clone() for t in want)
     run_step(gpu_step, x_gpu, seq_lens_sum, buf_gpu)                     # one-time init (not sync-checked)
@@ -214,7 +223,10 @@ def check_batch_gpu(batch: int, cost_doc, iters: int, log) -> dict:
     rec["valid_nodes_per_request"] = float(static[4].float().sum(1).mean())
     ms = _env.cuda_ms(graph.replay, iters)
     rec["graph_ms"] = _env.median(ms)
-    rec["eager_ms"] = _env.median(_env.cuda_ms(lambda: run_step(gpu_step, x_gpu, seq_lens_sum, buf_gpu), 10))
+    rec["eager_ms"] = _env.median(_env.cuda_ms(lambda: run_step(gpu_step, x_gpu, seq_lens_sum, buf_gpu), 30))
+    rec["eager_host_ms"] = host_ms(lambda: run_step(gpu_step, x_gpu, seq_lens_sum, buf_gpu))
+    if batch == PROFILE_BATCH and config == (NUM_STEPS, NGRAM_K):
+        rec["eager_host_profile"] = host_profile(lambda: run_step(gpu_step, x_gpu, seq_lens_sum, buf_gpu), log)
     target = _target_step_ms(cost_doc, batch, w)
     rec["target_step_ms"] = target
     rec["share"] = rec["graph_ms"] / target if target else None
@@ -222,9 +234,50 @@ def check_batch_gpu(batch: int, cost_doc, iters: int, log) -> dict:
     return rec
 
 
-def check_batch_cpu(batch: int, log) -> dict:
+def host_ms(fn, calls: int = 30, rounds: int = 5) -> float:
+    """Host milliseconds one eager call takes to dispatch (wall clock over ``calls`` calls without a sync between
+    them, median of ``rounds``): the host time the replay charges the worker's eager step, measured directly rather
+    than through the device's timeline."""
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e3)
+    torch.cuda.synchronize()
+    return _env.median(times)
+
+
+def host_profile(fn, log, calls: int = 30, top: int = 12) -> list:
+    """Where the eager step's host time goes (``cProfile`` over ``calls`` calls, the ``top`` functions by own time):
+    the eager step is host-bound (its CUDA-event time is ~10x the graph replay's), and this says whether Python
+    around the launches or the launches themselves take it -- what capturing or trimming the step would buy."""
+    import cProfile
+    import pstats
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    total = sum(v[2] for v in stats.stats.values())
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    out = [{"function": f"{fn_[0].split('/')[-1]}:{fn_[1]}({fn_[2]})", "own_us_per_step": round(v[2] / calls * 1e6, 1),
+            "calls_per_step": round(v[1] / calls, 1)} for fn_, v in rows]
+    log(f"  eager step host profile (B={PROFILE_BATCH}, deployed, {calls} calls): {total / calls * 1e6:.0f} us of "
+        "Python per step (profiled: inflated by the profiler); by own time:")
+    for r in out:
+        log(f"    {r['own_us_per_step']:>8.1f} us  x{r['calls_per_step']:<5g} {r['function']}")
+    return out
+
+
+def check_batch_cpu(batch: int, log, config=(NUM_STEPS, NGRAM_K)) -> dict:
     cost, cost_src = _cost_for(None, batch)
-    _, factory = make_step("cpu", cost)
+    _, factory = make_step("cpu", cost, *config)
     pool = max(2 * batch, 8)
     step_a, step_b = factory(pool), factory(pool)
     w = step_a.n_nodes + 1
@@ -238,7 +291,8 @@ def check_batch_cpu(batch: int, log) -> dict:
     compiled = torch.compile(lambda x: run_step(step_b, x, seq_lens_sum, buf_b), fullgraph=True, backend="eager")
     got = compiled(xb)
     trace_s = time.perf_counter() - t0
-    return {"batch": batch, "W": w, "n_nodes": step_a.n_nodes, "cost": cost_src,
+    return {"config": f"S{config[0]}/K{config[1]}", "batch": batch, "W": w, "n_nodes": step_a.n_nodes,
+            "cost": cost_src,
             "fullgraph_trace": "ok (no graph break)", "compiled_vs_eager_cpu": compare(got, want, True) or "equal",
             "valid_nodes_per_request": float(want[4].float().sum(1).mean()), "trace_seconds": round(trace_s, 1)}
 
@@ -246,20 +300,27 @@ def check_batch_cpu(batch: int, log) -> dict:
 def run(cost_doc=None, log=print) -> dict:
     on_gpu = _env.gpu()
     results, failures = [], 0
-    batches = GPU_BATCHES if on_gpu else CPU_BATCHES
-    log(f"[selection] steps {NUM_STEPS}, ngram k {NGRAM_K}, {MODE}: W = {NUM_STEPS + NGRAM_K + 1}; batches "
-        f"{list(batches)}; {'GPU, CUDA graph' if on_gpu else 'CPU mode: eager vs torch.compile(fullgraph) trace'}")
+    deployed = (NUM_STEPS, NGRAM_K)
+    plan = [(deployed, b) for b in (GPU_BATCHES if on_gpu else CPU_BATCHES)]
+    plan += [(c, b) for c in TUNED_CONFIGS for b in (TUNED_GPU_BATCHES if on_gpu else TUNED_CPU_BATCHES)]
+    log(f"[selection] {MODE}; deployed steps {NUM_STEPS}, ngram k {NGRAM_K}: W = {NUM_STEPS + NGRAM_K + 1}, batches "
+        f"{list(GPU_BATCHES if on_gpu else CPU_BATCHES)}; the replay's tuned "
+        + ", ".join(f"S{s_}/K{k}" for s_, k in TUNED_CONFIGS)
+        + f" at {list(TUNED_GPU_BATCHES if on_gpu else TUNED_CPU_BATCHES)}; "
+        + ("GPU, CUDA graph" if on_gpu else "CPU mode: eager vs torch.compile(fullgraph) trace"))
     if on_gpu:
-        log(f"  {'B':>4} {'graph ms':>9} {'eager ms':>9} {'target ms':>10} {'share':>7}  checks")
-    for b in batches:
+        log(f"  {'config':<7} {'B':>4} {'W':>3} {'graph ms':>9} {'eager ms':>9} {'host ms':>8} {'target ms':>10} "
+            f"{'share':>7}  checks")
+    for config, b in plan:
+        name = f"S{config[0]}/K{config[1]}"
         try:
-            rec = check_batch_gpu(b, cost_doc, 50, log) if on_gpu else check_batch_cpu(b, log)
+            rec = (check_batch_gpu(b, cost_doc, 50, log, config) if on_gpu else check_batch_cpu(b, log, config))
         except Exception as e:  # report every batch, then fail
             if on_gpu:
                 torch.cuda.set_sync_debug_mode(0)
             failures += 1
-            rec = {"batch": b, "error": _env.failure(e)}
-            log(f"  B={b}: FAILED {rec['error']}")
+            rec = {"config": name, "batch": b, "error": _env.failure(e)}
+            log(f"  {name} B={b}: FAILED {rec['error']}")
             results.append(rec)
             continue
         cmp_keys = [k for k in rec if k.endswith("_cpu") or k.endswith("_cuda")]
@@ -270,14 +331,16 @@ def run(cost_doc=None, log=print) -> dict:
         if on_gpu:
             tgt = f"{rec['target_step_ms']:>10.3f}" if rec["target_step_ms"] else f"{'-':>10}"
             share = f"{100 * rec['share']:>6.2f}%" if rec["share"] else f"{'-':>7}"
-            log(f"  {b:>4} {rec['graph_ms']:>9.4f} {rec['eager_ms']:>9.3f} {tgt} {share}  {checks}")
+            log(f"  {name:<7} {b:>4} {rec['W']:>3} {rec['graph_ms']:>9.4f} {rec['eager_ms']:>9.3f} "
+                f"{rec['eager_host_ms']:>8.3f} {tgt} {share}  {checks}")
         else:
-            log(f"  B={b:<4} W={rec['W']} {rec['valid_nodes_per_request']:.1f} valid nodes/request; {checks}")
+            log(f"  {name} B={b:<4} W={rec['W']} {rec['valid_nodes_per_request']:.1f} valid nodes/request; {checks}")
         results.append(rec)
     verdicts = []
     if on_gpu:
         for b in TARGET_BATCHES:
-            rec = next((r for r in results if r["batch"] == b and r.get("share") is not None), None)
+            rec = next((r for r in results if r["batch"] == b and r.get("config") == f"S{NUM_STEPS}/K{NGRAM_K}"
+                        and r.get("share") is not None), None)
             if rec is None:
                 verdicts.append(f"target <= 5 % of the target step at B={b}: NOT MEASURED")
                 continue
