@@ -63,6 +63,7 @@ def test_cpu_mode_outputs(cpu_run):
     assert loss["failures"] == 0 and loss["verify"]["cuda_vs_cpu"] == "skipped: no GPU", loss
     assert loss["decode"]["device"] == "cpu"
     assert all(m["equal_to_plain_greedy"] and m["accepted"] > 0 for m in loss["decode"]["modes"].values())
+    assert set(loss["decode"]["modes"]) == {"merge", "choose", "merge ragged"}
     if loss["reference_loop"].get("status") != "skipped":   # skipped only without the Rust extension
         assert all(m["equal_to_plain_greedy"] for m in loss["reference_loop"]["modes"].values())
 

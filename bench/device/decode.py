@@ -8,6 +8,12 @@ around a small random-weight decoder (``bench.device.decoder.Target``, fp32), on
 own KV cache, accepted nodes compacted into the cache. Plain greedy decoding (one token per forward, the same model)
 is the oracle; the output must be equal token for token.
 
+With ``ragged=True`` the verify takes the ragged path instead (issue 25): ``ragged.layout.build_ragged_layout`` packs
+each request's own nodes and tree mask, the forward reads the compact rows (``gather_rows`` of the node tokens and
+positions; request ``i``'s rows ``qo_indptr[i]..qo_indptr[i+1]``, its mask block at ``mask_indptr[i]``), and the logits
+go back to their padded rows (``scatter_rows``) for ``greedy_accept``: a wrong count, offset or scatter changes the
+output.
+
 Drafts: losslessness must hold whatever is drafted, but a check where nothing is accepted proves little. So both
 drafts are the oracle's continuation with tokens replaced at random (EAGLE chain: 25 %, n-gram proposal: 15 % and a
 random length), giving accepted paths of every length, wrong branches, and rows without an n-gram proposal.
@@ -78,8 +84,9 @@ def _corrupt(tokens: list, rate: float, g: torch.Generator) -> list:
 
 @torch.inference_mode()
 def hybrid_greedy(model: Target, prompts: list, new_tokens: int, oracle: list, dev, mode: str = "merge",
-                  seed: int = 0) -> tuple[list, dict]:
-    """HYBRID greedy decoding of ``prompts`` (all requests in one batch until each has ``new_tokens``)."""
+                  seed: int = 0, ragged: bool = False) -> tuple[list, dict]:
+    """HYBRID greedy decoding of ``prompts`` (all requests in one batch until each has ``new_tokens``); ``ragged``:
+    verify through the ragged layout (module docstring)."""
     from bench.device.selection import NUM_STEPS, NGRAM_K
     from sglang_hybrid.sglang_plugin import alignment
     from sglang_hybrid.sglang_plugin.config import HybridSettings
@@ -116,16 +123,19 @@ def hybrid_greedy(model: Target, prompts: list, new_tokens: int, oracle: list, d
         draft_token, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
         positions, _, _, _ = tree_links_torch(anc, seq_lens)
         lens = [r.length for r in reqs]
-        mask = full_mask(anc, seq_lens, sum(lens))
-        logits = torch.zeros(b, w, DIMS.vocab, device=dev)
         nvalid = tree.valid.sum(1).tolist()
-        start = 0
-        for i, r in enumerate(reqs):
-            n, L = nvalid[i], lens[i]
-            block = mask[start:start + w * (L + w)].view(w, L + w)
-            start += w * (L + w)
-            logits[i, :n] = r.forward(model, draft_token.view(b, w)[i, :n], positions.view(b, w)[i, :n],
-                                      block[:n, :L + n])
+        if ragged:
+            logits = _ragged_verify(model, reqs, tree.valid, anc, draft_token, positions, seq_lens, lens, w)
+        else:
+            mask = full_mask(anc, seq_lens, sum(lens))
+            logits = torch.zeros(b, w, DIMS.vocab, device=dev)
+            start = 0
+            for i, r in enumerate(reqs):
+                n, L = nvalid[i], lens[i]
+                block = mask[start:start + w * (L + w)].view(w, L + w)
+                start += w * (L + w)
+                logits[i, :n] = r.forward(model, draft_token.view(b, w)[i, :n], positions.view(b, w)[i, :n],
+                                          block[:n, :L + n])
         acc = greedy_accept(tree, logits)
         accept_len, bonus = acc.accept_len.tolist(), acc.bonus.tolist()
         d = step.max_depth + 1
@@ -145,6 +155,24 @@ def hybrid_greedy(model: Target, prompts: list, new_tokens: int, oracle: list, d
     return [r.out[:new_tokens] for r in reqs], stats
 
 
+def _ragged_verify(model: Target, reqs: list, valid, anc, draft_token, positions, seq_lens, lens: list, w: int):
+    """The verify forward over the ragged layout: compact rows in, padded ``[B, W, V]`` logits out."""
+    from sglang_hybrid.sglang_plugin.ragged.layout import build_ragged_layout, gather_rows, node_counts, scatter_rows
+
+    b = len(reqs)
+    counts = node_counts(valid)
+    total, max_nodes = (int(v) for v in torch.stack([counts.sum(), counts.max()]).tolist())
+    lay = build_ragged_layout(valid, anc, seq_lens, sum(lens), counts, total, max_nodes)
+    tokens, pos = gather_rows(draft_token.reshape(-1), lay), gather_rows(positions.reshape(-1), lay)
+    qo, mi = lay.qo_indptr.tolist(), lay.mask_indptr.tolist()
+    compact = torch.zeros(total, DIMS.vocab, device=valid.device)
+    for i, r in enumerate(reqs):
+        n, L = qo[i + 1] - qo[i], lens[i]
+        block = lay.custom_mask[mi[i]:mi[i] + n * (L + n)].view(n, L + n).bool()
+        compact[qo[i]:qo[i + 1]] = r.forward(model, tokens[qo[i]:qo[i + 1]], pos[qo[i]:qo[i + 1]], block)
+    return scatter_rows(compact, lay).view(b, w, DIMS.vocab)
+
+
 def check(dev, n_prompts: int, new_tokens: int, log) -> dict:
     """Both HYBRID modes against plain greedy on ``dev``."""
     dev = torch.device(dev)
@@ -154,13 +182,13 @@ def check(dev, n_prompts: int, new_tokens: int, log) -> dict:
                for n in torch.randint(3, 20, (n_prompts,), generator=g)]
     oracle = [plain_greedy(model, p, new_tokens, dev) for p in prompts]
     rec = {"device": str(dev), "prompts": n_prompts, "new_tokens": new_tokens, "modes": {}}
-    for mode in ("merge", "choose"):
-        outs, stats = hybrid_greedy(model, prompts, new_tokens, oracle, dev, mode=mode)
+    for name, mode, ragged in (("merge", "merge", False), ("choose", "choose", False), ("merge ragged", "merge", True)):
+        outs, stats = hybrid_greedy(model, prompts, new_tokens, oracle, dev, mode=mode, ragged=ragged)
         first = [next((j for j, (a, c) in enumerate(zip(o, x)) if a != c), None) for o, x in zip(outs, oracle)]
         equal = all(o == x for o, x in zip(outs, oracle))
-        rec["modes"][mode] = dict(stats, equal_to_plain_greedy=equal,
+        rec["modes"][name] = dict(stats, equal_to_plain_greedy=equal,
                                   first_difference=[f for f in first if f is not None][:3])
-        log(f"  {dev.type} decode {mode:<6} W={stats['width']:<2}: "
+        log(f"  {dev.type} decode {name:<12} W={stats['width']:<2}: "
             f"{'== plain greedy' if equal else 'DIFFERS from plain greedy at ' + str(first)} ({n_prompts} requests x "
             f"{new_tokens} tokens in {stats['steps']} steps, {stats['accepted']} draft tokens accepted, up to "
             f"{stats['max_accepted']} per step)")

@@ -14,8 +14,9 @@
    this part is skipped and says why.
 3. A greedy HYBRID decode on the device (``bench.device.decode``): ``HybridStep.select``, the verify input
    (positions and FULL_MASK blocks drive the forward), ``greedy_accept`` and ``after_verify`` on CUDA around a small
-   random-weight decoder, in merge (W 13) and choose (W 9): equal to plain greedy decoding of the same model, token
-   for token. GPU: 8 requests x 48 tokens on CUDA; CPU mode: 3 x 24 on the CPU.
+   random-weight decoder, in merge (W 13) and choose (W 9), and merge again through the ragged verify layout
+   (compact rows in, padded logits out): equal to plain greedy decoding of the same model, token for token. GPU: 8
+   requests x 48 tokens on CUDA; CPU mode: 3 x 24 on the CPU.
 """
 from __future__ import annotations
 
