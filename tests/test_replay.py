@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ def one_request_trace(L=30, k=4, eagle_right=True, prompt=None, output=None, wor
     return [replay_traces.TraceRequest("r0", workload, prompt, out, et, ep)]
 
 
-def linear_cost(base=1.0, per_token=0.1, draft=0.05, max_tokens=4096, launch=LaunchCost(0.0, 0.0)):
+def linear_cost(base=1.0, per_token=0.1, draft=0.05, max_tokens=4096, launch=LaunchCost(0.0, 0.0, 0.0, 0.0)):
     """T(n) = base + per_token * n, ``draft`` s per draft forward; kernel launches free unless ``launch`` says (the
     by-hand figures of most tests leave them out; `test_decision_launches_are_charged_by_hand` charges them)."""
     from sglang_hybrid.cost import CostModel
@@ -366,3 +367,43 @@ def test_edit_dense_windows_each_hold_a_changed_line_and_copy_heavy_ones_mostly_
     assert sum(replay_synth.verbatim_in_prompt(r.prompt, r.output) for r in dense) <= 3
     copy = data.code_edit_windows(12, seed=3, out_tokens=64)
     assert sum(replay_synth.verbatim_in_prompt(r.prompt, r.output) for r in copy) >= 6
+
+
+def test_measured_table_prices_tree_draft_forwards_as_a_wider_batch():
+    """A per-batch table (the device kit's H200 measurement) prices an EAGLE tree's draft forward over ``topk`` beams
+    per request as its own draft step at ``requests x topk`` sequences, interpolated between its batch sizes and along
+    the last segment past them; a one-table file (the core's format) has no draft step by batch and refuses."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "cost_tables" / "h200_measured_compact.json"
+    doc = json.loads(path.read_text())
+    draft = {int(b): t["draft_step_seconds"] for b, t in doc["tables"].items()}
+    spec = replay_costs.load_cost_spec(path)
+    assert spec.kind == "measured"
+    assert spec.for_batch(32).draft_time(branches=4) == pytest.approx(draft[128])
+    assert spec.for_batch(16).draft_time(branches=2) == pytest.approx(draft[32])
+    assert spec.for_batch(4).draft_time(branches=2) == pytest.approx(draft[4] + (draft[16] - draft[4]) * 4 / 12)
+    slope = (draft[128] - draft[64]) / 64
+    assert spec.for_batch(128).draft_time(branches=8) == pytest.approx(draft[128] + slope * (1024 - 128))
+    assert spec.for_batch(32).draft_time() == pytest.approx(draft[32])
+    one = replay_costs.CostSpec("one", "user", [], {0: replay_costs._batch_cost([1, 64], [0.01, 0.02], 1e-3)})
+    with pytest.raises(ValueError, match="topk > 1"):
+        one.for_batch(4).draft_time(branches=2)
+
+
+def test_launch_cost_defaults_are_the_committed_h200_measurement():
+    """The replay's per-launch decision costs are read off the device kit's committed H200 run
+    (``docs/device_run/selection*.json``, the runs that timed the host by wall clock): host = the median eager host time
+    per call over every measured shape and run, GPU = the median graph replay of the widest configuration, each over
+    the fused step's 7 launches. A new device run committed without updating ``LaunchCost`` fails here."""
+    import json
+    import statistics
+
+    from bench.replay.host import LaunchCost
+
+    runs = sorted((Path(__file__).resolve().parents[1] / "docs" / "device_run").glob("selection*.json"))
+    rows = [r for f in runs for r in json.loads(f.read_text())["results"] if "eager_host_ms" in r]
+    assert rows and all(r["replay_vs_eager_cpu"] == "equal" for r in rows)
+    widest = max(r["W"] for r in rows)
+    host_us = statistics.median(r["eager_host_ms"] for r in rows) / 7 * 1e3
+    gpu_us = statistics.median(r["graph_ms"] for r in rows if r["W"] == widest) / 7 * 1e3
+    assert LaunchCost().host_us == pytest.approx(host_us, abs=1.0)
+    assert LaunchCost().gpu_us == pytest.approx(gpu_us, abs=0.5)

@@ -110,9 +110,10 @@ def test_host_time_adds_without_overlap_and_hides_under_the_device_with_it(monke
 
 @pytest.mark.parametrize("width_lag,host_us", [(1, 1000.0), (2, 1000.0), (2, 2000.0)])
 def test_decision_launches_are_charged_by_hand(monkeypatch, width_lag, host_us):
-    """The as-built HYBRID step is charged the worker's operator count (``bench.step_launches``, counted for this
-    configuration: no width or depth plan) at ``gpu_us`` on the device and ``host_us`` on the host: summed without
-    overlap scheduling, max(device, host) with it (here host-bound at 2 ms a launch, device-bound at 1 ms)."""
+    """The as-built HYBRID step is charged the worker's count (``bench.step_launches``, counted for this
+    configuration: no width or depth plan): fused launches at ``gpu_us`` on the device and ``host_us`` on the host,
+    the torch path's eager operators at ``op_gpu_us`` and ``op_host_us``; summed without overlap scheduling,
+    max(device, host) with it (the torch path host-bound at 2 ms an operator, device-bound at 1 ms)."""
     from bench import step_launches
     from bench.replay.host import LaunchCost
 
@@ -129,14 +130,18 @@ def test_decision_launches_are_charged_by_hand(monkeypatch, width_lag, host_us):
     n_torch = replay_engine.EnginePolicy("t", "merge", 1, 1, core, torch_eng).launches(1)
     assert n_torch == step_launches.hybrid_launches(1, "merge", 1, 1, width_plan=False, depth_plan=False,
                                                     kernels="torch") > 100    # the torch path: hundreds of operators
-    n = n_torch                                       # charge the larger count below: the arithmetic is clearer
-    pol = replay_engine.EnginePolicy("t", "merge", 1, 1, core, torch_eng)
-    launch = LaunchCost(host_us=host_us, gpu_us=100.0)
-    res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05,
-                                                                       launch=launch))
-    device, host = 1.2 + 0.05 + n * 100e-6, 0.2 + n * host_us * 1e-6
-    per_step = max(device, host) if width_lag == 2 else device + host
-    assert res.seconds == pytest.approx(res.steps * per_step)
+    # the torch path is charged per eager operator, the fused path per launch, each at its own cost
+    launch = LaunchCost(host_us=50 * host_us, gpu_us=3000.0, op_host_us=host_us, op_gpu_us=100.0)
+    cost = linear_cost(base=1.0, per_token=0.1, draft=0.05, launch=launch)
+    fused_pol = replay_engine.EnginePolicy("h", "merge", 1, 1, core, eng)
+    for p, ops, launches in ((replay_engine.EnginePolicy("t", "merge", 1, 1, core, torch_eng), n_torch, 0),
+                             (fused_pol, 0, n)):
+        assert p.counts_eager_ops == (ops > 0)
+        res = replay_sim.simulate(p, bank, [0], batch=1, cost=cost)
+        device = 1.2 + 0.05 + ops * 100e-6 + launches * 3000e-6
+        host = 0.2 + ops * host_us * 1e-6 + launches * 50 * host_us * 1e-6
+        per_step = max(device, host) if width_lag == 2 else device + host
+        assert res.seconds == pytest.approx(res.steps * per_step)
     # the ideal engine charges the fused step, whatever the policy; the as-built model-only baseline its own count
     ideal = replay_engine.EngineConfig.ideal(num_steps=1, ngram_k=1, n_nodes=1)
     fused = step_launches.hybrid_launches(4, "merge", 1, 1)
@@ -534,6 +539,16 @@ def test_realistic_runner_tunes_hybrids_launch_settings_like_the_baselines():
     # each n-gram baseline family is tuned over its chain lengths on the same seed
     ours = {n: runner.runs[("text", "-", "code", 4, n, 0)].tok_per_s for n in ("ngram_ours", "ngram_ours_k16")}
     assert runner.tuned_free("text", "code", 4, "ngram_ours") == max(ours, key=ours.get)
+    # the headline contenders rerun under the GPU-measured table (the device kit's), charged by it
+    assert runner.measured_note is None and set(runner.alt_specs) == {"hardmax", "measured"}
+    banks, grps = {0: bank, 1: bank}, {0: groups, 1: groups}
+    got = runner.alt_cost_cell("measured", src, banks, grps, "code", 4)
+    assert set(got) == {"vs_model", "vs_single", "vs_nospec"}
+    redo = replay_sim.simulate(pols[best], bank, groups["code"], 4, runner.alt_specs["measured"].for_batch(4),
+                               seed=1 * 1000 + 4, workload="code")
+    assert runner.runs[(src, "measured", "code", 4, "hybrid", 1)].seconds == pytest.approx(redo.seconds)
+    assert runner.runs[(src, "measured", "code", 4, "hybrid", 1)].seconds != pytest.approx(
+        runner.runs[(src, "as built", "code", 4, "hybrid_merge", 1)].seconds)
 
 
 def test_realistic_cells_in_forked_processes_give_the_runs_of_one_process(monkeypatch):

@@ -145,6 +145,9 @@ def main(argv=None) -> int:
                          + " ".join(",".join(map(str, t)) for t in _REALISTIC.eagle_trees) + ")")
     rg.add_argument("--real-trace", type=Path, default=RR.REAL_TRACE,
                     help="the real SmolLM2 trace for the 'real, small' row (skipped with a note when absent)")
+    rg.add_argument("--measured-table", default=str(RR.MEASURED_TABLE),
+                    help="realistic: a per-batch step-time table measured on a GPU (the device kit's cost_tables.json) "
+                         "the headline contenders are rerun under; 'none' leaves it out")
     rg.add_argument("--plot", type=Path, default=None, help="realistic: ratio-vs-alpha plot (default docs/...png)")
     rg.add_argument("--sweep-ideal", action="store_true",
                     help="realistic: run the ideal engine at every sweep point too (default: headline point only)")
@@ -166,6 +169,7 @@ def main(argv=None) -> int:
                         eagle_trees=tuple(args.eagle_trees),
                         model_bias_eta=args.model_bias_eta, gpu_context=args.gpu_context, real_trace=args.real_trace,
                         launch=launch, ragged_sync_us=args.ragged_sync_us,
+                        measured_table=None if args.measured_table == "none" else Path(args.measured_table),
                         sweep=not args.no_sweep,
                         out=args.out if args.out != Path("out/replay") else Path("out/replay_realistic"),
                         sweep_modes=RR.MODES if args.sweep_ideal else ("as built",),

@@ -32,6 +32,9 @@ class BatchCost:
     requests: int = 0
     #: what one eagerly launched kernel of a policy's own per-step work costs (``bench.replay.host.LaunchCost``)
     launch: LaunchCost = LaunchCost()
+    #: a per-batch table's draft step by batch size, ``((B, ...), (seconds, ...))``: prices a tree's draft forwards
+    #: (``topk`` beams per request) as one draft step of ``requests x topk`` sequences
+    draft_by_batch: Optional[tuple] = None
 
     def step_time(self, n: int, context_total: Optional[float] = None) -> float:
         """Seconds of one target forward over ``n`` batch tokens; with a roofline and ``context_total`` (the KV
@@ -43,12 +46,16 @@ class BatchCost:
     def draft_time(self, context_total: Optional[float] = None, branches: int = 1) -> float:
         """Seconds of one EAGLE draft forward (real contexts as in `step_time`); ``branches`` > 1: a tree's forward
         over that many beams per request, each a sequence reading its request's whole KV (SGLang's draft decode for
-        ``topk`` > 1), which only the roofline can price."""
+        ``topk`` > 1): the roofline's, or a per-batch table's draft step at ``requests x branches`` sequences (the
+        same KV per sequence as a batch of that many requests)."""
         if branches > 1:
-            if self.roof is None or context_total is None:
-                raise ValueError("an EAGLE tree's draft forwards (topk > 1) need the GPU roofline with each request's "
-                                 "context: a cost table holds one sequence per request (use --cost gpu)")
-            return self.roof.draft_step_s(self.requests * branches, context_total * branches)
+            if self.roof is not None and context_total is not None:
+                return self.roof.draft_step_s(self.requests * branches, context_total * branches)
+            if self.draft_by_batch is not None and self.requests > 0:
+                return _interp_extend(self.requests * branches, *self.draft_by_batch)
+            raise ValueError("an EAGLE tree's draft forwards (topk > 1) need the GPU roofline with each request's "
+                             "context or a per-batch table's draft step by batch size: this table holds one "
+                             "sequence per request (use --cost gpu)")
         if self.roof is not None and context_total is not None:
             return self.roof.draft_step_s(self.requests, context_total)
         return self.draft_step_s
@@ -72,6 +79,14 @@ class CostSpec:
         if 0 in self.per_batch:
             return self.per_batch[0]
         raise ValueError(f"cost model {self.name!r} has no table for batch {b} (has {sorted(self.per_batch)})")
+
+
+def _interp_extend(x: float, xs, ys) -> float:
+    """``ys`` at ``x``, linear between the points and along the last segment past the last one."""
+    if x <= xs[-1] or len(xs) < 2:
+        return float(np.interp(x, xs, ys))
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return float(ys[-1] + slope * (x - xs[-1]))
 
 
 def _batch_cost(sizes, seconds, draft_s, meta=None, roof=None, requests=0) -> BatchCost:
@@ -119,7 +134,9 @@ def load_cost_spec(path, name=None) -> CostSpec:
             for key in ("tokens", "seconds", "draft_step_seconds"):
                 if key not in t:
                     raise ValueError(f"cost table {path}: batch {b} lacks {key!r}")
-            per[int(b)] = _batch_cost(t["tokens"], t["seconds"], t["draft_step_seconds"])
+            per[int(b)] = _batch_cost(t["tokens"], t["seconds"], t["draft_step_seconds"], requests=int(b))
+        drafts = tuple(zip(*sorted((b, float(per[b].draft_step_s)) for b in per)))
+        per = {b: dataclasses.replace(c, draft_by_batch=drafts) for b, c in per.items()}
         kind = "measured" if "measured" in str(doc.get("source", "")) else "simulated"
         return CostSpec(name or path.stem, kind, list(doc.get("assumptions", [])), per)
     if fmt == "hybrid-spark-cost":

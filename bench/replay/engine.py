@@ -94,9 +94,11 @@ COST_TABLES = {
                 "full tree and the extras that pay at the batch by that table and whose runtime states fit the H200's "
                 "free memory, a fixed EAGLE depth",
 }
-#: the "ragged_sync" stall's default, per step: a D2H read of B counts after a stream sync (about 10 us), the host's
-#: attention plan for the verify (FlashInfer plans on the host: a few tens of us) and the graph launch (about 10 us);
-#: an estimate, printed with every result that uses it, and varied in the decomposition
+#: the "ragged_sync" stall's default, per step: a D2H read of B counts after a stream sync and the next graph's
+#: launch (MEASURED together on an H200: 20 us of device idle, 16 counts, the device kit's ragged job, 2026-12-04,
+#: docs/device_run/ragged.json) plus the host's attention plan for the verify (FlashInfer plans on the host: a few
+#: tens of us, not measured: no FlashInfer on that machine); printed with every result that uses it, and varied in
+#: the decomposition
 RAGGED_SYNC_US = 50.0
 
 
@@ -417,8 +419,17 @@ class EnginePolicy(P.Policy):
         self.stats: dict = {}
         self.reset(1)
 
+    @property
+    def counts_eager_ops(self) -> bool:
+        """Whether `launches` counts eager ATen operators (the torch decision path, the model-only step) rather than
+        fused Triton launches: the two are charged at different costs (``bench.replay.host.LaunchCost``)."""
+        if self.engine.launches is not None or not self.engine.as_built:
+            return False
+        return not self.use_ngram or self.engine.decision_kernels == "torch"
+
     def launches(self, batch: int) -> int:
-        """Kernel launches of this policy's decision per step at ``batch`` requests (``EngineConfig.launches``)."""
+        """Kernel launches of this policy's decision per step at ``batch`` requests (``EngineConfig.launches``); eager
+        ATen operators where `counts_eager_ops`."""
         if self.engine.launches is not None:
             return int(self.engine.launches)
         if not self.engine.as_built:
@@ -556,7 +567,10 @@ class EnginePolicy(P.Policy):
             prop.host_s = host_seconds(b)
         # the host work (n-gram path, the decision's dispatch) overlaps the device as the engine's scheduling allows
         prop.host_overlaps = self.engine.host_overlaps
-        prop.launches = self.launches(b)
+        if self.counts_eager_ops:
+            prop.eager_ops = self.launches(b)
+        else:
+            prop.launches = self.launches(b)
         if self.depths is not None:
             self.depth_pending.append(int(d.next_depth))
         if bias is not None:

@@ -17,13 +17,21 @@ step moves code batch 4 by 10 %), so every number sits here, with where it was m
 * **Arctic Inference's suffix decoding** (vLLM's suffix proposer, on the CPU), from `bench.drafters` likewise: 8.0 us at
   1,024 tokens, 11.8 us at 8,192, 8.6 us at 32,768 per request and step (`suffix_seconds`), not overlapped.
 * **Kernel launches of the decision** (`LaunchCost`): HYBRID's worker runs its decision eagerly between the EAGLE
-  draft and the verify forward; `bench.step_launches` counts its ATen operators (one launch each on a GPU). Each
-  launch costs ``host_us`` of host dispatch and ``gpu_us`` of GPU time. Defaults at the low end of published ranges
-  (so they favour HYBRID): PyTorch's eager dispatch of a small operator costs about 5-10 us of CPU time, and a tiny
-  CUDA kernel launched back to back occupies the GPU for about 2-3 us (NVIDIA Technical Blog, "Getting Started with
-  CUDA Graphs", 2019; PyTorch blog, "Accelerating PyTorch with CUDA Graphs", 2021: CUDA graphs exist because of these
-  costs). The GPU time lies on the critical path between draft and verify; the host dispatch runs on the host with
-  the rest of the step's host work (overlapping the device's previous step where the engine overlaps).
+  draft and the verify forward; `bench.step_launches` counts its launches (7 on the fused Triton path). Each launch
+  costs ``host_us`` of host dispatch and ``gpu_us`` of GPU time, MEASURED on an H200 (the device kit's selection job,
+  `bash bench/device_run.sh`, 2026-12-04, `docs/device_run/selection.json` and `selection_fourth.json`: the fused step
+  at the replay's configurations S4/K8, S2/K24 and S6/K24, batch 1-128, two runs). GPU: the step captured in a CUDA
+  graph replays in 0.045-0.063 ms at S4/K8 and 0.080-0.121 ms at the K24 configurations (W 27 and 31); ``gpu_us`` =
+  15 us per launch is the widest configuration's median (0.105 ms / 7), charged to every configuration (S4/K8 alone
+  would be 7.1 us). Host: run eagerly as the worker runs it, the step takes 0.29-0.76 ms of host time per call by the
+  wall clock over the 24 shapes and runs, median 0.36 ms: ``host_us`` = 51 us per launch (Triton's Python launcher
+  and the step's argument handling; before the workspace cached its views, three earlier runs gave 0.48-1.01 ms
+  by CUDA events). Published figures for a small eagerly dispatched operator (about 5-10 us of host time, 2-3 us of
+  GPU time: NVIDIA Technical Blog, "Getting Started with CUDA Graphs", 2019) would favour HYBRID on both. The GPU time
+  lies on the critical path between draft and verify; the host dispatch runs on the host with the rest of the step's
+  host work (overlapping the device's previous step where the engine overlaps: the step costs max(device, host)).
+  The torch path (833-999 eager ATen operators) is charged per operator at the published figures, 5 us host and
+  2 us GPU each (``op_host_us``, ``op_gpu_us``): the device kit did not time it.
   SGLang's own EAGLE per-step work (its tree build and verify kernels) is inside the cost table's fixed per-step
   overhead, for EAGLE and HYBRID alike: HYBRID's count includes its own tree links and mask, so it pays twice for
   that part (a few launches; against HYBRID).
@@ -71,17 +79,22 @@ def suffix_seconds(context) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class LaunchCost:
-    """Cost of one eagerly launched kernel (module docstring): host dispatch and GPU time, in microseconds."""
+    """Cost of the work an engine launches eagerly each step (module docstring), in microseconds: a launch of the
+    fused Triton decision (``host_us``, ``gpu_us``: measured on an H200) and one eager ATen operator of the torch
+    path (``op_host_us``, ``op_gpu_us``: published figures; the torch path was not timed on a GPU)."""
 
-    host_us: float = 5.0
-    gpu_us: float = 2.0
+    host_us: float = 51.0
+    gpu_us: float = 15.0
+    op_host_us: float = 5.0
+    op_gpu_us: float = 2.0
 
-    def device_s(self, launches: int) -> float:
-        return launches * self.gpu_us * 1e-6
+    def device_s(self, launches: int, ops: int = 0) -> float:
+        return (launches * self.gpu_us + ops * self.op_gpu_us) * 1e-6
 
-    def host_s(self, launches: int) -> float:
-        return launches * self.host_us * 1e-6
+    def host_s(self, launches: int, ops: int = 0) -> float:
+        return (launches * self.host_us + ops * self.op_host_us) * 1e-6
 
     def describe(self) -> str:
-        return (f"decision kernel launches: {self.host_us:g} us host dispatch + {self.gpu_us:g} us GPU each "
-                "(bench.replay.host; counts from bench.step_launches)")
+        return (f"decision: {self.host_us:g} us host dispatch + {self.gpu_us:g} us GPU per fused launch (measured on "
+                f"an H200, docs/device_run/), {self.op_host_us:g} + {self.op_gpu_us:g} us per eager ATen operator "
+                "(published; bench.replay.host; counts from bench.step_launches)")

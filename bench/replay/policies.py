@@ -36,6 +36,8 @@ class Proposal:
     launches: kernel launches the policy's own per-step engine work dispatches eagerly between the draft and the
       verify forward (beyond the engine's fixed per-step work the cost table holds); each costs the cost model's GPU
       time per launch on the device and its host dispatch time on the host (``bench.replay.host.LaunchCost``)
+    eager_ops: eager ATen operators of the same work where it runs unfused (the decision's torch path, the model-only
+      step's), charged per operator (``LaunchCost.op_host_us``, ``op_gpu_us``)
     stall_s: seconds the device idles inside the step while the host waits on it (a blocking device-to-host read
       between the decision and the verify): added to the step, overlapped with nothing
     draft_topk: sequences each EAGLE draft forward after the first runs per request: SGLang's
@@ -51,6 +53,7 @@ class Proposal:
     host_s: float = 0.0
     host_overlaps: bool = False
     launches: int = 0
+    eager_ops: int = 0
     stall_s: float = 0.0
     draft_topk: int = 1
 

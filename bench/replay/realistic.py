@@ -11,7 +11,9 @@ What it runs, and what is measured vs simulated:
   "real, small" row when its file exists.
 * **n-gram drafters: real code** (ours, the Rust suffix automaton; vLLM prompt lookup's rule at 5/5 and 2/5; Arctic
   Inference's suffix decoding when it is installed).
-* **Step times: SIMULATED** (the GPU roofline of `bench.cost_tables.roofline`: an 8B target on an H200-class GPU).
+* **Step times: SIMULATED** (the GPU roofline of `bench.cost_tables.roofline`: an 8B target on an H200-class GPU);
+  the headline contenders are also rerun under a table MEASURED on an H200 (the device kit's compact decoder, not
+  SGLang: ``Config.measured_table``), and the decision's launch costs are the H200's (`bench.replay.host`).
 * **Engine: modelled** (`bench.replay.engine`): HYBRID and model-only adaptive call the worker's
   ``DecisionStep``; "as built" models the plugin as the README launches it (no cost table given: the verify table
   measured at start, plain EAGLE's width or the full tree, a fixed EAGLE depth; ``Config.cost_tables``) with the
@@ -53,6 +55,9 @@ ALPHAS = (0.5, 0.6, 0.7, 0.8)
 MODES = ("as built", "ideal")
 REAL_TRACE = Path("out/traces/smollm2_t0_final.jsonl")
 ROOT = Path(__file__).resolve().parents[2]
+#: the device kit's step-time table from an H200 (``bash bench/device_run.sh``, 2026-12-04): a compact PyTorch
+#: Llama-3.1-8B-shaped decoder at 2,048 context tokens per request, MEASURED, not SGLang (docs/benchmarks.md, section 4)
+MEASURED_TABLE = ROOT / "bench" / "cost_tables" / "h200_measured_compact.json"
 
 
 def sweep_points() -> list:
@@ -160,6 +165,9 @@ class Config:
     gpu_context: int = 2048
     #: what one eagerly launched kernel of an engine's own per-step work costs (bench.replay.host)
     launch: LaunchCost = LaunchCost()
+    #: a per-batch step-time table measured on a GPU (the device kit's ``cost_tables.json``): the headline contenders
+    #: are rerun under it beside the hard-max roofline; None or a missing file: not shown (said so)
+    measured_table: Optional[Path] = MEASURED_TABLE
     #: the decomposition's ragged-verify design with a blocking read: the device's idle time per step, in us
     ragged_sync_us: float = RAGGED_SYNC_US
     real_trace: Optional[Path] = None
@@ -235,9 +243,25 @@ class Runner:
         sizes = sorted(set(cfg.batches) | {b for _, b in cfg.sweep_cells})
         self.specs = replay_costs.gpu_cost_spec(sizes, cfg.gpu_context, "gpu", max_width=self.max_width
                                                 ).with_launch_cost(cfg.launch)
-        #: the hard-max roofline, for the headline table's second figure
-        self.hardmax = replay_costs.gpu_cost_spec(sizes, cfg.gpu_context, "gpu-hardmax", max_width=self.max_width
-                                                  ).with_launch_cost(cfg.launch)
+        #: the other step-time models the headline contenders are rerun under: the hard-max roofline, and the
+        #: GPU-measured table when there is one covering the batches
+        self.alt_specs = {"hardmax": replay_costs.gpu_cost_spec(sizes, cfg.gpu_context, "gpu-hardmax",
+                                                                max_width=self.max_width).with_launch_cost(cfg.launch)}
+        self.measured_note = self._measured_table(sizes)
+
+    def _measured_table(self, sizes) -> Optional[str]:
+        """Load ``cfg.measured_table`` into ``alt_specs["measured"]``; returns why not when it is not used."""
+        path = self.cfg.measured_table
+        if path is None:
+            return "no measured table (Config.measured_table = None)"
+        if not Path(path).is_file():
+            return f"no measured table: {path} is absent (bash bench/device_run.sh on a GPU writes one)"
+        spec = replay_costs.load_cost_spec(path, name="measured")
+        missing = [b for b in sizes if b not in spec.per_batch]
+        if missing:
+            return f"measured table {path} lacks batch sizes {missing}: not used"
+        self.alt_specs["measured"] = spec.with_launch_cost(self.cfg.launch)
+        return None
 
     @staticmethod
     def _suffix_available() -> Optional[str]:
@@ -421,9 +445,10 @@ class Runner:
         pols = {p.name: p for p in [*self.free, *self.eagle, *self.trees, *self.adaptive.values()]}
         return pols[name]
 
-    def hardmax_cell(self, source, banks, groups, w, b) -> Optional[dict]:
-        """The headline cell's contenders (as tuned under the smooth knee) rerun under the hard-max roofline on the
-        evaluation seeds: HYBRID / best model-only, / best single drafter, / no speculation."""
+    def alt_cost_cell(self, kind, source, banks, groups, w, b) -> Optional[dict]:
+        """The headline cell's contenders (as tuned under the smooth knee) rerun under another step-time model
+        (``alt_specs[kind]``: the hard-max roofline, the GPU-measured table) on the evaluation seeds: HYBRID / best
+        model-only, / best single drafter, / no speculation."""
         mode = MODES[0]
         if (source, mode, w, b, "hybrid") not in self.best:
             return None
@@ -431,8 +456,8 @@ class Runner:
         got = {}
         for what in ("hybrid", "model", "ngram", "no_spec"):
             pol = self.free[0] if what == "no_spec" else self.tuned_policy(source, mode, w, b, what)
-            got[what] = [self.sim(pol, banks[s], groups[s][w], b, s, (source, "hardmax", w, b, what, s),
-                                  spec=self.hardmax) for s in evals]
+            got[what] = [self.sim(pol, banks[s], groups[s][w], b, s, (source, kind, w, b, what, s),
+                                  spec=self.alt_specs[kind]) for s in evals]
         single = got["model"] if tok_s(got["model"]) >= tok_s(got["ngram"]) else got["ngram"]
         return dict(vs_model=ratio_ci(got["hybrid"], got["model"]), vs_single=ratio_ci(got["hybrid"], single),
                     vs_nospec=ratio_ci(got["hybrid"], got["no_spec"]))
@@ -753,7 +778,9 @@ def run(cfg: Config, log=print) -> int:
     log("MEASURED inputs: real text (code edits between package releases, ShareGPT assistant turns, mixed); the "
         "n-gram drafters' real proposals; the worker's host path (bench.host_path). SIMULATED: the model drafter "
         "(swept strength, calibrated by construction) and every step time (GPU roofline below); the engine is "
-        "MODELLED (as built / ideal). No GPU run.")
+        "MODELLED (as built / ideal). MEASURED on an H200 (the device kit, docs/device_run/): the decision's launch "
+        "costs, and a compact decoder's step-time table the headline contenders are rerun under; nothing else ran "
+        "on a GPU.")
     for e in runner.engines.values():
         log(f"engine {e.describe()}")
     log(f"draft forwards: a k-token EAGLE chain costs {P.draft_forwards(4)} draft steps for k=4 (SGLang 0.5.23: "
@@ -859,15 +886,23 @@ def run(cfg: Config, log=print) -> int:
             log(line)
         log("")
     log("")
-    log(f"The same contenders under the hard-max roofline (max(t_mem, t_flop): verified tokens free up to the ridge "
-        f"point), {label(HEADLINE)}, as built, choices tuned under the smooth knee; HYBRID / best model-only, / best "
-        "single drafter, / no speculation:")
     hard_cells = [(w, b) for _, w, bs in columns(cfg.batches) for b in bs]
-    for (w, b), c in zip(hard_cells, runner.in_processes(lambda cell: runner.hardmax_cell(HEADLINE, eb_head, groups,
-                                                                                           *cell), hard_cells)):
-        if c is not None:
-            log(f"  {w} B={b}: {fmt_ci(c['vs_model'])}, {fmt_ci(c['vs_single'])}, {fmt_ci(c['vs_nospec'])}")
-    log("")
+    titles = {"hardmax": "the hard-max roofline (max(t_mem, t_flop): verified tokens free up to the ridge point)",
+              "measured": f"the step-time table MEASURED on an H200 ({cfg.measured_table}: a compact PyTorch "
+                          "Llama-3.1-8B-shaped decoder, random weights, 2,048 context tokens per request, NOT SGLang; "
+                          "widths past 16 extrapolate its last slope; trees' draft forwards at requests x topk)"}
+    for kind in runner.alt_specs:
+        log(f"The same contenders under {titles[kind]}, {label(HEADLINE)}, as built, choices tuned under the smooth "
+            "knee; HYBRID / best model-only, / best single drafter, / no speculation:")
+        cells = runner.in_processes(
+            lambda cell, kind=kind: runner.alt_cost_cell(kind, HEADLINE, eb_head, groups, *cell), hard_cells)
+        for (w, b), c in zip(hard_cells, cells):
+            if c is not None:
+                log(f"  {w} B={b}: {fmt_ci(c['vs_model'])}, {fmt_ci(c['vs_single'])}, {fmt_ci(c['vs_nospec'])}")
+        log("")
+    if runner.measured_note:
+        log(f"Measured step times: {runner.measured_note}")
+        log("")
     log(f"Per-policy speedup over no speculation, {label(HEADLINE)} (pooled over evaluation seeds "
         f"{evaluation_seeds(cfg.seeds)}; {charged}):")
     for line in detail_table(runner, HEADLINE, head_cells):

@@ -142,8 +142,8 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
             draft_s = cost.draft_time(ctx) + (prop.model_steps - 1) * cost.draft_time(ctx, branches=prop.draft_topk)
         else:
             draft_s = prop.model_steps * cost.draft_time(ctx)
-        device_s = cost.step_time(n_tokens, ctx) + draft_s + cost.launch.device_s(prop.launches)
-        host_s = float(prop.host_s) + cost.launch.host_s(prop.launches)
+        device_s = cost.step_time(n_tokens, ctx) + draft_s + cost.launch.device_s(prop.launches, prop.eager_ops)
+        host_s = float(prop.host_s) + cost.launch.host_s(prop.launches, prop.eager_ops)
         dt = (max(device_s, host_s) if prop.host_overlaps else device_s + host_s) + float(prop.stall_s)
         tot["seconds"] += dt
         np.add.at(req_tokens, req, emitted)
