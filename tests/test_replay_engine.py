@@ -741,8 +741,17 @@ def test_realistic_command_line_defaults_are_the_configs_and_eagle_trees_parse(m
     replay.main(["--realistic"])
     want = replay_realistic.Config()
     for field in ("requests", "out_tokens", "seeds", "batches", "width_lag", "ngram_lag", "cost_tables",
-                  "hybrid_steps", "hybrid_ngram_ks", "ngram_ks", "eagle_trees"):
+                  "hybrid_steps", "hybrid_ngram_ks", "ngram_ks", "eagle_trees", "measured_table"):
         assert getattr(seen["cfg"], field) == getattr(want, field), field
+    seen.clear()
+    replay.main(["--realistic", "--measured-table", "none"])
+    assert seen["cfg"].measured_table is None
+    assert replay_realistic.Runner(dataclasses.replace(seen["cfg"], batches=(4,), sweep=False)).measured_note == (
+        "no measured table (Config.measured_table = None)")
+    # the draft banks hold the longest baseline chain even where HYBRID's own proposals are narrower
+    narrow = replay_realistic.Runner(dataclasses.replace(seen["cfg"], batches=(4,), sweep=False, hybrid_steps=(),
+                                                         hybrid_ngram_ks=(), ngram_ks=(8, 24)))
+    assert narrow.bank_k == 24 and narrow.pw == 24 > replay_engine.EngineConfig().proposal_width
     assert seen["cfg"].real_trace == replay_realistic.REAL_TRACE
     seen.clear()
     replay.main(["--realistic", "--eagle-trees", "5,4,8", "2,2,7"])

@@ -232,10 +232,11 @@ class Runner:
                                                             hybrid_modes=())}
         self.oracle = P.Oracle(max(cfg.eagle_ks), max(cfg.ngram_ks))
         pols = [p for ps in self.engine_pols.values() for p in ps.values()] + list(self.adaptive.values())
-        #: n-gram tokens proposed per request, the widest HYBRID's (the draft banks are computed at this width)
-        self.pw = max(p.engine.proposal_width for p in pols if p.use_ngram)
         #: chain length of the model-free drafts in the banks (every baseline's k fits)
         self.bank_k = max(cfg.ngram_ks)
+        #: n-gram tokens proposed per request, the widest HYBRID's or the longest baseline chain (the draft banks are
+        #: computed at this width, and every n-gram baseline reads its chain from them)
+        self.pw = max([p.engine.proposal_width for p in pols if p.use_ngram] + [self.bank_k])
         #: the widest verify of any policy per request (root included): the step-time tables reach B x this, so no
         #: step is charged an extrapolated time
         self.max_width = max([p.n_nodes + 1 for p in pols] + [k + 1 for k in (*cfg.ngram_ks, *cfg.eagle_ks)]
@@ -779,8 +780,8 @@ def run(cfg: Config, log=print) -> int:
         "n-gram drafters' real proposals; the worker's host path (bench.host_path). SIMULATED: the model drafter "
         "(swept strength, calibrated by construction) and every step time (GPU roofline below); the engine is "
         "MODELLED (as built / ideal). MEASURED on an H200 (the device kit, docs/device_run/): the decision's launch "
-        "costs, and a compact decoder's step-time table the headline contenders are rerun under; nothing else ran "
-        "on a GPU.")
+        "costs" + ("" if runner.measured_note else ", and a compact decoder's step-time table the headline contenders "
+                   "are rerun under") + "; nothing else ran on a GPU.")
     for e in runner.engines.values():
         log(f"engine {e.describe()}")
     log(f"draft forwards: a k-token EAGLE chain costs {P.draft_forwards(4)} draft steps for k=4 (SGLang 0.5.23: "
