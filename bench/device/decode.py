@@ -123,10 +123,10 @@ def hybrid_greedy(model: Target, prompts: list, new_tokens: int, oracle: list, d
         draft_token, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
         positions, _, _, _ = tree_links_torch(anc, seq_lens)
         lens = [r.length for r in reqs]
-        nvalid = tree.valid.sum(1).tolist()
         if ragged:
             logits = _ragged_verify(model, reqs, tree.valid, anc, draft_token, positions, seq_lens, lens, w)
         else:
+            nvalid = tree.valid.sum(1).tolist()
             mask = full_mask(anc, seq_lens, sum(lens))
             logits = torch.zeros(b, w, DIMS.vocab, device=dev)
             start = 0

@@ -50,8 +50,14 @@ CONTEXT = 2048
 VOCAB = 128256
 TARGET_SHARE = 0.05
 TARGET_BATCHES = (32, 128)
+DEPLOYED = (NUM_STEPS, NGRAM_K)
 #: the batch whose eager step's host time is profiled (GPU only)
 PROFILE_BATCH = 32
+
+
+def config_name(config) -> str:
+    """``S<steps>/K<k>``, the replay's name for an (EAGLE steps, n-gram k) configuration."""
+    return f"S{config[0]}/K{config[1]}"
 
 
 class StepInputs(NamedTuple):
@@ -184,7 +190,7 @@ def _target_step_ms(cost_doc, batch: int, width: int):
     return t["raw_seconds"][t["widths"].index(width)] * 1e3
 
 
-def check_batch_gpu(batch: int, cost_doc, iters: int, log, config=(NUM_STEPS, NGRAM_K)) -> dict:
+def check_batch_gpu(batch: int, cost_doc, iters: int, log, config=DEPLOYED) -> dict:
     dev = torch.device("cuda")
     cost, cost_src = _cost_for(cost_doc, batch)
     settings, factory = make_step(dev, cost, *config)
@@ -197,7 +203,7 @@ def check_batch_gpu(batch: int, cost_doc, iters: int, log, config=(NUM_STEPS, NG
     numel = seq_lens_sum * w + w * w * batch
     buf_cpu = torch.ones(numel, dtype=torch.bool)
     buf_gpu = torch.ones(numel, dtype=torch.bool, device=dev)
-    rec = {"config": f"S{config[0]}/K{config[1]}", "batch": batch, "W": w, "n_nodes": gpu_step.n_nodes,
+    rec = {"config": config_name(config), "batch": batch, "W": w, "n_nodes": gpu_step.n_nodes,
            "cost": cost_src}
     want = run_step(cpu_step, x_cpu, seq_lens_sum, buf_cpu)
     want = tuple(t.clone() for t in want)
@@ -225,7 +231,7 @@ def check_batch_gpu(batch: int, cost_doc, iters: int, log, config=(NUM_STEPS, NG
     rec["graph_ms"] = _env.median(ms)
     rec["eager_ms"] = _env.median(_env.cuda_ms(lambda: run_step(gpu_step, x_gpu, seq_lens_sum, buf_gpu), 30))
     rec["eager_host_ms"] = host_ms(lambda: run_step(gpu_step, x_gpu, seq_lens_sum, buf_gpu))
-    if batch == PROFILE_BATCH and config == (NUM_STEPS, NGRAM_K):
+    if batch == PROFILE_BATCH and config == DEPLOYED:
         rec["eager_host_profile"] = host_profile(lambda: run_step(gpu_step, x_gpu, seq_lens_sum, buf_gpu), log)
     target = _target_step_ms(cost_doc, batch, w)
     rec["target_step_ms"] = target
@@ -275,7 +281,7 @@ def host_profile(fn, log, calls: int = 30, top: int = 12) -> list:
     return out
 
 
-def check_batch_cpu(batch: int, log, config=(NUM_STEPS, NGRAM_K)) -> dict:
+def check_batch_cpu(batch: int, log, config=DEPLOYED) -> dict:
     cost, cost_src = _cost_for(None, batch)
     _, factory = make_step("cpu", cost, *config)
     pool = max(2 * batch, 8)
@@ -291,7 +297,7 @@ def check_batch_cpu(batch: int, log, config=(NUM_STEPS, NGRAM_K)) -> dict:
     compiled = torch.compile(lambda x: run_step(step_b, x, seq_lens_sum, buf_b), fullgraph=True, backend="eager")
     got = compiled(xb)
     trace_s = time.perf_counter() - t0
-    return {"config": f"S{config[0]}/K{config[1]}", "batch": batch, "W": w, "n_nodes": step_a.n_nodes,
+    return {"config": config_name(config), "batch": batch, "W": w, "n_nodes": step_a.n_nodes,
             "cost": cost_src,
             "fullgraph_trace": "ok (no graph break)", "compiled_vs_eager_cpu": compare(got, want, True) or "equal",
             "valid_nodes_per_request": float(want[4].float().sum(1).mean()), "trace_seconds": round(trace_s, 1)}
@@ -300,19 +306,18 @@ def check_batch_cpu(batch: int, log, config=(NUM_STEPS, NGRAM_K)) -> dict:
 def run(cost_doc=None, log=print) -> dict:
     on_gpu = _env.gpu()
     results, failures = [], 0
-    deployed = (NUM_STEPS, NGRAM_K)
-    plan = [(deployed, b) for b in (GPU_BATCHES if on_gpu else CPU_BATCHES)]
+    plan = [(DEPLOYED, b) for b in (GPU_BATCHES if on_gpu else CPU_BATCHES)]
     plan += [(c, b) for c in TUNED_CONFIGS for b in (TUNED_GPU_BATCHES if on_gpu else TUNED_CPU_BATCHES)]
     log(f"[selection] {MODE}; deployed steps {NUM_STEPS}, ngram k {NGRAM_K}: W = {NUM_STEPS + NGRAM_K + 1}, batches "
         f"{list(GPU_BATCHES if on_gpu else CPU_BATCHES)}; the replay's tuned "
-        + ", ".join(f"S{s_}/K{k}" for s_, k in TUNED_CONFIGS)
+        + ", ".join(config_name(c) for c in TUNED_CONFIGS)
         + f" at {list(TUNED_GPU_BATCHES if on_gpu else TUNED_CPU_BATCHES)}; "
         + ("GPU, CUDA graph" if on_gpu else "CPU mode: eager vs torch.compile(fullgraph) trace"))
     if on_gpu:
         log(f"  {'config':<7} {'B':>4} {'W':>3} {'graph ms':>9} {'eager ms':>9} {'host ms':>8} {'target ms':>10} "
             f"{'share':>7}  checks")
     for config, b in plan:
-        name = f"S{config[0]}/K{config[1]}"
+        name = config_name(config)
         try:
             rec = (check_batch_gpu(b, cost_doc, 50, log, config) if on_gpu else check_batch_cpu(b, log, config))
         except Exception as e:  # report every batch, then fail
@@ -339,7 +344,7 @@ def run(cost_doc=None, log=print) -> dict:
     verdicts = []
     if on_gpu:
         for b in TARGET_BATCHES:
-            rec = next((r for r in results if r["batch"] == b and r.get("config") == f"S{NUM_STEPS}/K{NGRAM_K}"
+            rec = next((r for r in results if r["batch"] == b and r.get("config") == config_name(DEPLOYED)
                         and r.get("share") is not None), None)
             if rec is None:
                 verdicts.append(f"target <= 5 % of the target step at B={b}: NOT MEASURED")

@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 
 from bench.cost_tables import roofline
-from bench.replay.host import LaunchCost
+from bench.replay.host import LaunchCost, interp_extend
 
 CPU_TABLE = Path(__file__).resolve().parent / "cost_tables" / "cpu_smollm2.json"
 
@@ -52,7 +52,7 @@ class BatchCost:
             if self.roof is not None and context_total is not None:
                 return self.roof.draft_step_s(self.requests * branches, context_total * branches)
             if self.draft_by_batch is not None and self.requests > 0:
-                return _interp_extend(self.requests * branches, *self.draft_by_batch)
+                return interp_extend(self.requests * branches, *self.draft_by_batch)
             raise ValueError("an EAGLE tree's draft forwards (topk > 1) need the GPU roofline with each request's "
                              "context or a per-batch table's draft step by batch size: this table holds one "
                              "sequence per request (use --cost gpu)")
@@ -79,14 +79,6 @@ class CostSpec:
         if 0 in self.per_batch:
             return self.per_batch[0]
         raise ValueError(f"cost model {self.name!r} has no table for batch {b} (has {sorted(self.per_batch)})")
-
-
-def _interp_extend(x: float, xs, ys) -> float:
-    """``ys`` at ``x``, linear between the points and along the last segment past the last one."""
-    if x <= xs[-1] or len(xs) < 2:
-        return float(np.interp(x, xs, ys))
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-    return float(ys[-1] + slope * (x - xs[-1]))
 
 
 def _batch_cost(sizes, seconds, draft_s, meta=None, roof=None, requests=0) -> BatchCost:

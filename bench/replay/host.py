@@ -50,14 +50,19 @@ PROMPT_LOOKUP_MEASURED = ((1024, 11.7e-6), (8192, 18.9e-6), (32768, 39.7e-6))
 SUFFIX_MEASURED = ((1024, 8.0e-6), (8192, 11.8e-6), (32768, 8.6e-6))
 
 
+def interp_extend(x: float, xs, ys) -> float:
+    """``ys`` at ``x``: linear between the points ``xs`` (increasing), held below the first, along the last segment
+    past the last one."""
+    if x <= xs[-1] or len(xs) < 2:
+        return float(np.interp(x, xs, ys))
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    return float(ys[-1] + slope * (x - xs[-1]))
+
+
 def host_seconds(batch: int) -> float:
     """The n-gram host path's seconds per decode step at ``batch`` requests (linear in the measured points, extended
     linearly past 128)."""
-    bs, ts = zip(*HOST_PATH_MEASURED)
-    if batch <= bs[-1]:
-        return float(np.interp(batch, bs, ts))
-    slope = (ts[-1] - ts[-2]) / (bs[-1] - bs[-2])
-    return float(ts[-1] + slope * (batch - bs[-1]))
+    return interp_extend(batch, *zip(*HOST_PATH_MEASURED))
 
 
 def _per_request(measured, context) -> float:
