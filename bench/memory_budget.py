@@ -7,16 +7,16 @@ start-up check, applied to the deployment the realistic replay models (``python 
 docs/benchmarks.md): Llama-3.1-8B in bf16 with an EAGLE-3 head on one H200, FlashInfer, SGLang's default
 ``--mem-fraction-static`` and ``--cuda-graph-max-bs`` (= ``--max-running-requests``, the batch), 4 EAGLE steps, merge
 with an n-gram chain of 8 (12 nodes, full width 13; ``bench.replay.engine.EngineConfig()``). At each batch and
-``--context-length`` it prints the free memory SGLang leaves after sizing its KV pool, plain EAGLE's speculative
-memory, and HYBRID's with both cost tables (as built: one runtime state per (EAGLE depth, verify width) pair, the
-replay's ``default_depths(4)`` x ``default_buckets(13)`` = 24 states), with one table (widths only: ``cost_table``, 6
-states; depths only: ``draft_cost_table``, 4 states), the default launch (no table given: the verify table measured at
-start, widths 5 and 13 and the extras 8 and 4 while they fit, ``default_launch_widths``) and with no price (one state,
-width 13): GiB, ratio to EAGLE, graph sets, and whether it fits (the machinery allocated after the KV pool plus
-SGLang's post-capture runtime reserve against the free memory: the test's criterion; the worker refuses at start where
-the states it still has to build do not fit). Then, per (batch, context), the most runtime states a settable grid
-(``draft_depths`` x ``verify_widths``, which always keep 4 and 13) fits, and which of the replay's tuned HYBRID
-configurations (S<steps>/K<ngram_k>, printed in its tables) fit.
+``--context-length`` it prints the free memory SGLang leaves after sizing its KV pool, plain EAGLE's speculative memory,
+and HYBRID's with both cost tables (as built: one runtime state per (EAGLE depth, verify width) pair, the replay's
+``default_depths(4)`` x ``default_buckets(13)`` = 24 states, assembled from 4 draft and 6 verify parts), with one table
+(widths only: ``cost_table``, 6 states; depths only: ``draft_cost_table``, 4 states), the default launch (no table
+given: the verify table measured at start, widths 5 and 13 and the extras 8 and 4 while they fit,
+``default_launch_widths``) and with no price (one state, width 13): GiB, ratio to EAGLE, graph sets, and whether it fits
+(the machinery allocated after the KV pool plus SGLang's post-capture runtime reserve against the free memory: the
+test's criterion; the worker refuses at start where the states it still has to build do not fit). Then, per (batch,
+context), the most runtime states a settable grid (``draft_depths`` x ``verify_widths``, which always keep 4 and 13)
+fits, and which of the replay's tuned HYBRID configurations (S<steps>/K<ngram_k>, printed in its tables) fit.
 
 Computed from SGLang 0.5.23's (and FlashInfer 0.7.2's) sizing formulas, cited in the memory_budget module; not
 measured on a GPU. The free memory is an upper bound (the card's whole memory taken as free before the weights load).
@@ -172,8 +172,9 @@ def hybrid_budget(case: H200Case, settings: HybridSettings, *, steps: int = STEP
                   depths: Optional[Sequence[int]] = None, widths: Optional[Sequence[int]] = None,
                   ragged: bool = False) -> mb.Budget:
     """HYBRID's budget at ``case`` as the worker computes it at start (``check_start``), padded verify (a GPU with
-    graphs): the start-up state (``steps``, full width) first, then one state per (depth, width) pair (``ragged``: one
-    per depth at the full width). ``depths`` / ``widths``: the states' shapes (default: ``settings``' resolved ones;
+    graphs): the start-up state (``steps``, full width) first, then one state per (depth, width) pair, assembled from a
+    draft part per depth and a verify part per width (``ragged``: one state per depth, all at the full width's one
+    verify part). ``depths`` / ``widths``: the states' shapes (default: ``settings``' resolved ones;
     ``depths`` are also the fused step's candidate depths). HYBRID's own buffers: online offsets off, fused step,
     prompt lookup on (the defaults)."""
     rd, rw = settings.resolved_shapes(steps)

@@ -847,8 +847,10 @@ def test_realistic_as_built_is_the_readme_launch_unless_both_tables_are_given():
         required, extras = measured_table_buckets(steps, full)
         return tuple(sorted({*required, *extras}))
 
-    # the deployed S4/K8 at 128 requests x 131,072 context: the middle extra 8 fits, 4 does not; at batch 4 both
-    assert default_launch_widths(128, 4, 8, 12) == (5, 8, 13) and default_launch_widths(4, 4, 8, 12) == (4, 5, 8, 13)
+    # the deployed S4/K8: both extras (8 and 4) fit at 128 requests x 131,072 context and at batch 4 (one verify part
+    # per width, memory_budget); at 128 requests no further width would (offered every width, it keeps the same four)
+    assert default_launch_widths(128, 4, 8, 12) == (4, 5, 8, 13) == default_launch_widths(4, 4, 8, 12)
+    assert default_launch_widths(128, 4, 8, 12, extras=(8, 4, 2, 6, 7, 9, 10, 11, 12)) == (4, 5, 8, 13)
     for tables in ("measured", "given"):
         cfg = replay_realistic.Config(batches=(4,), hybrid_steps=(6,), hybrid_ngram_ks=(24,), cost_tables=tables,
                                       sweep=False, decompose=False, plot=None)

@@ -174,6 +174,8 @@ def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
     assert len(depths) >= 2 and set(depths) <= {1, 2, 3}, depths        # adaptive drafting: depths 1, 2, 3
     assert res["counters"]["model_tested"] > 0, res["counters"]          # chains tested: the offset learned
     _assert_ragged(res["counters"])
+    # ragged: a state per depth, each with its own draft part, all sharing the one verify part (the full width)
+    assert res["counters"]["runtime_parts"] == {"states": 3, "draft_parts": 3, "verify_parts": 1}, res["counters"]
     # every step decided by the fused Triton kernels (SGLang's CPU engine runs Triton's interpreter)
     assert res["counters"]["decision_steps"] == {"fused": res["counters"]["steps"]}, res["counters"]
 
@@ -218,6 +220,9 @@ def test_kv_window_planning_live_equal_plain_greedy():
     wider = sum(n for w, n in widths.items() if w > 3)
     # windows planned exactly on the steps wider than the draft; both kinds of step ran
     assert counters["kv_window_steps"] == wider and 0 < wider < counters["steps"], counters
+    # padded: a state per width bucket, each with its own verify part, all sharing the one draft part (depth 3)
+    parts = counters["runtime_parts"]
+    assert parts["draft_parts"] == 1 and parts["verify_parts"] == parts["states"] >= len(widths), parts
 
 
 def test_eagle3_head_live_equal_plain_greedy():

@@ -1,13 +1,15 @@
 """Start-up memory budget: what HYBRID's speculative machinery takes on the device, against SGLang's plain EAGLE.
 
-Why: HYBRID builds one SGLang ``SpecRuntimeState`` per (EAGLE depth, verify width) pair (one per depth under ragged
-verify; ``worker._build_runtime_states``), and each state owns its own attention backends and its own draft, verify
-and draft-extend CUDA graph sets. Their static buffers grow with ``max_bs x width x context``, and they are allocated
+Why: HYBRID builds one SGLang ``SpecRuntimeState`` per (EAGLE depth, verify width) pair, assembled from a draft part
+per depth (the multi-step draft backend and its draft decode graph set) and a verify part per width (a target backend
+with its own FlashInfer workspace, the verify and the draft-extend backends' graph sets; ``runtime_states``, one
+verify part under ragged verify). Their static buffers grow with ``max_bs x width x context``, and they are allocated
 after SGLang has sized its KV pool, out of the memory it left free. A configuration that does not fit would otherwise
 fail deep inside a graph capture with an out-of-memory error naming no setting. So the worker computes this budget at
 start (``check_start``), logs it, and stops with the settings to change when it does not fit. The default launch (a
 verify table measured at start, no ``verify_widths``) first picks its optional width buckets with the same budget
-(``fit_widths_at_start``): each extra only while the states still fit.
+(``fit_widths_at_start``): each extra only while its verify part still fits. (Building a part also makes, and drops,
+the draft worker's other backend at that shape: constructor wrappers only, freed before the next part, not counted.)
 
 Every size below is SGLang 0.5.23's own sizing, read from its source (paths relative to ``sglang/``; "~" = approximate
 line), and FlashInfer 0.7.2's (the version SGLang 0.5.23 requires; not installed on CPU machines, read from its wheel):
@@ -151,16 +153,18 @@ class Budget:
     """The speculative machinery of one layout, in bytes.
 
     ``states``: the (EAGLE depth, verify width) runtime states, the start-up one first (SGLang's own, built before
-    HYBRID's hook runs); ``per_state``: bytes each state adds; ``items``: the same total by component; ``graph_sets``:
-    captured CUDA graph sets (a draft decode, a target verify or a draft extend graph set, each with one graph per
-    captured batch size: ``graphs``); ``from_free``: the part allocated after SGLang sized its KV pool (everything but
-    the draft weights), ``to_build``: the part the start-up check still has to place (the states after the first and
-    the workspace that has not grown yet); ``draft_kv_per_token``: draft KV bytes per KV-pool token (inside the
-    pool)."""
+    HYBRID's hook runs); ``draft_parts`` / ``verify_parts``: ``(depth, bytes)`` / ``(width, bytes)`` the parts the
+    states are assembled from add (``runtime_states``), the start-up state's first; ``items``: the same total by
+    component; ``graph_sets``: captured CUDA graph sets (a draft decode, a target verify or a draft extend graph set,
+    each with one graph per captured batch size: ``graphs``); ``from_free``: the part allocated after SGLang sized its
+    KV pool (everything but the draft weights), ``to_build``: the part the start-up check still has to place (the
+    parts after the start-up state's and the workspace that has not grown yet); ``draft_kv_per_token``: draft KV bytes
+    per KV-pool token (inside the pool)."""
 
     layout: str
     states: tuple
-    per_state: tuple
+    draft_parts: tuple = ()
+    verify_parts: tuple = ()
     items: dict = field(default_factory=dict)
     graph_sets: int = 0
     graphs: int = 0
@@ -223,7 +227,8 @@ def _draft_graphs(dep: Deployment, depth: int) -> int:
 def _input_buffers(dep: Deployment, depth: int, width: int) -> dict:
     """Named static input buffers of a state's three graph runners: ``{(name, numel, itemsize): component}``; SGLang
     keeps one tensor per key process-wide. A verify mask of ``(max_bs x fill + tokens) x width`` bools (fill value 1
-    for FlashInfer and Triton); the draft extend's ``select_index`` is not shared (per-runner key)."""
+    for FlashInfer and Triton); the draft extend's ``select_index`` is not shared (per-runner key: one per verify
+    part)."""
     m, t, d = dep.max_bs, dep.target, dep.draft
     n = m * width
     out = {}
@@ -233,7 +238,7 @@ def _input_buffers(dep: Deployment, depth: int, width: int) -> dict:
     extend = (("input_ids", n, 8), ("out_cache_loc", n, 8), ("positions", n, 8), ("mrope_positions", 3 * n, 8),
               ("hidden_states", n * dep.draft_input_hidden, d.dtype_bytes), ("req_pool_indices", m, 8),
               ("seq_lens", m, 8), ("extend_seq_lens", m, 4), ("num_correct_drafts", m, 4),
-              ("num_accept_tokens", m, 4), (f"select_index@{depth},{width}", m, 8))
+              ("num_accept_tokens", m, 4), (f"select_index@{width}", m, 8))
     out.update({k: "verify" for k in verify})
     for k in extend:
         out.setdefault(k, "draft extend")
@@ -247,47 +252,62 @@ def _input_buffers(dep: Deployment, depth: int, width: int) -> dict:
     return out
 
 
-def _state(dep: Deployment, depth: int, width: int, *, startup: bool) -> dict:
-    """Bytes one runtime state adds, by component (input buffers apart). The start-up state's target backend is the
-    one SGLang builds with or without speculation (the shared workspace); every later state builds a fresh target
-    backend with its own workspace (``build_adaptive_runtime_state``)."""
+def _verify_part(dep: Deployment, width: int, *, startup: bool) -> dict:
+    """Bytes a verify part (``runtime_states.VerifyPart``) adds, by component (input buffers apart): the target's
+    verify graph set and the draft extend's backend and graph set at ``width``. The start-up part's target backend is
+    the one SGLang builds with or without speculation (the shared workspace); every later part builds a fresh target
+    backend with its own workspace (``runtime_states.build_verify_part``, as ``build_adaptive_runtime_state`` does)."""
     fi = dep.attention_backend == "flashinfer"
     graphs = bool(dep.cuda_graph_bs)
     items = {"verify": _verify_graphs(dep, width) if graphs else 0,
              "draft extend": (_extend_graphs(dep, width) if graphs else 0) + (_fi_backend(False) if fi else 0),
-             "draft decode": 0, "target workspaces": 0}
-    if depth > 1:
-        items["draft decode"] = ((_draft_graphs(dep, depth) if graphs else 0)
-                                 + ((depth - 1) * _fi_backend(True) if fi else 0))
+             "target workspaces": 0}
     if not startup and fi:
         items["target workspaces"] = dep.flashinfer_workspace_bytes + _fi_backend(False)
     return items
 
 
+def _draft_part(dep: Deployment, depth: int) -> dict:
+    """Bytes a draft part (``runtime_states.DraftPart``) adds: the multi-step draft decode backend (``depth - 1`` step
+    backends) and its graph set; nothing at depth 1."""
+    if depth <= 1:
+        return {"draft decode": 0}
+    fi = dep.attention_backend == "flashinfer"
+    return {"draft decode": ((_draft_graphs(dep, depth) if dep.cuda_graph_bs else 0)
+                             + ((depth - 1) * _fi_backend(True) if fi else 0))}
+
+
 def budget(dep: Deployment, states: Sequence, *, layout: str, max_draft_tokens: int,
            own: Optional[HybridBuffers] = None) -> Budget:
-    """The budget of building ``states`` ((depth, width) pairs, the start-up state first) at ``dep``.
+    """The budget of building ``states`` ((depth, width) pairs, the start-up state first) at ``dep``: one draft part
+    per distinct depth and one verify part per distinct width (``runtime_states``), the start-up state's first.
     ``max_draft_tokens``: the widest width SGLang was configured with (rows of the shared logits buffers); ``own``:
     HYBRID's own buffers (None for plain EAGLE)."""
     states = tuple(dict.fromkeys((int(d), int(w)) for d, w in states))
     if not states:
         raise ValueError("a budget needs at least the start-up runtime state")
+    depths = tuple(dict.fromkeys(d for d, _ in states))
+    widths = tuple(dict.fromkeys(w for _, w in states))
     items = {"verify": 0, "draft extend": 0, "draft decode": 0, "target workspaces": 0, "input buffers": 0}
-    per_state = []
     keys: dict = {}
-    for i, (d, w) in enumerate(states):
-        part = _state(dep, d, w, startup=i == 0)
+    graphs = bool(dep.cuda_graph_bs)
+
+    def add(part: dict, depth: int, width: int, components: tuple) -> int:
         fresh = 0
-        if dep.cuda_graph_bs:
-            for key in _input_buffers(dep, d, w):
-                if key not in keys:
+        if graphs:
+            for key, owner in _input_buffers(dep, depth, width).items():
+                if owner in components and key not in keys:
                     keys[key] = True
                     fresh += key[1] * key[2]
         part["input buffers"] = fresh
         for k, v in part.items():
             items[k] += v
-        per_state.append(sum(part.values()))
-    graphs = bool(dep.cuda_graph_bs)
+        return sum(part.values())
+
+    d0, w0 = states[0]
+    verify_parts = tuple((w, add(_verify_part(dep, w, startup=i == 0), d0, w, ("verify", "draft extend")))
+                         for i, w in enumerate(widths))
+    draft_parts = tuple((d, add(_draft_part(dep, d), d, w0, ("draft decode",))) for d in depths)
     rows = dep.max_bs * max_draft_tokens
     logits = 0
     if graphs:
@@ -297,12 +317,13 @@ def budget(dep: Deployment, states: Sequence, *, layout: str, max_draft_tokens: 
     items["logits buffers"] = logits
     items["draft weights"] = dep.draft_weight_bytes
     items["hybrid buffers"] = own.total if own is not None else 0
-    sets = sum(2 + (d > 1) for d, _ in states) if graphs else 0
+    sets = (2 * len(widths) + sum(d > 1 for d in depths)) if graphs else 0
     d = dep.draft
     total = sum(items.values())
-    return Budget(layout=layout, states=states, per_state=tuple(per_state), items=items, graph_sets=sets,
-                  graphs=sets * len(dep.cuda_graph_bs), from_free=total - dep.draft_weight_bytes,
-                  to_build=sum(per_state[1:]) + (own.workspace if own is not None else 0),
+    later = sum(b for _, b in draft_parts[1:]) + sum(b for _, b in verify_parts[1:])
+    return Budget(layout=layout, states=states, draft_parts=draft_parts, verify_parts=verify_parts, items=items,
+                  graph_sets=sets, graphs=sets * len(dep.cuda_graph_bs), from_free=total - dep.draft_weight_bytes,
+                  to_build=later + (own.workspace if own is not None else 0),
                   draft_kv_per_token=2 * d.layers * d.kv_heads * d.head_dim * d.dtype_bytes)
 
 
@@ -373,8 +394,10 @@ def log_line(hybrid: Budget, eagle: Budget, free: Optional[int], reserve: Option
     parts = ", ".join(f"{k} {_gib(v)}" for k, v in hybrid.items.items() if v)
     ratio = hybrid.total / eagle.total if eagle.total else float("inf")
     n = len(hybrid.states)
-    line = (f"HYBRID start-up memory: {n} runtime state{'s' if n > 1 else ''} {list(hybrid.states)}, "
-            f"{hybrid.graph_sets} graph sets ({hybrid.graphs} graphs), speculative machinery {_gib(hybrid.total)} "
+    line = (f"HYBRID start-up memory: {n} runtime state{'s' if n > 1 else ''} {list(hybrid.states)} from draft "
+            f"parts at depths {[d for d, _ in hybrid.draft_parts]} and verify parts at widths "
+            f"{[w for w, _ in hybrid.verify_parts]}, {hybrid.graph_sets} graph sets ({hybrid.graphs} graphs), "
+            f"speculative machinery {_gib(hybrid.total)} "
             f"({parts}); plain EAGLE at the same settings {_gib(eagle.total)}, {eagle.graph_sets} graph sets "
             f"({ratio:.2f}x); draft KV {hybrid.draft_kv_per_token} B/token in the KV pool")
     if free is not None:
@@ -385,21 +408,21 @@ def log_line(hybrid: Budget, eagle: Budget, free: Optional[int], reserve: Option
 
 def check_fits(hybrid: Budget, free: int, reserve: int, *, total_memory: Optional[int] = None,
                mem_fraction_static: Optional[float] = None) -> None:
-    """Raise ``HybridMemoryError`` naming the settings to change when the states still to build and the runtime
+    """Raise ``HybridMemoryError`` naming the settings to change when the parts still to build and the runtime
     reserve do not fit ``free`` bytes."""
     need = hybrid.to_build + reserve
     if need <= free:
         return
     short = need - free
-    extra = len(hybrid.states) - 1
-    each = max(hybrid.per_state[1:], default=0)
-    room = free - reserve - (hybrid.to_build - sum(hybrid.per_state[1:]))
-    fit = max(int(room // each), 0) if each else 0
-    fix = [f"fewer runtime states: HYBRID builds one per (EAGLE depth, verify width) pair, {len(hybrid.states)} here, "
-           f"up to {_gib(each)} each, and about {fit} more than the first fit; shorten the HYBRID settings "
-           "verify_widths / draft_depths (e.g. SGLANG_HYBRID_VERIFY_WIDTHS='[4]', SGLANG_HYBRID_DRAFT_DEPTHS='[]'), "
-           "or leave out draft_cost_table (one depth) or cost_table (one width)" if extra else
-           "the single runtime state itself does not fit"]
+    later = [*hybrid.draft_parts[1:], *hybrid.verify_parts[1:]]
+    widest = max((b for _, b in hybrid.verify_parts[1:]), default=0)
+    deepest = max((b for _, b in hybrid.draft_parts[1:]), default=0)
+    fix = [f"fewer runtime parts: HYBRID builds a verify part per verify width ({len(hybrid.verify_parts)} here, the "
+           f"dearest still to build {_gib(widest)}) and a draft part per EAGLE depth ({len(hybrid.draft_parts)} "
+           f"here, the dearest still to build {_gib(deepest)}); shorten the HYBRID "
+           "settings verify_widths / draft_depths (e.g. SGLANG_HYBRID_VERIFY_WIDTHS='[4]', "
+           "SGLANG_HYBRID_DRAFT_DEPTHS='[]'), or leave out cost_table (one width) or draft_cost_table (one depth)"
+           if later else "the start-up runtime state and HYBRID's workspace themselves do not fit"]
     fix.append("a lower --cuda-graph-max-bs (every graph buffer grows with the largest captured batch)")
     fix.append("a shorter --context-length (graph buffers are sized by it)")
     if mem_fraction_static is not None and total_memory:
@@ -409,7 +432,7 @@ def check_fits(hybrid: Budget, free: int, reserve: int, *, total_memory: Optiona
         fix.append("a lower --mem-fraction-static")
     raise HybridMemoryError(
         f"HYBRID's runtime states do not fit the GPU memory SGLang left after sizing its KV pool: building the "
-        f"{extra} states after the first and HYBRID's workspace needs {_gib(hybrid.to_build)}, plus "
+        f"{len(later)} parts after the start-up state's and HYBRID's workspace needs {_gib(hybrid.to_build)}, plus "
         f"{_gib(reserve)} kept free for the runtime (SGLang's post-capture reserve), but {_gib(free)} is free "
         f"({_gib(short)} short). Change one of: " + "; ".join(fix) + ".")
 
@@ -506,9 +529,9 @@ def fit_widths(fits: Callable[[tuple], bool], required: Sequence[int], extras: S
 
 def fit_widths_at_start(worker, depths: Sequence[int], required: Sequence[int], extras: Sequence[int]) -> tuple:
     """At start on a GPU (the default launch, ``HybridSettings.fits_widths_to_memory``): the widths whose runtime
-    states (one per depth and width, padded verify) fit the memory free now with SGLang's runtime reserve kept,
-    ``check_fits``' criterion; ``required`` are kept whatever they need (``check_start`` then refuses with the
-    fix). One log line names what was left out and why."""
+    parts (a verify part per width, a draft part per depth, padded verify) fit the memory free now with SGLang's
+    runtime reserve kept, ``check_fits``' criterion; ``required`` are kept whatever they need (``check_start`` then
+    refuses with the fix). One log line names what was left out and why."""
     dep = deployment_of(worker, _tp_size(worker))
     free, reserve = _free_and_reserve(worker, across_tp=True)   # the runtime states must agree across TP ranks
 

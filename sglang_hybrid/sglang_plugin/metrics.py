@@ -85,6 +85,9 @@ class HybridCounters:
         #: what prices the verify slots, set at start (``HybridStep.set_cost``): {"source": "file" | "measured",
         #: "sizes", "seconds", "meta"} (host lists; a measured table's meta says how and in how long), or None
         self.cost_table: Optional[dict] = None
+        #: the runtime states built at start and the distinct parts behind them (``runtime_states.parts_built``), or
+        #: None where one state serves every step
+        self.runtime_parts: Optional[dict] = None
         self.totals = torch.zeros(SIZE, dtype=torch.float64, device=self.device)
         self.log_interval = log_interval
         self._host_steps = 0
@@ -159,6 +162,7 @@ class HybridCounters:
         """``summarize`` of the device vector ``v`` (host copy) with the host counts, which are cumulative."""
         out = summarize(v, self.width_steps, self.depth_steps, self.decision_steps, self.ragged, self.kv_window_steps)
         out["cost_table"] = self.cost_table
+        out["runtime_parts"] = self.runtime_parts
         return out
 
     def maybe_log(self) -> Optional[dict]:

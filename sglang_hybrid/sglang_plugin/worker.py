@@ -26,10 +26,11 @@ state) the worker counts it in ``HybridCounters`` (``fallback_<cause>``) and log
 what caused it (``Fallbacks``).
 
 Width buckets and draft depths: SGLang captures draft, verify and draft-extend graphs for one (steps, width) pair.
-HYBRID builds one SGLang ``SpecRuntimeState`` per (depth, width) pair at start (``build_adaptive_runtime_state``: the
-attention backends and graphs SGLang's adaptive speculation builds per step count) and swaps between them with
-SGLang's ``apply_runtime_state``. The pair is decided on the device each step and read on the host one step late, so
-choosing graphs never waits for the device. Under DP attention both are fixed (ranks must agree).
+HYBRID builds one SGLang ``SpecRuntimeState`` per (depth, width) pair at start, assembled from a draft part per depth
+and a verify part per width (``runtime_states``: the attention backends and graphs SGLang's adaptive speculation
+builds per step count, each built once), and swaps between them with SGLang's ``apply_runtime_state``. The pair is
+decided on the device each step and read on the host one step late, so choosing graphs never waits for the device.
+Under DP attention both are fixed (ranks must agree).
 
 Lossless: the verify rules are SGLang's (greedy tree walk; tree speculative sampling with zero draft probabilities,
 exact for deterministic proposals, which both EAGLE's argmax chain and n-gram copies are). Padding nodes are
@@ -53,10 +54,9 @@ import torch
 import sglang.srt.speculative.eagle_worker_v2 as _eagle_v2
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft, run_eagle_verify
-from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
-from . import memory_budget, startup_costs
+from . import memory_budget, runtime_states, startup_costs
 from .config import ENV_PREFIX, load_settings
 from .hybrid_step import HybridStep
 from .metrics import HybridCounters
@@ -440,13 +440,12 @@ class HybridWorkerV2(EAGLEWorkerV2):
                     self.settings.ragged_verify)
 
     def _build_runtime_states(self) -> None:
-        """One ``SpecRuntimeState`` per (EAGLE depth, verify width) pair, built by SGLang's own
-        ``build_adaptive_runtime_state`` (fresh target and draft attention backends sized for the pair, its draft,
-        verify and draft-extend CUDA graphs when graphs are on), in the contexts SGLang's adaptive speculation builds
-        them in. Under ragged verify one per depth, at the full width: padding costs nothing there, and the step's
-        width bucket only caps the nodes each request verifies (``build_verify``). The default launch on a GPU (a
-        table measured at start, no ``verify_widths``) first keeps only the extra widths whose states fit the free
-        memory (``memory_budget.fit_widths_at_start``)."""
+        """One ``SpecRuntimeState`` per (EAGLE depth, verify width) pair, assembled from a draft part per depth and a
+        verify part per width (``runtime_states``: SGLang's own backends and graph runners, each built once), in the
+        contexts SGLang's adaptive speculation builds them in. Under ragged verify one verify part, at the full
+        width: padding costs nothing there, and the step's width bucket only caps the nodes each request verifies
+        (``build_verify``). The default launch on a GPU (a table measured at start, no ``verify_widths``) first keeps
+        only the extra widths whose verify parts fit the free memory (``memory_budget.fit_widths_at_start``)."""
         step = self.hybrid_step
         if self._draft_worker is None or step is None:
             return
@@ -467,18 +466,8 @@ class HybridWorkerV2(EAGLEWorkerV2):
         dw = self._draft_worker
         with (_eagle_v2.draft_tp_context(dw.parallel_layout), _eagle_v2.speculative_moe_backend_context(),
               _eagle_v2.speculative_moe_a2a_backend_context()):
-            self.runtime_states[(self.speculative_num_steps, self.speculative_num_draft_tokens)] = SpecRuntimeState(
-                speculative_num_steps=self.speculative_num_steps,
-                speculative_num_draft_tokens=self.speculative_num_draft_tokens,
-                draft_attn_backend=dw.draft_attn_backend, cuda_graph_runner=dw.cuda_graph_runner,
-                target_attn_backend=self._target_worker.model_runner.attn_backend,
-                target_graph_runner=self._target_worker.model_runner.decode_cuda_graph_runner,
-                draft_extend_attn_backend=dw.draft_extend_attn_backend,
-                cuda_graph_runner_for_draft_extend=dw.cuda_graph_runner_for_draft_extend)
-            for d in step.depths:
-                for w in widths:
-                    if (d, w) not in self.runtime_states:
-                        self.runtime_states[(d, w)] = self.build_adaptive_runtime_state(d, w)
+            self.runtime_states = runtime_states.build_states(self, step.depths, widths)
+        self.counters.runtime_parts = runtime_states.parts_built(self.runtime_states)
         logger.info("HYBRID: runtime states (EAGLE depth, verify width) %s",
                     ", ".join(f"({d}, {w})" for d, w in sorted(self.runtime_states)))
         # Until the first decision reaches the host (one step late, two with overlap scheduling) verify at plain
