@@ -28,8 +28,10 @@ What it does not time: verify CUDA graphs. The probe runs eager, so on a GPU wit
 small batches, where host launch overhead dominates an eager forward (a conservative price: it trims trees a little
 more than a captured graph's true cost would); ``python -m sglang_hybrid.tools.cost_profile`` builds a table from
 SGLang's one-batch benchmark, graphs included, for a user who wants that. The draft forward's table (adaptive EAGLE
-depth, setting ``draft_cost_table``) is not measured: it adds a runtime state per depth, which costs graph memory
-(docs/sglang.md, "Start-up memory budget"), so adaptive depth stays a choice the user makes.
+depth, setting ``draft_cost_table``) is not measured: each extra depth adds a draft part (its draft decode backend and
+graph set, 0.4-1.1 GiB for Llama-3.1-8B at 128 requests and a 131,072-token context; docs/sglang.md, "Start-up memory
+budget") that would compete with the width buckets for the free memory, so adaptive depth stays a choice the user
+makes.
 
 Tensor parallelism: every rank runs the same probes in the same order (the forward's collectives need all of them);
 rank 0's table is the one that decides (its trees are broadcast), the others are measured alike and logged.
