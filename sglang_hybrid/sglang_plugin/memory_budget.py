@@ -415,11 +415,11 @@ def check_fits(hybrid: Budget, free: int, reserve: int, *, total_memory: Optiona
         return
     short = need - free
     later = [*hybrid.draft_parts[1:], *hybrid.verify_parts[1:]]
-    widest = max((b for _, b in hybrid.verify_parts[1:]), default=0)
-    deepest = max((b for _, b in hybrid.draft_parts[1:]), default=0)
+    dearest_verify = max((b for _, b in hybrid.verify_parts[1:]), default=0)
+    dearest_draft = max((b for _, b in hybrid.draft_parts[1:]), default=0)
     fix = [f"fewer runtime parts: HYBRID builds a verify part per verify width ({len(hybrid.verify_parts)} here, the "
-           f"dearest still to build {_gib(widest)}) and a draft part per EAGLE depth ({len(hybrid.draft_parts)} "
-           f"here, the dearest still to build {_gib(deepest)}); shorten the HYBRID "
+           f"dearest still to build {_gib(dearest_verify)}) and a draft part per EAGLE depth "
+           f"({len(hybrid.draft_parts)} here, the dearest still to build {_gib(dearest_draft)}); shorten the HYBRID "
            "settings verify_widths / draft_depths (e.g. SGLANG_HYBRID_VERIFY_WIDTHS='[4]', "
            "SGLANG_HYBRID_DRAFT_DEPTHS='[]'), or leave out cost_table (one width) or draft_cost_table (one depth)"
            if later else "the start-up runtime state and HYBRID's workspace themselves do not fit"]

@@ -121,18 +121,19 @@ def build_states(worker, depths: Sequence[int], widths: Sequence[int]) -> dict:
     """``{(depth, width): SpecRuntimeState}`` for every pair, the start-up pair from SGLang's own objects, the others
     assembled from one draft part per depth and one verify part per width, each built once. Call inside the draft
     worker's TP and MoE contexts, as SGLang's adaptive speculation does."""
+    depths, widths = sorted({int(x) for x in depths}), sorted({int(x) for x in widths})
     draft0, verify0 = startup_parts(worker)
     drafts: dict[int, DraftPart] = {draft0.depth: draft0}
     verifies: dict[int, VerifyPart] = {verify0.width: verify0}
-    for d in sorted(set(int(x) for x in depths)):
+    for d in depths:
         if d not in drafts:
             drafts[d] = build_draft_part(worker, d, draft0)
-    for w in sorted(set(int(x) for x in widths)):
+    for w in widths:
         if w not in verifies:
             verifies[w] = build_verify_part(worker, w, verify0)
     states = {(draft0.depth, verify0.width): assemble(draft0, verify0)}
-    for d in sorted(set(int(x) for x in depths)):
-        for w in sorted(set(int(x) for x in widths)):
+    for d in depths:
+        for w in widths:
             states.setdefault((d, w), assemble(drafts[d], verifies[w]))
     logger.info("HYBRID: runtime states assembled from draft parts at depths %s and verify parts at widths %s",
                 sorted(drafts), sorted(verifies))
