@@ -59,7 +59,7 @@ class ExactDrafts(P.Policy):
 
 def test_perfect_drafts_accept_k_and_emit_k_plus_one():
     bank = replay_drafts.DraftBank(one_request_trace(L=30, k=4), k=4)
-    res = replay_sim.simulate(P.EagleFixed(4), bank, [0], batch=1, cost=linear_cost())
+    res = replay_sim.simulate(P.EagleFixed(4), bank, [0], batch=1, cost=linear_cost(), staggered=False)
     # stream = the request twice (max(2 B, 1) requests); 30 = 6 steps x 5 tokens each time
     assert res.tokens == 60
     assert res.steps == 12
@@ -69,7 +69,7 @@ def test_perfect_drafts_accept_k_and_emit_k_plus_one():
 
 def test_oracle_at_end_of_output_caps_emitted_tokens():
     bank = replay_drafts.DraftBank(one_request_trace(L=7, k=4), k=4)
-    res = replay_sim.simulate(ExactDrafts(4), bank, [0], batch=1, cost=linear_cost())
+    res = replay_sim.simulate(ExactDrafts(4), bank, [0], batch=1, cost=linear_cost(), staggered=False)
     # 7 tokens: one step of 5 (4 accepted + bonus), then 2 left: the second step emits exactly 2
     assert res.steps == 4 and res.tokens == 14
     assert res.accepted == 2 * (4 + 1)
@@ -80,7 +80,7 @@ def test_no_speculation_one_token_per_step_and_throughput_by_hand():
     reqs[1].id = "r1"
     bank = replay_drafts.DraftBank(reqs, k=4)
     cost = linear_cost(base=2.0, per_token=0.5, draft=0.3)
-    res = replay_sim.simulate(P.NoSpeculation(), bank, [0, 1], batch=2, cost=cost)
+    res = replay_sim.simulate(P.NoSpeculation(), bank, [0, 1], batch=2, cost=cost, staggered=False)
     assert res.tokens_per_step == 1.0 and res.accepted == 0
     # stream of 4 requests (2 permutations), 2 slots, 25 tokens each: 50 steps, each verifying n = 2 tokens
     assert res.steps == 50 and res.tokens == 100
@@ -89,10 +89,42 @@ def test_no_speculation_one_token_per_step_and_throughput_by_hand():
     assert res.tok_per_s == pytest.approx(100 / (50 * t_step))
 
 
+def test_first_wave_starts_staggered_and_the_run_stops_at_the_third_finish_by_hand():
+    """The default start: the first B requests at seeded uniform phases of their outputs (a server's steady state),
+    the refills from their first token. No speculation over two requests of 25 and 40 tokens at batch 2: the stream
+    holds 4 (two permutations), so the run stops at the first finish after two refills, every step emitting 2."""
+    reqs = one_request_trace(L=25) + one_request_trace(L=40)
+    reqs[1].id = "r1"
+    bank = replay_drafts.DraftBank(reqs, k=4)
+    seed = 7
+    stream = replay_sim.request_stream([0, 1], 2, seed)
+    start = replay_sim.start_positions(bank.lengths[stream[:2]], seed)
+    assert ((start > 0) & (start < bank.lengths[stream[:2]])).all()       # both inside their outputs, not at 0
+    # slot finish times by hand: each slot runs its request's remaining tokens, then the next of the stream from 0
+    free_at = [int(bank.lengths[stream[i]] - start[i]) for i in range(2)]
+    nxt, steps = 2, None
+    while steps is None:
+        slot = min(range(2), key=lambda i: (free_at[i], i))
+        if nxt == len(stream):
+            steps = free_at[slot]
+        else:
+            free_at[slot] += int(bank.lengths[stream[nxt]])
+            nxt += 1
+    res = replay_sim.simulate(P.NoSpeculation(), bank, [0, 1], batch=2, cost=linear_cost(), seed=seed)
+    assert res.steps == steps and res.tokens == 2 * steps
+    # a workload of one request, replicated over the batch, starts at many phases, not in lockstep
+    many = replay_sim.start_positions(np.full(64, 128), seed=0)
+    assert len(set(many.tolist())) > 32
+    assert (replay_sim.start_positions(np.full(64, 128), seed=0) == many).all()      # seeded
+    assert (replay_sim.start_positions(np.full(64, 128), seed=1) != many).any()
+    with pytest.raises(ValueError, match="at least one output token"):
+        replay_sim.start_positions(np.array([3, 0]), seed=0)
+
+
 def test_fixed_eagle_pays_verified_tokens_and_draft_steps():
     bank = replay_drafts.DraftBank(one_request_trace(L=30, k=4, eagle_right=False), k=4)
     cost = linear_cost(base=1.0, per_token=0.1, draft=0.05)
-    res = replay_sim.simulate(P.EagleFixed(3), bank, [0], batch=1, cost=cost)
+    res = replay_sim.simulate(P.EagleFixed(3), bank, [0], batch=1, cost=cost, staggered=False)
     # every draft is wrong: 1 token per step, each step verifies 1 + 3 tokens and runs 3 draft forwards (SGLang: the
     # draft-extend + 2 draft decodes)
     assert res.accepted == 0 and res.steps == 60

@@ -45,7 +45,8 @@ def test_as_built_width_lag_and_padded_verify_cost_by_hand(lag, expected):
     eng = replay_engine.EngineConfig(width_lag=lag)
     pol = replay_engine.EnginePolicy("m", "choose", 4, 4, core, eng, ngram=False)
     assert pol.widths == (2, 4, 5)
-    res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05))
+    res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05),
+                              staggered=False)
     assert res.steps == 20 and res.tokens == 20
     assert res.model_steps == 20 * 4
     assert res.seconds == pytest.approx(expected + 20 * 4 * 0.05)
@@ -59,7 +60,8 @@ def test_ideal_engine_verifies_ragged_and_has_no_lag():
     core = _core_or_skip()
     bank = replay_drafts.DraftBank(one_request_trace(L=10, k=4, eagle_right=False), k=4)
     pol = replay_engine.EnginePolicy("m", "choose", 4, 4, core, replay_engine.EngineConfig.ideal(), ngram=False)
-    res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05))
+    res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05),
+                              staggered=False)
     assert res.steps == 20
     assert res.seconds == pytest.approx(20 * (1.2 + 4 * 0.05))
     assert res.verified_per_step == 1.0
@@ -794,7 +796,8 @@ def test_ragged_sync_charges_the_token_tier_and_the_stall_by_hand():
     eng = replay_engine.EngineConfig(verify="ragged_sync", sync_us=1000.0)
     pol = replay_engine.EnginePolicy("m", "choose", 4, 4, core, eng, ngram=False)
     assert pol.widths is None
-    res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05))
+    res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05),
+                              staggered=False)
     assert res.steps == 20 and res.tokens == 20
     assert res.verified_per_step == 1.0
     assert res.seconds == pytest.approx(20 * (1.8 + 4 * 0.05 + 0.001))

@@ -85,6 +85,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model-calibration", default=None, help="ModelCalibration JSON (default: identity)")
     ap.add_argument("--ngram-calibration", default=None, help="NgramCalibration JSON (default: shipped)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lockstep-start", action="store_true",
+                    help="start the first wave of every run at token 0 together, as the runs up to 2026-12-04 19:15 "
+                         "did (default: at seeded uniform positions of their outputs, a server's steady state; "
+                         "bench.replay.sim.start_positions)")
     ap.add_argument("--out", type=Path, default=Path("out/replay"))
     ap.add_argument("--make-trace", type=Path, default=None, metavar="FILE",
                     help="record a trace with SmolLM2 + the trained EAGLE head instead of replaying")
@@ -163,6 +167,7 @@ def main(argv=None) -> int:
         batches = tuple(args.batches)
         cfg = RR.Config(jobs=args.jobs, requests=args.requests, out_tokens=args.out_tokens, seeds=tuple(args.seeds),
                         batches=batches, width_lag=args.width_lag, ngram_lag=args.ngram_lag,
+                        lockstep_start=args.lockstep_start,
                         cost_tables=args.cost_tables,
                         adaptive_depth=not args.fixed_depth, hybrid_steps=tuple(args.hybrid_steps),
                         hybrid_ngram_ks=tuple(args.hybrid_ngram_ks), ngram_ks=tuple(args.ngram_ks),
@@ -258,7 +263,7 @@ def main(argv=None) -> int:
                     for pol in pols:
                         try:
                             r = simulate(pol, bank, idx, b, cost, seed=args.seed * 1000 + b, workload=w,
-                                         cost_name=spec.name)
+                                         cost_name=spec.name, staggered=not args.lockstep_start)
                         except DrafterUnavailable as e:
                             if (pol.name, "warned") not in results:
                                 print(f"  [skip] {pol.name}: {e}")

@@ -154,6 +154,9 @@ class Config:
     eagle_trees: tuple = ((3, 2, 6), (5, 4, 8), (5, 8, 16), (6, 8, 32))
     width_lag: int = 2
     ngram_lag: int = 1
+    #: the first wave of every run starts at token 0 together (``sim.simulate(staggered=False)``), as runs before
+    #: 2026-12-05 did; default: at seeded uniform positions of their outputs (``sim.start_positions``)
+    lockstep_start: bool = False
     #: the as-built launch's cost tables (``engine.COST_TABLES``): "measured" = the README's launch (the default);
     #: "given" = both tables, every width bucket and adaptive drafting, a launch that does not start on an H200 at
     #: batch 128 (bench.memory_budget), kept as a decomposition row
@@ -284,7 +287,7 @@ class Runner:
             return self.runs[key]
         spec = spec or self.specs
         r = simulate(pol, bank, idx, b, spec.for_batch(b), seed=seed * 1000 + b, workload=key[2],
-                     cost_name=spec.name)
+                     cost_name=spec.name, staggered=not self.cfg.lockstep_start)
         self.runs[key] = r
         return r
 
@@ -786,6 +789,10 @@ def run(cfg: Config, log=print) -> int:
         log(f"engine {e.describe()}")
     log(f"draft forwards: a k-token EAGLE chain costs {P.draft_forwards(4)} draft steps for k=4 (SGLang 0.5.23: "
         f"draft-extend + k-1 draft decodes), for every EAGLE policy")
+    start = ("all at token 0 (--lockstep-start)" if cfg.lockstep_start else
+             "at seeded uniform positions of their outputs, a server's steady state (--lockstep-start: all at token 0)")
+    log(f"runs: continuous batching at a fixed concurrency B, the first B requests starting {start}; refills from "
+        "their first token; measured until a slot cannot be refilled (bench.replay.sim)")
     log(f"cost model {runner.specs.name} (simulated):")
     for a in runner.specs.assumptions:
         log(f"  - {a}")

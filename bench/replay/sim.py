@@ -12,9 +12,10 @@ Replay rule (per step, continuous batching at a fixed concurrency B):
     dispatch of those launches) adds to that, or the step takes the larger of the two when the host time overlaps the
     device (`Proposal.host_overlaps`: overlap scheduling); a device stall the policy reports (`Proposal.stall_s`, a
     blocking read inside the step) adds to either;
-  * finished requests are replaced by the next one from a seeded stream (whole permutations of the workload);
-    the run stops at the first step after which a slot cannot be refilled, so throughput is measured with the batch
-    full (no tail where a few long requests run alone).
+  * the first B requests start at seeded uniform positions of their outputs (`start_positions`), as a server in
+    steady state holds requests at every phase; finished requests are replaced by the next one from a seeded stream
+    (whole permutations of the workload), from their first token; the run stops at the first step after which a slot
+    cannot be refilled, so throughput is measured with the batch full (no tail where a few long requests run alone).
 Temperature-1 traces replay with the same rule: with deterministic (one-hot) drafts, exact tree speculative sampling
 accepts child x with probability p(x) and otherwise resamples from the residual, which is the same as drawing the
 target token y ~ p once and accepting the child equal to y; the trace's sampled output is that y.
@@ -31,6 +32,23 @@ from sglang_hybrid.selector import Source
 from bench.replay import policies as P
 from bench.replay.costs import BatchCost
 from bench.replay.drafts import DraftBank
+
+
+def start_positions(lengths: np.ndarray, seed: int) -> np.ndarray:
+    """Output positions the first wave of requests starts at: uniform over each request's output ``[0, length)``,
+    drawn from ``seed`` (apart from the stream's permutations, so the requests a run serves do not change).
+
+    Why not all at 0: a server in steady state holds requests at every phase of their outputs. Started together, a
+    workload of few distinct requests runs in lockstep (the real SmolLM2 trace has 8 chat requests, 16 copies of each
+    at batch 128), and the window the run measures ends at whatever phase the first refill-less finish falls on, a
+    different one per policy. On that cell HYBRID / no speculation read 0.94x started together (seeds 1 and 2) and
+    1.00x and 1.03x staggered, with the same drafts and step times: started together, its width-9 steps emitted more
+    tokens a step than the same launch without width 9 (276 to 260), but its window ended 19 steps sooner, on a
+    slower phase, and read 5 % slower."""
+    lengths = np.asarray(lengths, np.int64)
+    if (lengths < 1).any():
+        raise ValueError("every request needs at least one output token to start inside its output")
+    return np.random.default_rng([int(seed), 1]).integers(0, lengths).astype(np.int64)
 
 
 def greedy_tree_accept(tokens: np.ndarray, parents: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -111,8 +129,10 @@ def request_stream(indices, batch: int, seed: int) -> np.ndarray:
 
 
 def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed: int = 0,
-             workload: str = "", cost_name: str = "") -> RunResult:
-    """Continuous-batching replay of one policy at concurrency `batch` (the rule in the module docstring)."""
+             workload: str = "", cost_name: str = "", staggered: bool = True) -> RunResult:
+    """Continuous-batching replay of one policy at concurrency `batch` (the rule in the module docstring).
+    ``staggered`` False: the first wave starts at token 0 together, as the runs up to 2026-12-04 19:15 did
+    (``--lockstep-start`` reproduces their figures; the mechanics tests count steps by hand from it)."""
     stream = request_stream(indices, batch, seed)
     if len(stream) < batch:
         raise ValueError("request stream shorter than the batch")
@@ -123,7 +143,7 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
     req_seconds = np.zeros(n_req, np.float64)  # (each step's time split evenly over the B slots): for the bootstrap
     prompt_len = np.array([len(r.prompt) for r in bank.requests], np.int64)
     req = stream[:batch].astype(np.int64)
-    pos = np.zeros(batch, np.int64)
+    pos = start_positions(bank.lengths[req], seed) if staggered else np.zeros(batch, np.int64)
     nxt = batch
     tot = dict(steps=0, tokens=0, seconds=0.0, rs=0, acc=0, nodes=0, done=0, msteps=0, ng=0, lam=0.0)
     while True:

@@ -1,10 +1,10 @@
 """The target verify's step-time table, measured at start, so HYBRID has a price out of the box.
 
 Why: without a cost table the price is zero and every request verifies its whole tree (``n_nodes + 1`` slots) every
-step. While a batch is memory-bound that costs nothing; on a busy server it does: in the realistic replay's
-decomposition (SIMULATED) at batch 128 on code, the full tree every step reached 3.32x over no speculation, plain
-fixed-k EAGLE 3.20x, the launch with this table 4.22x; on chat at batch 32, 1.43x, 2.19x and 2.19x (docs/benchmarks.md,
-1a). A table profiled by hand (``python -m sglang_hybrid.tools.cost_profile``) is one more step a
+step. While a batch is memory-bound that costs nothing; on a busy server it does: in the realistic replay
+(SIMULATED, docs/benchmarks.md section 1) at batch 128 on code, the full tree every step reached 3.36x over no
+speculation and the launch with this table 4.28x, the best fixed-k EAGLE chain 3.22x; on chat at batch 32, 1.40x,
+2.14x and 2.17x. A table profiled by hand (``python -m sglang_hybrid.tools.cost_profile``) is one more step a
 user must know about; so when none is given (setting ``cost_table``), the worker measures one at start (setting
 ``measure_cost_table``).
 
