@@ -900,11 +900,24 @@ def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch()
                                   sweep=False, plot=None, ragged_sync_us=400.0)
     runner = replay_realistic.Runner(cfg)
     bank = replay_drafts.DraftBank(reqs, runner.bank_k, ngram_width=runner.pw)
-    lines = replay_realistic.decompose(runner, {1: bank}, {1: {"code": [0, 1, 2, 3]}}, cfg)
-    rows = {line[:44].strip(): float(line[44:].strip().rstrip("x")) for line in lines[2:]}
+    cols = [replay_realistic.DecomposeColumn("code B=4", bank, [0, 1, 2, 3], 4, 1, "t", 4, 8),
+            replay_realistic.DecomposeColumn("code B=4 S2/K8", bank, [0, 1, 2, 3], 4, 1, "t", 2, 8)]
+    lines = replay_realistic.decompose(runner, cfg, "title", cols)
+    assert lines[0] == "title" and lines[1].split()[1:] == ["code", "B=4", "code", "B=4", "S2/K8"]
+    table = {line[:44].strip(): [float(x.rstrip("x")) for x in line[44:].split()] for line in lines[2:]}
+    rows = {name: v[0] for name, v in table.items()}
     assert list(rows)[0] == "as built" and list(rows)[-1] == "ideal"
     assert {"both cost tables given (does not fit B=128)", "as built, no extra widths (EAGLE's, full)",
             "ragged, blocking read (400 us), token tiers",
             "ragged, blocking read (800 us), token tiers", "ragged, own width read late, token tiers"} <= set(rows)
     assert all(v > 0 for v in rows.values())
     assert rows["ragged, blocking read (800 us), token tiers"] < rows["ragged, blocking read (400 us), token tiers"]
+    # the second column runs HYBRID at 2 EAGLE steps: its own node budget (10) and widths, not the deployed 12 and 13
+    two = {name: v[1] for name, v in table.items()}
+    assert two["ragged, blocking read (800 us), token tiers"] < two["ragged, blocking read (400 us), token tiers"]
+    assert two != rows
+    variants = dict(replay_realistic.decompose_variants(runner, cfg, 2, 8))
+    pol = replay_engine.engine_policies(runner.core, variants["as built, one full width (no price)"], ())[0]
+    assert (pol.num_steps, pol.n_nodes, pol.widths) == (2, 10, (11,))
+    assert variants["as built"].n_nodes == 10 and variants["ideal"].n_nodes == 10
+    assert not variants["ideal"].as_built and variants["ideal"].num_steps == 2

@@ -36,7 +36,7 @@ import math
 import multiprocessing
 import time
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -178,6 +178,9 @@ class Config:
     jobs: int = 1
     sweep: bool = True
     decompose: bool = True
+    #: the real SmolLM2 trace's cells the decomposition also runs (HYBRID at each cell's tuned settings): the cells
+    #: where its as-built engine trails the ideal one most
+    real_decompose_cells: tuple = (("chat", 32), ("chat", 128))
     out: Path = Path("out/replay_realistic")
     plot: Optional[Path] = ROOT / "docs" / "replay_alpha.png"
 
@@ -717,34 +720,36 @@ def plot(runner: Runner, cfg: Config, path: Path) -> Optional[Path]:
     return path
 
 
-def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
-    """Where the as-built engine loses against the ideal one: HYBRID at the headline point on the sweep cells (first
-    evaluation seed), with one mechanic switched at a time: without the device prompt lookup (misaligned rows get no
-    n-gram candidate), with the host work added to the device step instead of overlapping it, fresh n-gram proposals
-    and no n-gram host path, the decision on the torch path (its eager operators: what fusing it bought), one fixed
-    width n_nodes + 1 (the launch before a price came out of the box), the launch without its extra widths (plain
-    EAGLE's and the full tree only, the default before the extras: ``widths.measured_table_buckets``), and both cost
-    tables given (every width bucket and adaptive drafting: the launch the replay headlined before, which does not
-    start on an H200 at batch 128). The
-    as-built engine is ``cfg.cost_tables``' launch: by default the README's, the verify table measured at start (widths
-    ``num_steps + 1`` and ``n_nodes + 1``, no draft table so a fixed EAGLE depth; the replay prices it with its own
-    step-time table, the measurement's stand-in). Then the two ragged-verify designs for a GPU
-    (``engine.VERIFY_LAYOUTS``, not built): the node counts read by a blocking read after the decision (at
-    ``cfg.ragged_sync_us`` of device idle per step, and at twice that), or each request's own width read late without
-    blocking; both with verify graphs keyed by token tiers. docs/sglang.md ("Ragged verify") chooses between them with
-    these rows."""
-    s = evaluation_seeds(cfg.seeds)[0]
-    base = runner.engines["as built"]
+class DecomposeColumn(NamedTuple):
+    """One column of a decomposition: HYBRID at ``steps`` EAGLE steps and n-gram chain ``k`` on the requests ``idx``
+    of ``bank`` at batch ``b`` (seed ``seed``; ``source`` keys its runs)."""
+    title: str
+    bank: object
+    idx: list
+    b: int
+    seed: int
+    source: object
+    steps: int
+    k: int
+
+
+def decompose_variants(runner: Runner, cfg: Config, steps: int, k: int) -> list:
+    """The decomposition's rows for HYBRID at ``steps`` EAGLE steps and n-gram chain ``k`` (node budget as the worker
+    resolves it): ``(row name, EngineConfig)``, the as-built launch first and the ideal engine last (`decompose`)."""
+    from sglang_hybrid.sglang_plugin.config import HybridSettings
+
+    n = HybridSettings(mode="merge", ngram_k=k).resolved_n_nodes(steps)
+    base = dataclasses.replace(runner.engines["as built"], num_steps=steps, ngram_k=k, n_nodes=n)
     variants = [("as built", base),
                 ("as built, no device prompt lookup", dataclasses.replace(base, context_lookup=False)),
                 ("as built, host path not overlapped", dataclasses.replace(base, host_overlap=False)),
                 ("as built, fresh n-gram, no host path", dataclasses.replace(base, ngram_lag=0, host_time=False)),
                 ("as built, torch decision (eager operators)", dataclasses.replace(base, decision_kernels="torch")),
-                ("as built, one width 13 (no price)", dataclasses.replace(
-                    base, cost_tables="given", widths=(base.n_nodes + 1,), adaptive_depth=False))]
+                ("as built, one full width (no price)", dataclasses.replace(
+                    base, cost_tables="given", widths=(n + 1,), adaptive_depth=False))]
     if base.cost_tables == "measured":
         variants.append(("as built, no extra widths (EAGLE's, full)", dataclasses.replace(
-            base, cost_tables="given", widths=(base.num_steps + 1, base.n_nodes + 1), adaptive_depth=False)))
+            base, cost_tables="given", widths=(steps + 1, n + 1), adaptive_depth=False)))
     if base.cost_tables != "given":
         variants.append(("both cost tables given (does not fit B=128)", dataclasses.replace(
             base, cost_tables="given", adaptive_depth=True)))
@@ -752,21 +757,44 @@ def decompose(runner: Runner, banks: dict, groups: dict, cfg: Config) -> list:
     variants += [(f"ragged, blocking read ({us:g} us), token tiers", dataclasses.replace(
         base, verify="ragged_sync", sync_us=us)) for us in (sync, 2 * sync)]
     variants += [("ragged, own width read late, token tiers", dataclasses.replace(base, verify="ragged_late")),
-                 ("ideal", runner.engines["ideal"])]
-    cols = [c for c in cfg.sweep_cells if c[0] in groups[s]]
-    lines = [f"Where the as-built gap comes from: HYBRID merge / no speculation, {label(HEADLINE)}, seed {s}",
-             f"{'engine':<44}" + "".join(f"{w + ' B=' + str(b):>14}" for w, b in cols)]
-    pols = {name: engine_policies(runner.core, eng, ())[0] for name, eng in variants}     # one per row, every column
+                 ("ideal", dataclasses.replace(runner.engines["ideal"], num_steps=steps, ngram_k=k, n_nodes=n))]
+    return variants
+
+
+def decompose(runner: Runner, cfg: Config, title: str, columns: list) -> list:
+    """Where the as-built engine loses against the ideal one: HYBRID / no speculation in each of ``columns``
+    (`DecomposeColumn`: a cell and the HYBRID settings it runs), with one mechanic switched at a time: without the
+    device prompt lookup (misaligned rows get no n-gram candidate), with the host work added to the device step instead
+    of overlapping it, fresh n-gram proposals and no n-gram host path, the decision on the torch path (its eager
+    operators: what fusing it bought), one fixed width n_nodes + 1 (the launch before a price came out of the box),
+    the launch without its extra widths (plain EAGLE's and the full tree only, the default before the extras:
+    ``widths.measured_table_buckets``), and both cost tables given (every width bucket and adaptive drafting: the
+    launch the replay headlined before, which does not start on an H200 at batch 128). The
+    as-built engine is ``cfg.cost_tables``' launch: by default the README's, the verify table measured at start (widths
+    ``num_steps + 1`` and ``n_nodes + 1``, no draft table so a fixed EAGLE depth; the replay prices it with its own
+    step-time table, the measurement's stand-in). Then the two ragged-verify designs for a GPU
+    (``engine.VERIFY_LAYOUTS``, not built): the node counts read by a blocking read after the decision (at
+    ``cfg.ragged_sync_us`` of device idle per step, and at twice that), or each request's own width read late without
+    blocking; both with verify graphs keyed by token tiers. docs/sglang.md ("Ragged verify") chooses between them with
+    these rows, on the simulated drafter's sweep cells and on the real SmolLM2 trace."""
+    rows = {(c.steps, c.k): decompose_variants(runner, cfg, c.steps, c.k) for c in columns}
+    names = [name for name, _ in next(iter(rows.values()))]
+    pols = {key: [engine_policies(runner.core, eng, ())[0] for _, eng in vs] for key, vs in rows.items()}
 
     def speedup(item) -> float:
-        name, (w, b) = item
-        r = runner.sim(pols[name], banks[s], groups[s][w], b, s,
-                       (HEADLINE, "decompose:" + name, w, b, "hybrid_merge", s))
-        ns = runner.sim(runner.free[0], banks[s], groups[s][w], b, s, ("text", "-", w, b, "no_spec", s))
+        row, col = item
+        c = columns[col]
+        pol = pols[(c.steps, c.k)][row]
+        r = runner.sim(pol, c.bank, c.idx, c.b, c.seed,
+                       (c.source, "decompose:" + names[row], c.title, c.b, f"hybrid_merge_s{c.steps}_k{c.k}", c.seed))
+        ns = runner.sim(runner.free[0], c.bank, c.idx, c.b, c.seed, (c.source, "-", c.title, c.b, "no_spec", c.seed))
         return r.tok_per_s / ns.tok_per_s
 
-    got = iter(runner.in_processes(speedup, [(name, c) for name, _ in variants for c in cols]))
-    lines += [f"{name:<44}" + "".join(f"{next(got):>13.2f}x" for _ in cols) for name, _ in variants]
+    got = iter(runner.in_processes(speedup, [(row, col) for row in range(len(names))
+                                             for col in range(len(columns))]))
+    width = max(14, *(len(c.title) + 2 for c in columns))
+    lines = [title, f"{'engine':<44}" + "".join(f"{c.title:>{width}}" for c in columns)]
+    lines += [f"{name:<44}" + "".join(f"{next(got):>{width - 1}.2f}x" for _ in columns) for name in names]
     return lines
 
 
@@ -854,7 +882,14 @@ def run(cfg: Config, log=print) -> int:
                               adaptive_from=HEADLINE)
         log(f"[{time.perf_counter() - t_start:.0f} s] {label(pt)} done")
 
-    decomposition = decompose(runner, eb_head, groups, cfg) if cfg.decompose else []
+    decomposition = []
+    if cfg.decompose:
+        s0, dep = evaluation_seeds(cfg.seeds)[0], runner.engines["as built"]
+        decomposition = decompose(
+            runner, cfg, f"Where the as-built gap comes from: HYBRID merge / no speculation, {label(HEADLINE)}, seed "
+            f"{s0}, HYBRID at the deployed {dep.num_steps} EAGLE steps and n-gram chain {dep.ngram_k}",
+            [DecomposeColumn(f"{w} B={b}", eb_head[s0], groups[s0][w], b, s0, HEADLINE, dep.num_steps, dep.ngram_k)
+             for w, b in cfg.sweep_cells if w in groups[s0]])
     sources = list(points)
     real = cfg.real_trace
     if real is not None and Path(real).is_file():
@@ -876,6 +911,14 @@ def run(cfg: Config, log=print) -> int:
         else:
             runner.run_source("real", rbanks, rgroups, head_cells, list(cfg.seeds), MODES, log)
             sources.append("real")
+            s0 = evaluation_seeds(cfg.seeds)[0]
+            cols = [DecomposeColumn(f"{w} B={b} S{st}/K{k}", rb, rgroups[s0][w], b, s0, "real", st, k)
+                    for w, b in cfg.real_decompose_cells if w in rgroups[s0] and b in cfg.batches
+                    for st, k in [runner.best[("real", "as built", w, b, "hybrid")]]]
+            if cfg.decompose and cols:
+                decomposition += [""] + decompose(
+                    runner, cfg, f"The same on the real SmolLM2 trace (its EAGLE head's own drafts), seed {s0}, "
+                    "HYBRID at each cell's tuned settings", cols)
     else:
         log(f"real, small row: NOT RUN: no trace at {real} (record it with python -m bench.replay --make-trace "
             f"{REAL_TRACE}, ~10 min on this CPU)")
