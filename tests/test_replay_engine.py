@@ -913,6 +913,7 @@ def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch()
     assert all(v > 0 for v in rows.values())
     assert rows["ragged, blocking read (800 us), token tiers"] < rows["ragged, blocking read (400 us), token tiers"]
     # the second column runs HYBRID at 2 EAGLE steps: its own node budget (10) and widths, not the deployed 12 and 13
+    assert replay_realistic.decompose(runner, cfg, "title", []) == []        # no column: no table
     two = {name: v[1] for name, v in table.items()}
     assert two["ragged, blocking read (800 us), token tiers"] < two["ragged, blocking read (400 us), token tiers"]
     assert two != rows

@@ -154,8 +154,8 @@ class Config:
     eagle_trees: tuple = ((3, 2, 6), (5, 4, 8), (5, 8, 16), (6, 8, 32))
     width_lag: int = 2
     ngram_lag: int = 1
-    #: the first wave of every run starts at token 0 together (``sim.simulate(staggered=False)``), as runs before
-    #: 2026-12-05 did; default: at seeded uniform positions of their outputs (``sim.start_positions``)
+    #: the first wave of every run starts at token 0 together (``sim.simulate(staggered=False)``), as the runs up to
+    #: 2026-12-04 19:15 did; default: at seeded uniform positions of their outputs (``sim.start_positions``)
     lockstep_start: bool = False
     #: the as-built launch's cost tables (``engine.COST_TABLES``): "measured" = the README's launch (the default);
     #: "given" = both tables, every width bucket and adaptive drafting, a launch that does not start on an H200 at
@@ -777,6 +777,8 @@ def decompose(runner: Runner, cfg: Config, title: str, columns: list) -> list:
     ``cfg.ragged_sync_us`` of device idle per step, and at twice that), or each request's own width read late without
     blocking; both with verify graphs keyed by token tiers. docs/sglang.md ("Ragged verify") chooses between them with
     these rows, on the simulated drafter's sweep cells and on the real SmolLM2 trace."""
+    if not columns:
+        return []
     rows = {(c.steps, c.k): decompose_variants(runner, cfg, c.steps, c.k) for c in columns}
     names = [name for name, _ in next(iter(rows.values()))]
     pols = {key: [engine_policies(runner.core, eng, ())[0] for _, eng in vs] for key, vs in rows.items()}
@@ -911,14 +913,14 @@ def run(cfg: Config, log=print) -> int:
         else:
             runner.run_source("real", rbanks, rgroups, head_cells, list(cfg.seeds), MODES, log)
             sources.append("real")
-            s0 = evaluation_seeds(cfg.seeds)[0]
-            cols = [DecomposeColumn(f"{w} B={b} S{st}/K{k}", rb, rgroups[s0][w], b, s0, "real", st, k)
-                    for w, b in cfg.real_decompose_cells if w in rgroups[s0] and b in cfg.batches
-                    for st, k in [runner.best[("real", "as built", w, b, "hybrid")]]]
-            if cfg.decompose and cols:
-                decomposition += [""] + decompose(
-                    runner, cfg, f"The same on the real SmolLM2 trace (its EAGLE head's own drafts), seed {s0}, "
-                    "HYBRID at each cell's tuned settings", cols)
+            if cfg.decompose:
+                s0 = evaluation_seeds(cfg.seeds)[0]
+                cols = [DecomposeColumn(f"{w} B={b} S{st}/K{k}", rb, rgroups[s0][w], b, s0, "real", st, k)
+                        for w, b in cfg.real_decompose_cells if w in rgroups[s0] and b in cfg.batches
+                        for st, k in [runner.best[("real", "as built", w, b, "hybrid")]]]
+                real_lines = decompose(runner, cfg, f"The same on the real SmolLM2 trace (its EAGLE head's own "
+                                       f"drafts), seed {s0}, HYBRID at each cell's tuned settings", cols)
+                decomposition += [""] + real_lines if real_lines else []
     else:
         log(f"real, small row: NOT RUN: no trace at {real} (record it with python -m bench.replay --make-trace "
             f"{REAL_TRACE}, ~10 min on this CPU)")
