@@ -907,7 +907,7 @@ def run(cfg: Config, log=print) -> int:
         rbanks = {s: rb for s in cfg.seeds}
         rgroups = {s: {w: i for w, i in g.items() if i} for s in cfg.seeds}
         log(f"real, small: {real}: model {tr.header.model}, draft {tr.header.draft_model}, {len(reqs)} requests "
-            f"(code {len(g['code'])}, chat {len(g['chat'])}); seeds vary the stream order only")
+            f"(code {len(g['code'])}, chat {len(g['chat'])}); seeds vary the stream order and start phases only")
         if tr.eagle_k < max(max(cfg.eagle_ks), max(cfg.model_ks), runner.engines["as built"].num_steps):
             log(f"  skipped: its eagle_k={tr.eagle_k} is below the longest chain the baselines draft")
         else:
