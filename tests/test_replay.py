@@ -59,7 +59,7 @@ class ExactDrafts(P.Policy):
 
 def test_perfect_drafts_accept_k_and_emit_k_plus_one():
     bank = replay_drafts.DraftBank(one_request_trace(L=30, k=4), k=4)
-    res = replay_sim.simulate(P.EagleFixed(4), bank, [0], batch=1, cost=linear_cost(), staggered=False)
+    res = replay_sim.simulate(P.EagleFixed(4), bank, [0], batch=1, cost=linear_cost(), lockstep_start=True)
     # stream = the request twice (max(2 B, 1) requests); 30 = 6 steps x 5 tokens each time
     assert res.tokens == 60
     assert res.steps == 12
@@ -69,7 +69,7 @@ def test_perfect_drafts_accept_k_and_emit_k_plus_one():
 
 def test_oracle_at_end_of_output_caps_emitted_tokens():
     bank = replay_drafts.DraftBank(one_request_trace(L=7, k=4), k=4)
-    res = replay_sim.simulate(ExactDrafts(4), bank, [0], batch=1, cost=linear_cost(), staggered=False)
+    res = replay_sim.simulate(ExactDrafts(4), bank, [0], batch=1, cost=linear_cost(), lockstep_start=True)
     # 7 tokens: one step of 5 (4 accepted + bonus), then 2 left: the second step emits exactly 2
     assert res.steps == 4 and res.tokens == 14
     assert res.accepted == 2 * (4 + 1)
@@ -80,7 +80,7 @@ def test_no_speculation_one_token_per_step_and_throughput_by_hand():
     reqs[1].id = "r1"
     bank = replay_drafts.DraftBank(reqs, k=4)
     cost = linear_cost(base=2.0, per_token=0.5, draft=0.3)
-    res = replay_sim.simulate(P.NoSpeculation(), bank, [0, 1], batch=2, cost=cost, staggered=False)
+    res = replay_sim.simulate(P.NoSpeculation(), bank, [0, 1], batch=2, cost=cost, lockstep_start=True)
     assert res.tokens_per_step == 1.0 and res.accepted == 0
     # stream of 4 requests (2 permutations), 2 slots, 25 tokens each: 50 steps, each verifying n = 2 tokens
     assert res.steps == 50 and res.tokens == 100
@@ -124,7 +124,7 @@ def test_first_wave_starts_staggered_and_the_run_stops_at_the_third_finish_by_ha
 def test_fixed_eagle_pays_verified_tokens_and_draft_steps():
     bank = replay_drafts.DraftBank(one_request_trace(L=30, k=4, eagle_right=False), k=4)
     cost = linear_cost(base=1.0, per_token=0.1, draft=0.05)
-    res = replay_sim.simulate(P.EagleFixed(3), bank, [0], batch=1, cost=cost, staggered=False)
+    res = replay_sim.simulate(P.EagleFixed(3), bank, [0], batch=1, cost=cost, lockstep_start=True)
     # every draft is wrong: 1 token per step, each step verifies 1 + 3 tokens and runs 3 draft forwards (SGLang: the
     # draft-extend + 2 draft decodes)
     assert res.accepted == 0 and res.steps == 60

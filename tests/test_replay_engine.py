@@ -46,7 +46,7 @@ def test_as_built_width_lag_and_padded_verify_cost_by_hand(lag, expected):
     pol = replay_engine.EnginePolicy("m", "choose", 4, 4, core, eng, ngram=False)
     assert pol.widths == (2, 4, 5)
     res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05),
-                              staggered=False)
+                              lockstep_start=True)
     assert res.steps == 20 and res.tokens == 20
     assert res.model_steps == 20 * 4
     assert res.seconds == pytest.approx(expected + 20 * 4 * 0.05)
@@ -61,7 +61,7 @@ def test_ideal_engine_verifies_ragged_and_has_no_lag():
     bank = replay_drafts.DraftBank(one_request_trace(L=10, k=4, eagle_right=False), k=4)
     pol = replay_engine.EnginePolicy("m", "choose", 4, 4, core, replay_engine.EngineConfig.ideal(), ngram=False)
     res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05),
-                              staggered=False)
+                              lockstep_start=True)
     assert res.steps == 20
     assert res.seconds == pytest.approx(20 * (1.2 + 4 * 0.05))
     assert res.verified_per_step == 1.0
@@ -797,7 +797,7 @@ def test_ragged_sync_charges_the_token_tier_and_the_stall_by_hand():
     pol = replay_engine.EnginePolicy("m", "choose", 4, 4, core, eng, ngram=False)
     assert pol.widths is None
     res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05),
-                              staggered=False)
+                              lockstep_start=True)
     assert res.steps == 20 and res.tokens == 20
     assert res.verified_per_step == 1.0
     assert res.seconds == pytest.approx(20 * (1.8 + 4 * 0.05 + 0.001))
@@ -900,8 +900,8 @@ def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch()
                                   sweep=False, plot=None, ragged_sync_us=400.0)
     runner = replay_realistic.Runner(cfg)
     bank = replay_drafts.DraftBank(reqs, runner.bank_k, ngram_width=runner.pw)
-    cols = [replay_realistic.DecomposeColumn("code B=4", bank, [0, 1, 2, 3], 4, 1, "t", 4, 8),
-            replay_realistic.DecomposeColumn("code B=4 S2/K8", bank, [0, 1, 2, 3], 4, 1, "t", 2, 8)]
+    cols = [replay_realistic.DecomposeColumn("code B=4", bank, [0, 1, 2, 3], "code", 4, 1, "t", 4, 8),
+            replay_realistic.DecomposeColumn("code B=4 S2/K8", bank, [0, 1, 2, 3], "code", 4, 1, "t", 2, 8)]
     lines = replay_realistic.decompose(runner, cfg, "title", cols)
     assert lines[0] == "title" and lines[1].split()[1:] == ["code", "B=4", "code", "B=4", "S2/K8"]
     table = {line[:44].strip(): [float(x.rstrip("x")) for x in line[44:].split()] for line in lines[2:]}

@@ -263,7 +263,7 @@ def main(argv=None) -> int:
                     for pol in pols:
                         try:
                             r = simulate(pol, bank, idx, b, cost, seed=args.seed * 1000 + b, workload=w,
-                                         cost_name=spec.name, staggered=not args.lockstep_start)
+                                         cost_name=spec.name, lockstep_start=args.lockstep_start)
                         except DrafterUnavailable as e:
                             if (pol.name, "warned") not in results:
                                 print(f"  [skip] {pol.name}: {e}")

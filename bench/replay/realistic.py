@@ -83,6 +83,12 @@ def cluster_of(request_id: str) -> str:
     return request_id.rsplit("@", 1)[0] if request_id.startswith("code:") else request_id
 
 
+def free_source(source) -> str:
+    """The key under which a source's model-free runs (no speculation, the n-gram baselines) are stored: the simulated
+    drafter's sweep points share one text, so they share those runs ("text"); the real trace has its own ("real")."""
+    return "real" if source == "real" else "text"
+
+
 def pooled(runs, keys=None) -> tuple:
     """(clusters, tokens per cluster, seconds per cluster) summed over the runs (seeds) by `cluster_of`; ``keys``
     fixes the clusters' order (missing ones count 0)."""
@@ -154,7 +160,7 @@ class Config:
     eagle_trees: tuple = ((3, 2, 6), (5, 4, 8), (5, 8, 16), (6, 8, 32))
     width_lag: int = 2
     ngram_lag: int = 1
-    #: the first wave of every run starts at token 0 together (``sim.simulate(staggered=False)``), as the runs up to
+    #: the first wave of every run starts at token 0 together (``sim.simulate(lockstep_start=True)``), as the runs up to
     #: 2026-12-04 19:15 did; default: at seeded uniform positions of their outputs (``sim.start_positions``)
     lockstep_start: bool = False
     #: the as-built launch's cost tables (``engine.COST_TABLES``): "measured" = the README's launch (the default);
@@ -290,7 +296,7 @@ class Runner:
             return self.runs[key]
         spec = spec or self.specs
         r = simulate(pol, bank, idx, b, spec.for_batch(b), seed=seed * 1000 + b, workload=key[2],
-                     cost_name=spec.name, staggered=not self.cfg.lockstep_start)
+                     cost_name=spec.name, lockstep_start=self.cfg.lockstep_start)
         self.runs[key] = r
         return r
 
@@ -348,7 +354,7 @@ class Runner:
         """`run_source` on one (workload, batch) cell; returns its log line."""
         (w, b), tune, evals = cell, seeds[0], evaluation_seeds(seeds)
         t0 = time.perf_counter()
-        free_src = "text" if source != "real" else "real"
+        free_src = free_source(source)
 
         def run(pol, src, mode, name, ss):
             for s in ss:
@@ -639,7 +645,7 @@ def detail_table(runner: Runner, source, cells) -> list:
     """Speedup over no speculation per policy (pooled over the evaluation seeds) for one source's cells."""
     lines = []
     evals = evaluation_seeds(runner.cfg.seeds)
-    free_src = "text" if source != "real" else "real"
+    free_src = free_source(source)
     cols = [(w, b) for w, b in cells if runner.seeds_of((free_src, "-", w, b, "no_spec"), evals)]
     if not cols:
         return lines
@@ -722,10 +728,11 @@ def plot(runner: Runner, cfg: Config, path: Path) -> Optional[Path]:
 
 class DecomposeColumn(NamedTuple):
     """One column of a decomposition: HYBRID at ``steps`` EAGLE steps and n-gram chain ``k`` on the requests ``idx``
-    of ``bank`` at batch ``b`` (seed ``seed``; ``source`` keys its runs)."""
+    of ``bank``, the cell (``workload``, ``b``) of ``source`` (seed ``seed``; its no-speculation run is the cell's)."""
     title: str
     bank: object
     idx: list
+    workload: str
     b: int
     seed: int
     source: object
@@ -788,8 +795,10 @@ def decompose(runner: Runner, cfg: Config, title: str, columns: list) -> list:
         c = columns[col]
         pol = pols[(c.steps, c.k)][row]
         r = runner.sim(pol, c.bank, c.idx, c.b, c.seed,
-                       (c.source, "decompose:" + names[row], c.title, c.b, f"hybrid_merge_s{c.steps}_k{c.k}", c.seed))
-        ns = runner.sim(runner.free[0], c.bank, c.idx, c.b, c.seed, (c.source, "-", c.title, c.b, "no_spec", c.seed))
+                       (c.source, "decompose:" + names[row], c.workload, c.b, f"hybrid_merge_s{c.steps}_k{c.k}",
+                        c.seed))
+        ns = runner.sim(runner.free[0], c.bank, c.idx, c.b, c.seed,
+                        (free_source(c.source), "-", c.workload, c.b, "no_spec", c.seed))
         return r.tok_per_s / ns.tok_per_s
 
     got = iter(runner.in_processes(speedup, [(row, col) for row in range(len(names))
@@ -885,12 +894,13 @@ def run(cfg: Config, log=print) -> int:
         log(f"[{time.perf_counter() - t_start:.0f} s] {label(pt)} done")
 
     decomposition = []
+    s0 = evaluation_seeds(cfg.seeds)[0]           # the decompositions' seed
     if cfg.decompose:
-        s0, dep = evaluation_seeds(cfg.seeds)[0], runner.engines["as built"]
+        dep = runner.engines["as built"]
         decomposition = decompose(
             runner, cfg, f"Where the as-built gap comes from: HYBRID merge / no speculation, {label(HEADLINE)}, seed "
             f"{s0}, HYBRID at the deployed {dep.num_steps} EAGLE steps and n-gram chain {dep.ngram_k}",
-            [DecomposeColumn(f"{w} B={b}", eb_head[s0], groups[s0][w], b, s0, HEADLINE, dep.num_steps, dep.ngram_k)
+            [DecomposeColumn(f"{w} B={b}", eb_head[s0], groups[s0][w], w, b, s0, HEADLINE, dep.num_steps, dep.ngram_k)
              for w, b in cfg.sweep_cells if w in groups[s0]])
     sources = list(points)
     real = cfg.real_trace
@@ -914,8 +924,7 @@ def run(cfg: Config, log=print) -> int:
             runner.run_source("real", rbanks, rgroups, head_cells, list(cfg.seeds), MODES, log)
             sources.append("real")
             if cfg.decompose:
-                s0 = evaluation_seeds(cfg.seeds)[0]
-                cols = [DecomposeColumn(f"{w} B={b} S{st}/K{k}", rb, rgroups[s0][w], b, s0, "real", st, k)
+                cols = [DecomposeColumn(f"{w} B={b} S{st}/K{k}", rb, rgroups[s0][w], w, b, s0, "real", st, k)
                         for w, b in cfg.real_decompose_cells if w in rgroups[s0] and b in cfg.batches
                         for st, k in [runner.best[("real", "as built", w, b, "hybrid")]]]
                 real_lines = decompose(runner, cfg, f"The same on the real SmolLM2 trace (its EAGLE head's own "

@@ -129,9 +129,9 @@ def request_stream(indices, batch: int, seed: int) -> np.ndarray:
 
 
 def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed: int = 0,
-             workload: str = "", cost_name: str = "", staggered: bool = True) -> RunResult:
+             workload: str = "", cost_name: str = "", lockstep_start: bool = False) -> RunResult:
     """Continuous-batching replay of one policy at concurrency `batch` (the rule in the module docstring).
-    ``staggered`` False: the first wave starts at token 0 together, as the runs up to 2026-12-04 19:15 did
+    ``lockstep_start``: the first wave starts at token 0 together, as the runs up to 2026-12-04 19:15 did
     (``--lockstep-start`` reproduces their figures; the mechanics tests count steps by hand from it)."""
     stream = request_stream(indices, batch, seed)
     if len(stream) < batch:
@@ -143,7 +143,7 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
     req_seconds = np.zeros(n_req, np.float64)  # (each step's time split evenly over the B slots): for the bootstrap
     prompt_len = np.array([len(r.prompt) for r in bank.requests], np.int64)
     req = stream[:batch].astype(np.int64)
-    pos = start_positions(bank.lengths[req], seed) if staggered else np.zeros(batch, np.int64)
+    pos = np.zeros(batch, np.int64) if lockstep_start else start_positions(bank.lengths[req], seed)
     nxt = batch
     tot = dict(steps=0, tokens=0, seconds=0.0, rs=0, acc=0, nodes=0, done=0, msteps=0, ng=0, lam=0.0)
     while True:
