@@ -165,17 +165,23 @@ def padded_tree(case: dict, width: int) -> tuple:
     return valid, anc
 
 
-def plugin_layout(case: dict, width: int, mask_dtype=torch.uint8):
-    """The plugin's ``build_ragged_layout`` of the batch (what ``RaggedTritonAttnBackend`` hands the kernel)."""
+def plugin_layout(case: dict, width: int, mask_dtype=torch.uint8, tier: bool = False):
+    """The plugin's ``build_ragged_layout`` of the batch (what ``RaggedTritonAttnBackend`` hands the kernel); with
+    ``tier`` as the worker builds it: the forward padded to its token tier and the mask bounded as the start-up
+    buffer is (``row_bound`` = longest prefix + width, standing for the context length + width)."""
     from sglang_hybrid.sglang_plugin.ragged.layout import build_ragged_layout, mask_numel_bound, node_counts
+    from sglang_hybrid.sglang_plugin.ragged.tiers import tier_rows
 
     valid, anc = padded_tree(case, width)
     seq_lens = torch.tensor(case["prefix_lens"])
     counts = node_counts(valid)
     total, seq_sum = int(counts.sum()), int(seq_lens.sum())
     max_nodes = int(counts.max())
-    buf = torch.zeros(mask_numel_bound(max_nodes, total, seq_sum) + 5, dtype=mask_dtype)   # a reused, larger buffer
-    return build_ragged_layout(valid, anc, seq_lens, seq_sum, counts, total=total, max_nodes=max_nodes, mask_out=buf)
+    rows = tier_rows(total, len(case["ext_lens"]) * width) if tier else None
+    row_bound = max(case["prefix_lens"]) + width if tier else None
+    buf = torch.zeros(mask_numel_bound(max_nodes, total, seq_sum, row_bound) + 5, dtype=mask_dtype)  # reused, larger
+    return build_ragged_layout(valid, anc, seq_lens, seq_sum, counts, total=total, max_nodes=max_nodes, mask_out=buf,
+                               rows=rows, row_bound=row_bound)
 
 
 # ----------------------------------------------------------------------------------------------- dense reference
@@ -267,6 +273,17 @@ def kernel_run(tmp_path_factory):
     layout = plugin_layout(base, 30)
     cases["plugin_layout"] = {**base, "qo_indptr": layout.qo_indptr, "custom_mask": layout.custom_mask,
                               "mask_indptr": layout.mask_indptr, "max_len_extend": layout.max_nodes}
+    # ... as the worker runs it: the forward at its token tier (76 nodes -> 80 rows, the 4 spare rows owned by no
+    # request, their q/k/v random), the query length fixed at the full width (30: what a captured graph fixes), the
+    # mask in a buffer bounded by rows x (context + width)
+    tiered = plugin_layout(base, 30, tier=True)
+    spare = tiered.rows - tiered.total
+    g = torch.Generator().manual_seed(12)
+    cases["plugin_layout_tier"] = {
+        **base, **{x: torch.cat([base[x], torch.randn((spare,) + tuple(base[x].shape[1:]), generator=g)])
+                   for x in ("q", "k", "v")},
+        "qo_indptr": tiered.qo_indptr, "custom_mask": tiered.custom_mask, "mask_indptr": tiered.mask_indptr,
+        "max_len_extend": tiered.width}
     # Today's padded layout of the same batch (every request at W = 28).
     cases["padded"], real_rows = padded_case(base, seed=11)
     # skip_prefix_custom_mask=True (the backend's default) never reads the prefix columns: zero them.
@@ -308,12 +325,26 @@ def test_ragged_tree_verify_plugin_layout_matches_dense_reference(kernel_run):
     assert _max_err(o, dense_reference(cases["gqa2_uint8"])) < ATOL
 
 
+def test_ragged_tree_verify_at_the_token_tier_matches_dense_reference(kernel_run):
+    """The layout as the worker builds it (forward padded to its token tier, query length fixed at the full width,
+    mask bounded by rows x (context + width)): the real rows equal the dense reference, and the kernel never writes
+    the tier's spare rows (they stay NaN), which belong to no request and are never read."""
+    cases, outputs, _ = kernel_run
+    o, base = outputs["plugin_layout_tier"], cases["gqa2_uint8"]
+    total = sum(base["ext_lens"])
+    assert o.shape[0] == 80 and total == 76
+    assert not torch.isnan(o[:total]).any()
+    assert _max_err(o[:total], dense_reference(base)) < ATOL
+    assert torch.isnan(o[total:]).all()
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_ragged_layout_equals_brute_force(seed):
     """``build_ragged_layout`` against the per-request brute force (``ragged_full_mask`` above): the same mask entries
     up to ``mask_indptr[B]``, the same offsets, compact rows in request and node order; gather then scatter restores
     the real rows and zeroes the absent ones."""
-    from sglang_hybrid.sglang_plugin.ragged.layout import gather_rows, scatter_rows
+    from sglang_hybrid.sglang_plugin.ragged.layout import gather_rows, kv_write_cols, scatter_rows
+    from sglang_hybrid.sglang_plugin.ragged.tiers import token_tier
 
     g = torch.Generator().manual_seed(seed)
     bs = int(torch.randint(1, 9, (), generator=g))
@@ -336,6 +367,40 @@ def test_ragged_layout_equals_brute_force(seed):
     absent = torch.ones(bs * width, dtype=torch.bool)
     absent[want_index] = False
     assert (back[absent] == 0).all()
+    # at the token tier: the same mask, offsets and real rows; the spare rows gather zeros, write KV to the sink (-1)
+    # and are dropped by the scatter, whatever the forward put in them
+    tiered = plugin_layout(case, width, tier=True)
+    t = sum(ext)
+    assert tiered.rows == min(token_tier(t), bs * width) and tiered.total == t     # plugin_layout caps at B x W
+    assert torch.equal(tiered.mask_indptr, want_indptr)
+    assert torch.equal(tiered.custom_mask[: int(want_indptr[-1])], layout.custom_mask[: int(want_indptr[-1])])
+    fwd = gather_rows(rows, tiered)
+    assert fwd.shape == (tiered.rows, 3) and torch.equal(fwd[:t], rows[want_index]) and (fwd[t:] == 0).all()
+    assert kv_write_cols(tiered).tolist() == want_index.tolist() + [-1] * (tiered.rows - t)
+    fwd[t:] = float("nan")
+    assert torch.equal(scatter_rows(fwd, tiered), back)
+
+
+def test_ragged_token_tiers_cover_every_row_count_under_the_cap():
+    """``tiers``: every count of real rows 1..cap runs at the smallest listed tier holding it; the list is what
+    ``token_tiers`` returns (the graphs to capture), ascending, ending at the cap; above 64 rows a tier pads under
+    12.5 % unless the cap cuts it; the replay charges the same tiers (``bench.replay.engine.token_tier``)."""
+    from bench.replay import engine as replay_engine
+    from sglang_hybrid.sglang_plugin.ragged.tiers import tier_rows, token_tier, token_tiers
+
+    assert replay_engine.token_tier is token_tier
+    for cap in (1, 7, 8, 13, 100, 128 * 13, 48 * 25):
+        listed = token_tiers(cap)
+        assert listed == sorted(set(listed)) and listed[-1] == cap
+        for n in range(1, cap + 1):
+            t = tier_rows(n, cap)
+            assert t == min(x for x in listed if x >= n)
+            assert t == cap or (t - n) / n < 0.125 or n <= 64
+    assert len(token_tiers(2048)) == 48 and token_tiers(20) == [8, 16, 20]
+    with pytest.raises(ValueError, match="does not fit the 13 rows"):
+        tier_rows(14, 13)
+    with pytest.raises(ValueError, match="max_rows must be >= 1"):
+        token_tiers(0)
 
 
 def test_ragged_layout_does_not_depend_on_the_padded_width():
@@ -364,6 +429,8 @@ def test_ragged_layout_errors_name_the_problem():
         build_ragged_layout(valid, anc, seq_lens, 7, counts, total=5, max_nodes=5)
     with pytest.raises(ValueError, match="counts must be"):
         build_ragged_layout(valid, anc, seq_lens, 7, counts[:1], total=5, max_nodes=3)
+    with pytest.raises(ValueError, match="forward of 4 rows cannot hold 5 verify tokens"):
+        build_ragged_layout(valid, anc, seq_lens, 7, counts, total=5, max_nodes=3, rows=4)
     index = torch.tensor([0, 1, 4, 5, 6])
     with pytest.raises(ValueError, match="holds 3 entries"):
         build(anc, counts, index, seq_lens, 7, torch.ones(3, dtype=torch.bool))
@@ -374,15 +441,15 @@ def test_ragged_layout_errors_name_the_problem():
 def test_ragged_layout_compiles_fullgraph():
     """The layout build is static-shape tensor code given its host ints: ``torch.compile(fullgraph=True)`` traces it
     (no host read, no data-dependent branch) and gives the eager result."""
-    from sglang_hybrid.sglang_plugin.ragged.layout import build_ragged_layout, node_counts
+    from sglang_hybrid.sglang_plugin.ragged.layout import build_ragged_layout, kv_write_cols, node_counts
 
     case = make_case(7, [5, 0, 40], [4, 1, 9], 2, 1)
     valid, anc = padded_tree(case, 12)
     seq_lens, counts = torch.tensor(case["prefix_lens"]), node_counts(valid)
 
     def build(valid, anc, seq_lens, counts):
-        lay = build_ragged_layout(valid, anc, seq_lens, 45, counts, total=14, max_nodes=9)
-        return lay.token_index, lay.qo_indptr, lay.mask_indptr, lay.custom_mask
+        lay = build_ragged_layout(valid, anc, seq_lens, 45, counts, total=14, max_nodes=9, rows=16, row_bound=52)
+        return lay.token_index, lay.qo_indptr, lay.mask_indptr, lay.custom_mask, kv_write_cols(lay)
 
     torch._dynamo.reset()
     got = torch.compile(build, fullgraph=True, backend="eager")(valid, anc, seq_lens, counts)
@@ -391,18 +458,20 @@ def test_ragged_layout_compiles_fullgraph():
 
 
 def test_ragged_counters_report_tokens_and_node_ranges():
-    """``HybridCounters.on_ragged``: per step the verified tokens, what padding to the width would have cost, and
-    the fewest-most tokens per request; in the periodic summary (cumulative) and its log line."""
+    """``HybridCounters.on_ragged``: per step the verified tokens, the forward's rows (its token tier), what padding
+    to the width would have cost, the fewest-most tokens per request and the steps per tier; in the periodic summary
+    (cumulative) and its log line."""
     from sglang_hybrid.sglang_plugin.metrics import HybridCounters, format_summary
 
     counters = HybridCounters("cpu", log_interval=1)
-    counters.on_ragged([1, 17, 3], 28)
-    counters.on_ragged([4, 4], 6)
-    counters.on_ragged([2, 17, 1], 28)
+    counters.on_ragged([1, 17, 3], 28, 24)
+    counters.on_ragged([4, 4], 6, 8)
+    counters.on_ragged([2, 17, 1], 28, 24)
     out = counters.maybe_log()
     assert (out["ragged_steps"], out["ragged_tokens"], out["ragged_padded_tokens"]) == (3, 49, 180)
+    assert out["ragged_rows"] == 56 and out["ragged_tier_steps"] == {"8": 1, "24": 2}
     assert out["ragged_node_range_steps"] == {"1-17": 2, "4-4": 1}
-    assert "ragged_tokens=49/180" in format_summary(out)
+    assert "ragged_tokens=49/180 rows=56" in format_summary(out)
     assert HybridCounters("cpu").snapshot()["ragged_steps"] == 0
 
 
@@ -460,8 +529,9 @@ def _twin(case: dict) -> torch.Tensor:
 def test_ragged_torch_attention_twin_matches_sglang_kernel(kernel_run):
     """The CPU engine's torch twin of the extend kernel (``cpu_engine/torch_attention.py``, which the faster live
     cases run) gives SGLang's kernel's output on every batch above: ragged trees, GQA, causal and not, the plugin's
-    layout, the padded layout, prefix mask columns skipped and read, a tree across query tiles, the wrong mask of the
-    positive control. A ``max_len_extend`` shorter than a request, which the kernel silently half-writes, is refused.
+    layout (also at its token tier, whose spare rows neither writes), the padded layout, prefix mask columns skipped
+    and read, a tree across query tiles, the wrong mask of the positive control. A ``max_len_extend`` shorter than a
+    request, which the kernel silently half-writes, is refused.
     """
     cases, outputs, _ = kernel_run
     for name, case in cases.items():
@@ -469,9 +539,10 @@ def test_ragged_torch_attention_twin_matches_sglang_kernel(kernel_run):
             with pytest.raises(ValueError, match="max_len_extend"):
                 _twin(case)
             continue
-        o = _twin(case)
-        assert not torch.isnan(o).any(), name
-        assert _max_err(o, outputs[name]) < ATOL, name
+        o, want = _twin(case), outputs[name]
+        written = ~torch.isnan(want)                # all rows but the token tier's spare ones (owned by no request)
+        assert torch.equal(~torch.isnan(o), written), name
+        assert _max_err(o[written], want[written]) < ATOL, name
 
 
 def test_ragged_torch_attention_twin_refuses_what_it_does_not_implement():

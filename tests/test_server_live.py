@@ -465,8 +465,9 @@ def test_server_metrics_add_up_to_the_responses(next_run, load_run):
     assert sum(_delta(after, before, "sglang_hybrid_width_steps_total", "width").values()) == decode
     assert sum(_delta(after, before, "sglang_hybrid_depth_steps_total", "depth").values()) == decode
     assert _delta(after, before, "sglang_hybrid_ragged_verify_steps_total") <= decode
-    assert _delta(after, before, "sglang_hybrid_ragged_verify_tokens_total") <= _delta(
-        after, before, "sglang_hybrid_ragged_padded_tokens_total")
+    ragged = {k: _delta(after, before, f"sglang_hybrid_ragged_{k}_total")
+              for k in ("verify_tokens", "verify_rows", "padded_tokens")}
+    assert ragged["verify_tokens"] <= min(ragged["padded_tokens"], ragged["verify_rows"]), ragged
     assert _total(after, "sglang_hybrid_fallbacks_total", "cause") == {
         "conf_placeholder": 0, "no_host_view": 0, "lookup_whole_table": 0, "plan_missing": 0}
     assert 0 <= _total(after, "sglang_hybrid_padded_slot_fraction") < 1

@@ -18,7 +18,7 @@ def _counted(counters: HybridCounters) -> None:
     """One step's worth of counts through the counters' own host API, plus device-side totals as on_select /
     on_accept add them (two ngram requests accepting 3 and 1 drafts, one model request accepting 0)."""
     counters.on_select_host(12, depth=3, decision="fused")
-    counters.on_ragged([5, 9, 2], 12)
+    counters.on_ragged([5, 9, 2], 12, 16)
     counters.on_fallback("no_host_view", 2)
     counters.totals[0] += 1                          # STEPS
     counters.totals[REQ["ngram"]] += 2
@@ -48,6 +48,7 @@ def test_server_prometheus_export_equals_the_counters_summary():
     assert _value(registry, f"{PREFIX}_depth_steps_total", depth="3") == 2
     assert _value(registry, f"{PREFIX}_ragged_verify_tokens_total") == total["ragged_tokens"] == 32
     assert _value(registry, f"{PREFIX}_ragged_padded_tokens_total") == total["ragged_padded_tokens"] == 72
+    assert _value(registry, f"{PREFIX}_ragged_verify_rows_total") == total["ragged_rows"] == 32
     assert _value(registry, f"{PREFIX}_fallbacks_total", cause="no_host_view") == 4
     assert _value(registry, f"{PREFIX}_fallbacks_total", cause="plan_missing") == 0
     assert _value(registry, f"{PREFIX}_padded_slot_fraction") == total["padded_fraction"]

@@ -83,9 +83,15 @@ def _prompt_ids():
 def _assert_ragged(counters: dict, fewer: bool = True) -> None:
     """Every HYBRID verify step of the run was ragged (the CPU engine's default, setting ``ragged_verify``) and, with
     ``fewer``, verified fewer target tokens than padding to the step's width would have (a lone request whose every
-    tree fills the width saves nothing)."""
+    tree fills the width saves nothing). Each forward ran at the token tier of its tokens (``ragged.tiers``): the
+    rows past them belonged to no request, and the output stayed equal to plain greedy decoding (the callers' check).
+    """
     assert counters["steps"] > 0 and counters["ragged_steps"] == counters["steps"], counters
     assert 0 < counters["ragged_tokens"] <= counters["ragged_padded_tokens"], counters
+    tiers = {int(t): n for t, n in counters["ragged_tier_steps"].items()}
+    assert sum(tiers.values()) == counters["ragged_steps"], counters
+    # the tier's spare rows ran (tiers step by 8 or more: no run of these fills its tier exactly on every step)
+    assert counters["ragged_tokens"] < counters["ragged_rows"] == sum(t * n for t, n in tiers.items()), counters
     if fewer:
         assert counters["ragged_tokens"] < counters["ragged_padded_tokens"], counters
 

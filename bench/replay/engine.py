@@ -70,6 +70,7 @@ import numpy as np
 from bench import step_launches
 from bench.replay import policies as P
 from bench.replay.host import host_seconds
+from sglang_hybrid.sglang_plugin.ragged.tiers import token_tier
 from sglang_hybrid.widths import default_depths, start_width
 
 
@@ -100,17 +101,6 @@ COST_TABLES = {
 #: tens of us, not measured: no FlashInfer on that machine); printed with every result that uses it, and varied in
 #: the decomposition
 RAGGED_SYNC_US = 50.0
-
-
-def token_tier(tokens: int) -> int:
-    """The verify graph a ragged step of ``tokens`` rows replays: graphs keyed by total tokens, captured at multiples of
-    8 up to 128 and at 8 tiers per doubling beyond (a step of ``2 ** (bit_length(tokens - 1) - 4)``): under 12.5 %
-    padding above 64 tokens, 48 graphs up to 2,048 tokens (SGLang's default batch-size list captures about as many)."""
-    n = int(tokens)
-    if n < 1:
-        raise ValueError(f"tokens must be >= 1, got {tokens!r}")
-    step = max(8, 1 << max(0, (n - 1).bit_length() - 4))
-    return -(-n // step) * step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,6 +64,11 @@ def tree_class(source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(mixed, 3, torch.where(has_n, 2, torch.where(has_m, 1, 0))).to(torch.int64)
 
 
+def empty_ragged() -> dict:
+    """The ragged verify counters before the first step (``HybridCounters.ragged``)."""
+    return {"steps": 0, "tokens": 0, "rows": 0, "padded_tokens": 0, "node_range_steps": {}, "tier_steps": {}}
+
+
 class HybridCounters:
     def __init__(self, device, log_interval: int = 0, snapshot_path: Optional[str] = None):
         self.device = torch.device(device)
@@ -77,8 +82,9 @@ class HybridCounters:
         #: steps decided by each decision path ("fused": the Triton kernels, "torch": the reference operators)
         self.decision_steps: dict[str, int] = {}
         #: ragged verify (host ints: the worker reads each step's node counts to size the forward): steps, target
-        #: tokens verified, the tokens padding to the width would have cost, and steps per "min-max" nodes per request
-        self.ragged = {"steps": 0, "tokens": 0, "padded_tokens": 0, "node_range_steps": {}}
+        #: tokens verified, the forward's rows (the tokens padded to their token tier), the tokens padding to the width
+        #: would have cost, steps per "min-max" nodes per request and steps per token tier
+        self.ragged = empty_ragged()
         #: decode steps whose KV write window SGLang's draft planned (``KVLocPlan``: on a GPU whenever the verify
         #: width exceeds the draft depth; host int)
         self.kv_window_steps = 0
@@ -106,14 +112,17 @@ class HybridCounters:
         if decision is not None:
             self.decision_steps[decision] = self.decision_steps.get(decision, 0) + 1
 
-    def on_ragged(self, counts: list, width: int) -> None:
-        """Count one ragged verify step from its per-request node counts (root included; host ints)."""
+    def on_ragged(self, counts: list, width: int, rows: int) -> None:
+        """Count one ragged verify step from its per-request node counts (root included) and the rows its forward
+        ran (the token tier; host ints)."""
         r = self.ragged
         r["steps"] += 1
         r["tokens"] += sum(counts)
+        r["rows"] += rows
         r["padded_tokens"] += len(counts) * width
         key = f"{min(counts)}-{max(counts)}"
         r["node_range_steps"][key] = r["node_range_steps"].get(key, 0) + 1
+        r["tier_steps"][rows] = r["tier_steps"].get(rows, 0) + 1
 
     def on_select(self, tree, ngram_len: torch.Tensor, lam: torch.Tensor, b_star: torch.Tensor,
                   depth: Optional[int] = None, from_lookup: Optional[torch.Tensor] = None,
@@ -230,9 +239,11 @@ def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: 
     out["width_steps"] = {str(w): n for w, n in sorted((width_steps or {}).items())}
     out["depth_steps"] = {str(d): n for d, n in sorted((depth_steps or {}).items())}
     out["decision_steps"] = dict(sorted((decision_steps or {}).items()))
-    r = ragged or {"steps": 0, "tokens": 0, "padded_tokens": 0, "node_range_steps": {}}
+    r = ragged or empty_ragged()
     out["ragged_steps"], out["ragged_tokens"], out["ragged_padded_tokens"] = r["steps"], r["tokens"], r["padded_tokens"]
+    out["ragged_rows"] = r["rows"]
     out["ragged_node_range_steps"] = dict(r["node_range_steps"])
+    out["ragged_tier_steps"] = {str(t): n for t, n in sorted(r["tier_steps"].items())}
     out["kv_window_steps"] = kv_window_steps
     for cause, i in FALLBACKS.items():
         out[f"fallback_{cause}"] = int(v[i])
@@ -249,7 +260,7 @@ def format_summary(s: dict) -> str:
     if s.get("width_steps"):
         parts.append("widths=" + ",".join(f"{w}:{n}" for w, n in s["width_steps"].items()))
     if s.get("ragged_steps"):
-        parts.append(f"ragged_tokens={s['ragged_tokens']}/{s['ragged_padded_tokens']}")
+        parts.append(f"ragged_tokens={s['ragged_tokens']}/{s['ragged_padded_tokens']} rows={s['ragged_rows']}")
     if s.get("depth_steps"):
         parts.append("depths=" + ",".join(f"{d}:{n}" for d, n in s["depth_steps"].items()))
     for c in CLASSES:

@@ -33,7 +33,8 @@ COUNTERS = {
     "width_steps": ("width", "decode steps per verify width (tree nodes + root)"),
     "depth_steps": ("depth", "decode steps per EAGLE draft depth"),
     "ragged_verify_steps": (None, "decode steps verified ragged (each request verifies its own nodes only)"),
-    "ragged_verify_tokens": (None, "target tokens the ragged verify steps ran"),
+    "ragged_verify_tokens": (None, "target tokens (tree nodes, roots included) the ragged verify steps verified"),
+    "ragged_verify_rows": (None, "rows the ragged verify forwards ran: their tokens padded to the token tier"),
     "ragged_padded_tokens": (None, "target tokens the ragged verify steps would have run padded to the step's width"),
     "fallbacks": ("cause", "worker fallbacks by cause (docs/sglang.md, 'No silent fallbacks'); should stay 0"),
 }
@@ -46,7 +47,7 @@ def series(total: dict) -> dict:
 
     Accepted tokens per source are rebuilt from the summary's mean and count (integers, exactly representable)."""
     out = {("decode_steps", None): total["steps"], ("ragged_verify_steps", None): total["ragged_steps"],
-           ("ragged_verify_tokens", None): total["ragged_tokens"],
+           ("ragged_verify_tokens", None): total["ragged_tokens"], ("ragged_verify_rows", None): total["ragged_rows"],
            ("ragged_padded_tokens", None): total["ragged_padded_tokens"]}
     for c in CLASSES:
         n = total[f"chosen_{c}"]

@@ -63,6 +63,7 @@ from .metrics import HybridCounters
 from .ngram_host import NgramFeeder
 from .prometheus import server_exporter
 from .ragged import layout as ragged_layout
+from .ragged import tiers as ragged_tiers
 from .ragged.target import RaggedVerifyTarget
 from .tp_sync import TreeBroadcast
 from .verify_input import TreeMaskMode, build_verify_input, verify_nodes
@@ -433,8 +434,9 @@ class HybridWorkerV2(EAGLEWorkerV2):
 
         backends = [self.target_worker.model_runner.attn_backend]
         backends += [s.target_attn_backend for s in self.runtime_states.values()]
+        max_bs = int(self.target_worker.model_runner.max_running_requests)
         for backend in backends:
-            triton_backend.enable(backend)
+            triton_backend.enable(backend, max_bs, self.speculative_num_draft_tokens)
         self._verify_target = RaggedVerifyTarget(self.target_worker)
         logger.info("HYBRID: ragged verify (each request verifies its own nodes; setting ragged_verify=%s)",
                     self.settings.ragged_verify)
@@ -548,18 +550,24 @@ class HybridWorkerV2(EAGLEWorkerV2):
             mask_mode=TreeMaskMode.FULL_MASK, seq_lens_sum=seq_lens_sum, mask_buf=verify_mask_buffer(attn, bs),
             fused=self.hybrid_step.fused is not None, workspace=self.hybrid_step.workspace)
         if self._ragged:
-            verify_input.ragged = self._ragged_layout(tree, batch.seq_lens, seq_lens_sum)
+            verify_input.ragged = self._ragged_layout(attn, tree, batch.seq_lens, seq_lens_sum)
         return verify_input
 
-    def _ragged_layout(self, tree, seq_lens: torch.Tensor, seq_lens_sum: int) -> "ragged_layout.RaggedLayout":
-        """The step's ragged layout. Its node counts are read to the host once (they size the forward: eager only,
-        see ``_ragged_wanted``) and counted (``HybridCounters.on_ragged``)."""
+    def _ragged_layout(self, attn, tree, seq_lens: torch.Tensor, seq_lens_sum: int) -> "ragged_layout.RaggedLayout":
+        """The step's ragged layout, its forward padded to the token tier of its node count (``ragged.tiers``) and
+        its mask built in the buffer the target backend ``attn`` plans from (``RaggedTritonAttnBackend``). Its node
+        counts are read to the host once (they size the forward: eager only, see ``_ragged_wanted``) and counted
+        (``HybridCounters.on_ragged``)."""
         counts = ragged_layout.node_counts(tree.valid)
         host = counts.tolist()
-        self.counters.on_ragged(host, tree.valid.shape[1])
+        total, max_nodes = sum(host), max(host)
+        rows = ragged_tiers.tier_rows(total, attn.ragged_buffers.max_rows)
+        self.counters.on_ragged(host, tree.valid.shape[1], rows)
         _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
-        return ragged_layout.build_ragged_layout(tree.valid, anc, seq_lens, seq_lens_sum, counts, total=sum(host),
-                                                 max_nodes=max(host))
+        return ragged_layout.build_ragged_layout(
+            tree.valid, anc, seq_lens, seq_lens_sum, counts, total=total, max_nodes=max_nodes,
+            mask_out=attn.mask_buffer(total, max_nodes, seq_lens_sum), rows=rows,
+            row_bound=attn.ragged_buffers.row_bound)
 
     def _longest_context(self, batch) -> Optional[int]:
         """A host-known bound on the batch's committed tokens per request (root included), read without waiting for

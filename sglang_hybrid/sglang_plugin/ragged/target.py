@@ -3,15 +3,16 @@
 Why a proxy around the target worker: SGLang's verify body (``run_eagle_verify``) builds a padded ``B x W`` forward
 batch and, after the forward, walks the trees, commits KV and feeds the draft extend from ``B x W`` rows. Only the
 forward itself needs to change, so ``RaggedVerifyTarget.forward_batch_generation`` compacts the batch's node tokens
-and positions to the layout's ``T`` rows (``layout.gather_rows``) and its KV writes too (SGLang's own
-``KVLocPlan.bind`` with the compact rows as a flat index into the verify window), runs the real forward (the
-backend plans it ragged: ``triton_backend``), then scatters the logits and hidden states back to their padded rows
+and positions to the layout's ``T`` rows, padded to its token tier (``layout.gather_rows``), and its KV writes too
+(SGLang's own ``KVLocPlan.bind`` with the compact rows as a flat index into the verify window, the tier's spare rows
+to SGLang's sink: ``layout.kv_write_cols``), runs the real forward (the backend plans it ragged in its graph-state
+buffers: ``triton_backend``), then scatters the first ``T`` rows' logits and hidden states back to their padded rows
 (``layout.scatter_rows``). Absent nodes get no KV write and zero logits; they are unreachable from the root, so
 neither is ever read. Everything else is delegated to the real worker untouched.
 """
 from __future__ import annotations
 
-from .layout import gather_rows, scatter_rows
+from .layout import gather_rows, kv_write_cols, scatter_rows
 
 
 class RaggedVerifyTarget:
@@ -42,7 +43,7 @@ class RaggedVerifyTarget:
         fb.input_ids, fb.positions = (gather_rows(t, layout) for t in padded)
         # KV writes: SGLang's own plan selects the compact rows of the verify window (``cols`` as a flat index into
         # the window: out_cache_loc and its virtual mirror both follow).
-        plan.bind(fb, translator, cols=layout.token_index)
+        plan.bind(fb, translator, cols=kv_write_cols(layout))
         # The batch's token count feeds SGLang's padding bookkeeping (num_token_non_padded): recount after compaction.
         fb._init_num_token_non_padded(device=fb.input_ids.device, is_draft_worker=False)
         try:

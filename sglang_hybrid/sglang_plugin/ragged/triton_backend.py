@@ -2,46 +2,120 @@
 
 Why a subclass: SGLang's Triton extend kernel is ragged already (it reads each request's query length from
 ``qo_indptr`` and its mask from ``mask_indptr``; ``tests/test_ragged_verify.py`` runs it on ragged tree batches);
-only ``TritonAttnBackend.init_forward_metadata`` assumes one width (``qo_indptr = arange * W``, ``mask_indptr`` from
-``W x (seq_len + W)`` blocks). ``RaggedTritonAttnBackend`` lets the base class plan the batch (KV indices over each
-request's committed prefix, which ragged verify does not change) and replaces the four width-dependent fields with
-the layout's (``ragged.layout``). Any other batch, and any verify without a layout, is planned exactly as SGLang does.
+only the backend's plans assume one width (``qo_indptr = arange * W``, ``mask_indptr`` from ``W x (seq_len + W)``
+blocks). ``RaggedTritonAttnBackend`` plans a ragged verify through SGLang's own graph-state entry
+(``init_forward_metadata_out_graph``, the call a verify CUDA graph's capture makes) with the ragged fields from the
+layout (``ragged.layout``), written into buffers allocated once at start (``enable``): a verify graph captured at a
+token tier (``ragged.tiers``) would read the same buffers at the same addresses, and its replay would rewrite them in
+place exactly as here. What stays fixed across steps: the buffers, and the longest query, the full width ``W`` (the
+kernel's grid). What a step writes: ``qo_indptr``, ``mask_indptr``, the KV indices of the committed prefixes (SGLang's
+own code, ragged verify does not change it) and the mask, which the worker builds in place (``mask_buffer``). Any
+other batch, and any verify without a layout, is planned exactly as SGLang does.
 
 SGLang builds its backends through its registry, so the worker turns the instances it owns into this class
 (``enable``) rather than asking the user for another backend name; no file of SGLang is patched.
 """
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import dataclass
 
-from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+import torch
+from sglang.srt.layers.attention.triton_backend import ForwardMetadata, TritonAttnBackend
+
+from .layout import mask_numel_bound
+
+
+@dataclass(frozen=True)
+class RaggedVerifyBuffers:
+    """What a ragged verify plan writes, sized once for the largest step the engine runs (``enable``)."""
+
+    max_bs: int                  # requests: the backend's own index buffers hold this many
+    width: int                   # the full verify width W: the longest query, fixed (the kernel's grid)
+    max_rows: int                # forward rows: max_bs x W (tiers.tier_rows never exceeds it)
+    row_bound: int               # context length + W: bounds every request's mask row (layout.mask_numel_bound)
+    kv_indices: torch.Tensor     # [max_bs x context] int64: the committed prefixes' KV indices
+    mask: torch.Tensor           # [max_rows x row_bound + 1] uint8: the packed ragged mask (layout.ragged_full_mask)
 
 
 class RaggedTritonAttnBackend(TritonAttnBackend):
-    """``TritonAttnBackend`` whose eager TARGET_VERIFY plan follows ``spec_info.ragged`` when it is set."""
+    """``TritonAttnBackend`` whose TARGET_VERIFY plan follows ``spec_info.ragged`` when it is set."""
+
+    ragged_buffers: RaggedVerifyBuffers
 
     def init_forward_metadata(self, forward_batch) -> None:
-        super().init_forward_metadata(forward_batch)
         layout = getattr(forward_batch.spec_info, "ragged", None)
         if layout is None or not forward_batch.forward_mode.is_target_verify():
-            return
-        if forward_batch.input_ids.shape[0] != layout.total:
+            return super().init_forward_metadata(forward_batch)
+        if forward_batch.input_ids.shape[0] != layout.rows:
             raise RuntimeError(
                 f"ragged verify: the forward batch holds {forward_batch.input_ids.shape[0]} tokens but its layout "
-                f"{layout.total}; the batch was not compacted (RaggedVerifyTarget)")
-        self.forward_metadata = dataclasses.replace(
-            self.forward_metadata, qo_indptr=layout.qo_indptr, custom_mask=layout.custom_mask,
-            mask_indptr=layout.mask_indptr, max_extend_len=layout.max_nodes)
+                f"{layout.rows} rows; the batch was not compacted (RaggedVerifyTarget)")
+        buf = self.ragged_buffers
+        if layout.batch_size > buf.max_bs or layout.rows > buf.max_rows or layout.width != buf.width:
+            raise RuntimeError(
+                f"ragged verify: a step of {layout.batch_size} requests, {layout.rows} rows at width {layout.width} "
+                f"exceeds the buffers sized at start ({buf.max_bs} requests, {buf.max_rows} rows, width {buf.width})")
+        if self.sliding_window_size is not None and self.sliding_window_size > 0:
+            raise RuntimeError("ragged verify does not plan sliding-window attention layers; "
+                               "run with HYBRID setting ragged_verify=off")
+        self.init_forward_metadata_out_graph(forward_batch, in_capture=True)
+
+    def _update_target_verify_buffers(self, plan, bs, seq_lens, spec_info, req_pool_indices):
+        layout = getattr(spec_info, "ragged", None)
+        if layout is None:
+            return super()._update_target_verify_buffers(plan, bs, seq_lens, spec_info, req_pool_indices)
+        buf = self.ragged_buffers
+        self.qo_indptr[: bs + 1].copy_(layout.qo_indptr)
+        self.mask_indptr[: bs + 1].copy_(layout.mask_indptr)
+        if layout.custom_mask.data_ptr() != buf.mask.data_ptr():
+            raise RuntimeError("ragged verify: the step's mask was not built in the backend's buffer (mask_buffer), "
+                               "where a captured graph would read it")
+        self._fill_kv_indptr_and_indices(plan, bs, seq_lens, req_pool_indices, buf.kv_indices)
+
+    def _build_cuda_graph_forward_metadata(self, bs, forward_mode, spec_info, swa_out_cache_loc=None):
+        if getattr(spec_info, "ragged", None) is None or not forward_mode.is_target_verify():
+            return super()._build_cuda_graph_forward_metadata(bs, forward_mode, spec_info, swa_out_cache_loc)
+        buf = self.ragged_buffers
+        return ForwardMetadata(
+            attn_logits=None, attn_lse=None, max_extend_len=buf.width, num_kv_splits=None,
+            kv_indptr=self.kv_indptr[: bs + 1], kv_indices=buf.kv_indices, qo_indptr=self.qo_indptr[: bs + 1],
+            custom_mask=buf.mask, mask_indptr=self.mask_indptr[: bs + 1], window_kv_indptr=None,
+            window_kv_indices=None, window_num_kv_splits=None, window_kv_offsets=None,
+            swa_out_cache_loc=swa_out_cache_loc)
+
+    def mask_buffer(self, total: int, max_nodes: int, seq_lens_sum: int) -> torch.Tensor:
+        """The static mask buffer, for the worker to build a step's ragged mask in place (``build_ragged_layout``'s
+        ``mask_out``); refuses a step whose mask bound it cannot hold."""
+        buf = self.ragged_buffers
+        need = mask_numel_bound(max_nodes, total, seq_lens_sum, buf.row_bound)
+        if need > buf.mask.numel():
+            raise RuntimeError(f"ragged verify: a mask of up to {need} entries exceeds the {buf.mask.numel()} sized "
+                               f"at start")
+        return buf.mask
 
 
-def enable(backend) -> None:
-    """Make ``backend`` (a ``TritonAttnBackend`` SGLang built) plan ragged verify batches; a no-op when it already
-    does. Any other class is refused: it would ignore the layout and attend over the wrong rows."""
+def enable(backend, max_bs: int, width: int) -> None:
+    """Make ``backend`` (a ``TritonAttnBackend`` SGLang built) plan ragged verify batches of up to ``max_bs``
+    requests (the running limit) at the full width ``width``, allocating the plan's buffers once; a no-op when it
+    already does. Any other class is refused: it would ignore the layout and attend over the wrong rows."""
     if type(backend) is RaggedTritonAttnBackend:
+        have = backend.ragged_buffers
+        if (have.max_bs, have.width) != (max_bs, width):
+            raise ValueError(f"the backend plans ragged verify for {have.max_bs} requests at width {have.width}, "
+                             f"not {max_bs} at {width}")
         return
     if type(backend) is not TritonAttnBackend:
         raise TypeError(f"ragged verify plans through SGLang's TritonAttnBackend, got {type(backend).__name__}")
+    if not 1 <= max_bs <= int(backend.qo_indptr.shape[0]) - 1:
+        raise ValueError(f"ragged verify for {max_bs} requests: the backend's index buffers hold "
+                         f"{int(backend.qo_indptr.shape[0]) - 1}")
+    ctx = int(backend.max_context_len)
+    max_rows, row_bound = max_bs * width, ctx + width
     backend.__class__ = RaggedTritonAttnBackend
+    backend.ragged_buffers = RaggedVerifyBuffers(
+        max_bs=max_bs, width=width, max_rows=max_rows, row_bound=row_bound,
+        kv_indices=torch.zeros(max_bs * ctx, dtype=torch.int64, device=backend.device),
+        mask=torch.ones(max_rows * row_bound + 1, dtype=torch.uint8, device=backend.device))
 
 
-__all__ = ["RaggedTritonAttnBackend", "enable"]
+__all__ = ["RaggedTritonAttnBackend", "RaggedVerifyBuffers", "enable"]
