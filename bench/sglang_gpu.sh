@@ -14,8 +14,8 @@
 #   SERVER_ARGS="--attention-backend flashinfer" (default; added to every launch, so all algorithms share a backend)
 #   PYTHON=python3
 #   ONLY="HYBRID EAGLE" (subset of algorithms)   SKIP_CHECK=1 (skip the greedy checks)
-#   SKIP_RAGGED=1 (skip the ragged-verify greedy check: HYBRID with SGLANG_HYBRID_RAGGED_VERIFY=on on the eager
-#       Triton backend, against plain decoding on the same backend)
+#   SKIP_RAGGED=1 (skip the ragged-verify greedy checks: HYBRID with SGLANG_HYBRID_RAGGED_VERIFY=on on the eager
+#       Triton backend and on the eager FlashInfer backend, each against plain decoding on the same backend)
 #   EAGLE_ALGO=EAGLE|EAGLE3 (baseline's algorithm name; default guessed from the draft's name)
 #   SGLANG_HYBRID_* (HYBRID settings, see docs/sglang.md), e.g. SGLANG_HYBRID_COST_TABLE=cost.json
 # Output: OUT_DIR/{check,runs}/..., OUT_DIR/summary.txt (throughput ratios vs no speculation and vs EAGLE).
@@ -104,16 +104,18 @@ algo_args() {
     esac
 }
 
-# Ragged verify runs eager on the Triton backend (docs/sglang.md, "Ragged verify"): "<algo>_RAGGED" launches <algo>
-# there (after SERVER_ARGS, so these flags win), HYBRID with ragged verify forced on.
+# Ragged verify runs eager on the Triton or FlashInfer backend (docs/sglang.md, "Ragged verify"): "<algo>_RAGGED"
+# launches <algo> on eager Triton, "<algo>_RAGGEDFI" on eager FlashInfer (after SERVER_ARGS, so these flags win),
+# HYBRID with ragged verify forced on.
 RAGGED_ARGS="--attention-backend triton --disable-cuda-graph"
+RAGGEDFI_ARGS="--attention-backend flashinfer --disable-cuda-graph"
 
-start_server() {  # $1 = algorithm, or algorithm_RAGGED
+start_server() {  # $1 = algorithm, or algorithm_RAGGED, or algorithm_RAGGEDFI
     local log="$OUT/logs/server_$1.log" extra="" ragged="${SGLANG_HYBRID_RAGGED_VERIFY:-auto}"
-    case "$1" in *_RAGGED) extra=$RAGGED_ARGS; ragged=on ;; esac
+    case "$1" in *_RAGGED) extra=$RAGGED_ARGS; ragged=on ;; *_RAGGEDFI) extra=$RAGGEDFI_ARGS; ragged=on ;; esac
     # shellcheck disable=SC2046,SC2086
     SGLANG_HYBRID_RAGGED_VERIFY=$ragged $PY -m sglang.launch_server --model-path "$MODEL" --port "$PORT" \
-        --max-running-requests 128 $(algo_args "${1%_RAGGED}") $SERVER_ARGS $extra >"$log" 2>&1 &
+        --max-running-requests 128 $(algo_args "${1%%_RAGGED*}") $SERVER_ARGS $extra >"$log" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 1 900); do
         if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; then return 0; fi
@@ -166,7 +168,7 @@ EOF
 
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
     CHECK_RUNS="none HYBRID"
-    [ "${SKIP_RAGGED:-0}" = 1 ] || CHECK_RUNS="$CHECK_RUNS none_RAGGED HYBRID_RAGGED"
+    [ "${SKIP_RAGGED:-0}" = 1 ] || CHECK_RUNS="$CHECK_RUNS none_RAGGED HYBRID_RAGGED none_RAGGEDFI HYBRID_RAGGEDFI"
     for algo in $CHECK_RUNS; do
         start_server "$algo"
         greedy_outputs "$algo"
@@ -175,6 +177,7 @@ if [ "${SKIP_CHECK:-0}" != 1 ]; then
     {
         compare_greedy none HYBRID
         [ "${SKIP_RAGGED:-0}" = 1 ] || compare_greedy none_RAGGED HYBRID_RAGGED
+        [ "${SKIP_RAGGED:-0}" = 1 ] || compare_greedy none_RAGGEDFI HYBRID_RAGGEDFI
     } | tee "$OUT/check/result.txt"
 fi
 

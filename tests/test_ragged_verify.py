@@ -105,7 +105,8 @@ def make_case(seed: int, prefix_lens: list, ext_lens: list, q_heads: int, kv_hea
             "kv_indptr": kv_indptr, "kv_indices": kv_indices, "custom_mask": custom_mask, "mask_indptr": mask_indptr,
             "max_len_extend": max(ext_lens), "is_causal": is_causal, "skip_prefix_custom_mask": True,
             # for the reference and the other layouts
-            "prefix_lens": list(prefix_lens), "ext_lens": list(ext_lens), "ancestors": anc, "parents": trees}
+            "prefix_lens": list(prefix_lens), "ext_lens": list(ext_lens), "ancestors": anc, "parents": trees,
+            "out_cache_loc": out_cache_loc}
 
 
 def with_mask(case: dict, masks: list, **over) -> dict:
@@ -239,7 +240,7 @@ def run_kernel(cases: dict, tmp: Path) -> dict:
     torch.save([{a: cases[n][a] for a in KERNEL_ARGS} for n in names], inp)
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(inp), str(out)], env=env,
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "kernel", str(inp), str(out)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = torch.load(out)
@@ -579,5 +580,105 @@ def test_ragged_tree_verify_max_len_extend_must_cover_longest_request(kernel_run
     assert _max_err(o[keep], ref[keep]) < ATOL and len(written) == BLOCK_M
 
 
+# ----------------------------------------------------------------------------------------------- FlashInfer's plan
+def _flashinfer_args_main(inp: str, out: str) -> None:
+    """Subprocess entry: ``HybridVerifyInput.generate_attn_arg_prefill`` of a ragged step, with SGLang's own KV index
+    translator and KV plan over the case's request rows (TRITON_INTERPRET set: the translator packs with a Triton
+    kernel)."""
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    sys.modules.setdefault("vllm", None)
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+    from sglang.srt.mem_cache.kv_loc_plan import IdSpaceKind, KVLocPlan
+
+    from sglang_hybrid.sglang_plugin.verify_input import HybridVerifyInput
+
+    case = torch.load(inp, weights_only=False)
+    translator = KVIndexTranslator(req_to_token=case["req_to_token"], token_to_kv_pool_allocator=object(),
+                                   token_to_kv_pool=object(), page_size=1, device="cpu")
+    rows, seq_lens = case["req_pool_indices"], case["seq_lens"]
+    plan = KVLocPlan(source=translator, req_pool_indices=rows, seq_lens=seq_lens, seq_lens_cpu=seq_lens,
+                     write_virtual=case["window"].reshape(-1), read_extent=case["width"])
+    verify = HybridVerifyInput.__new__(HybridVerifyInput)
+    verify.ragged = case["layout"]
+    args = verify.generate_attn_arg_prefill(req_pool_indices=rows, paged_kernel_lens=seq_lens,
+                                            paged_kernel_lens_sum=int(seq_lens.sum()), translator=translator,
+                                            plan=plan, kind=IdSpaceKind.FULL)
+    torch.save(args, out)
+
+
+def flashinfer_reference(args: tuple, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> tuple:
+    """FlashInfer 0.7.2's paged prefill with a custom mask, as its source defines it (``prefill.py`` ~1594-1614: page
+    size 1, every request's bits ``qo_len x kv_len`` row-major at the running sum of those products), in float64:
+    ``(output, mask_indptr)``."""
+    kv_indices, kv_indptr, qo_indptr, mask = args
+    qo_len, kv_len = qo_indptr.diff().long(), kv_indptr.diff().long()
+    mask_indptr = torch.zeros(len(qo_len) + 1, dtype=torch.int64)
+    mask_indptr[1:] = torch.cumsum(qo_len * kv_len, 0)
+    group = q.shape[1] // k_buffer.shape[1]
+    out = torch.empty_like(q, dtype=torch.float64)
+    for b in range(len(qo_len)):
+        q0, n, s = int(qo_indptr[b]), int(qo_len[b]), int(kv_len[b])
+        idx = kv_indices[int(kv_indptr[b]):int(kv_indptr[b]) + s].long()
+        keys = k_buffer[idx].double().repeat_interleave(group, dim=1)
+        vals = v_buffer[idx].double().repeat_interleave(group, dim=1)
+        bits = mask[int(mask_indptr[b]):int(mask_indptr[b + 1])].reshape(n, s)
+        scores = torch.einsum("qhd,shd->hqs", q[q0:q0 + n].double(), keys) / HEAD_DIM ** 0.5
+        out[q0:q0 + n] = torch.einsum("hqs,shd->qhd", scores.masked_fill(~bits[None], float("-inf")).softmax(-1),
+                                      vals)
+    return out, mask_indptr
+
+
+def test_ragged_verify_flashinfer_plan_args_give_the_dense_reference(tmp_path):
+    """What HYBRID's verify input hands SGLang's FlashInfer backend for a ragged step (``ragged.flashinfer_plan``),
+    computed with SGLang's own KV index translator and KV plan: ``qo_indptr`` the layout's; the paged KV of each request
+    its prefix then its first ``n_b`` verify slots (where the ragged forward writes its real nodes); the mask FlashInfer
+    indexes by ``qo_len x kv_len`` per request equal to the layout's. Through FlashInfer's documented semantics (a
+    float64 model of its kernel: FlashInfer has no CPU kernels) they give the dense reference. A padded step still gets
+    SGLang's own arguments (the same entry with no layout: another path, not run here)."""
+    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None:
+        pytest.skip("sglang/triton are not installed (scripts/setup.sh installs them)")
+    from sglang_hybrid.sglang_plugin.ragged.layout import build_ragged_layout, node_counts
+
+    width, prefix, ext = 30, [129, 0, 64, 7, 33, 1], [1, 28, 5, 13, 2, 27]
+    case = make_case(2, prefix, ext, 4, 2, chains=(1,))
+    valid, anc = padded_tree(case, width)
+    seq_lens = torch.tensor(prefix)
+    counts = node_counts(valid)
+    layout = build_ragged_layout(valid, anc, seq_lens, int(seq_lens.sum()), counts, total=sum(ext), max_nodes=28)
+    # SGLang's request rows: the prefix slots, then the verify window (the real nodes' slots first: out_cache_loc,
+    # then fresh slots for the absent nodes), in request rows other than the batch order
+    g = torch.Generator().manual_seed(5)
+    pool_rows = torch.randperm(9, generator=g)[: len(ext)]
+    req_to_token = torch.zeros(9, max(prefix) + width, dtype=torch.int32)
+    window = torch.zeros(len(ext), width, dtype=torch.int64)
+    spare = iter(range(2000, 3000))
+    kvp, qo = case["kv_indptr"], case["qo_indptr"]
+    for b, (r, p, n) in enumerate(zip(pool_rows.tolist(), prefix, ext)):
+        window[b, :n] = case["out_cache_loc"][int(qo[b]):int(qo[b]) + n]
+        window[b, n:] = torch.tensor([next(spare) for _ in range(width - n)])
+        req_to_token[r, :p] = case["kv_indices"][int(kvp[b]):int(kvp[b + 1])]
+        req_to_token[r, p:p + width] = window[b]
+    inp, out = tmp_path / "case.pt", tmp_path / "args.pt"
+    torch.save({"req_to_token": req_to_token, "req_pool_indices": pool_rows, "seq_lens": seq_lens, "window": window,
+                "width": width, "layout": layout}, inp)
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "flashinfer_args", str(inp), str(out)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    args = torch.load(out, weights_only=False)
+    kv_indices, kv_indptr, qo_indptr, mask = args
+    assert torch.equal(qo_indptr, layout.qo_indptr) and mask.dtype == torch.bool
+    want_lens = torch.tensor(prefix) + torch.tensor(ext)
+    assert kv_indptr.tolist() == [0] + torch.cumsum(want_lens, 0).tolist()
+    for b, r in enumerate(pool_rows.tolist()):
+        got = kv_indices[int(kv_indptr[b]):int(kv_indptr[b + 1])]
+        assert torch.equal(got, req_to_token[r, : int(want_lens[b])]), b
+    # the case's KV pool is as the ragged forward leaves it: the prefix, and each real node's KV at its verify slot
+    o, mask_indptr = flashinfer_reference(args, case["q"], case["k_buffer"], case["v_buffer"])
+    assert torch.equal(mask_indptr, layout.mask_indptr)
+    assert _max_err(o, dense_reference(case)) < ATOL
+
+
 if __name__ == "__main__":
-    _kernel_main(sys.argv[1], sys.argv[2])
+    {"kernel": _kernel_main, "flashinfer_args": _flashinfer_args_main}[sys.argv[1]](*sys.argv[2:])

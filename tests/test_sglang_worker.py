@@ -357,14 +357,16 @@ def test_ragged_plan_switches_depth_states_and_caps_tree_width():
     ("auto", "TritonAttnBackend", False, False, False),      # a GPU: the per-step host read is a sync, so padded
     ("on", "TritonAttnBackend", False, False, True),         # ... unless asked for
     ("off", "TritonAttnBackend", False, True, False),
-    ("auto", "FlashInferAttnBackend", False, True, False),
+    ("auto", "FlashInferAttnBackend", False, False, False),
+    ("on", "FlashInferAttnBackend", False, False, True),     # FlashInfer plans it from the verify input, eager
     ("auto", "TritonAttnBackend", True, False, False),
-    ("on", "FlashInferAttnBackend", False, False, "Triton backend, the target runs FlashInferAttnBackend"),
+    ("on", "TorchNativeAttnBackend", False, False, "or FlashInferAttnBackend, the target runs TorchNativeAttnBackend"),
     ("on", "TritonAttnBackend", True, False, "CUDA graphs captured at one width"),
+    ("on", "FlashInferAttnBackend", True, False, "CUDA graphs captured at one width"),
 ])
 def test_ragged_verify_setting_resolves_where_it_can_run(monkeypatch, mode, backend, graphs, cpu, want):
-    """``ragged_verify``: auto is on only on the CPU engine's eager Triton verify; on runs it wherever verify is eager
-    on the Triton backend and stops a start where it cannot run, naming the flags to change."""
+    """``ragged_verify``: auto is on only on the CPU engine's eager verify; on runs it wherever verify is eager on the
+    Triton or FlashInfer backend and stops a start where it cannot run, naming the flags to change."""
     from types import SimpleNamespace
 
     import sglang.srt.utils as sglang_utils
@@ -377,6 +379,6 @@ def test_ragged_verify_setting_resolves_where_it_can_run(monkeypatch, mode, back
     if isinstance(want, str):
         with pytest.raises(RuntimeError, match=want) as err:
             hw.HybridWorkerV2._ragged_wanted(worker)
-        assert "--attention-backend triton --disable-cuda-graph" in str(err.value)
+        assert "--attention-backend triton (or flashinfer) --disable-cuda-graph" in str(err.value)
     else:
         assert hw.HybridWorkerV2._ragged_wanted(worker) is want

@@ -108,10 +108,10 @@ class HybridSettings(BaseModel):
     ragged_verify: Literal["auto", "on", "off"] = Field(
         "auto", description="verify each request's own nodes only (the target forward runs on the sum of the "
                             "requests' tree sizes, not batch x width; docs/sglang.md, 'Ragged verify'). It runs "
-                            "where verify is eager on SGLang's Triton backend; auto = on SGLang's CPU engine (where "
-                            "the step's host read of its node counts is free), padded elsewhere; on = also on a GPU "
-                            "(--attention-backend triton --disable-cuda-graph), and a start where it cannot run "
-                            "stops with the fix; off = always padded")
+                            "where verify is eager on SGLang's Triton or FlashInfer backend; auto = on SGLang's CPU "
+                            "engine (where the step's host read of its node counts is free), padded elsewhere; on = "
+                            "also on a GPU (--attention-backend triton or flashinfer, --disable-cuda-graph), and a "
+                            "start where it cannot run stops with the fix; off = always padded")
     log_interval: int = Field(
         50, ge=0, description="decode steps between HYBRID counter log lines (0 = off)")
     counters_file: Optional[str] = Field(

@@ -54,6 +54,15 @@ class HybridVerifyInput(EagleVerifyInput):
     def max_tree_depth(self) -> int:
         return self.hybrid_max_depth + 1
 
+    def generate_attn_arg_prefill(self, **kwargs):
+        """The FlashInfer backend's verify plan arguments: SGLang's at the padded width, or the ragged layout's when
+        the step is ragged (``ragged.flashinfer_plan``)."""
+        if self.ragged is None:
+            return super().generate_attn_arg_prefill(**kwargs)
+        from .ragged.flashinfer_plan import paged_verify_args
+
+        return paged_verify_args(self.ragged, **kwargs)
+
     @property
     def tree_topk(self) -> int:
         return -1

@@ -81,6 +81,9 @@ _PLAN_IN_FLIGHT = 3
 _PLAN_BUFFERS = _PLAN_IN_FLIGHT + 1
 #: Target attention backends whose topk=1 verify applies the custom (tree) mask; see server_args.TREE_MASK_BACKENDS.
 TREE_MASK_BACKEND_CLASSES = ("FlashInferAttnBackend", "TritonAttnBackend")
+#: SGLang attention backends that plan a ragged verify (docs/sglang.md, "Ragged verify"): Triton through a subclass
+#: (``ragged.triton_backend``), FlashInfer from the verify input as it is (``ragged.flashinfer_plan``); eager only
+RAGGED_BACKENDS = ("TritonAttnBackend", "FlashInferAttnBackend")
 
 
 class _QuietWidthSwitch(logging.Filter):
@@ -400,24 +403,26 @@ class HybridWorkerV2(EAGLEWorkerV2):
     def _ragged_wanted(self) -> bool:
         """Whether verify runs ragged (setting ``ragged_verify``; docs/sglang.md, "Ragged verify").
 
-        It can run where verify is eager on SGLang's Triton backend (verify CUDA graphs are captured per batch size at
-        one width; token-tier graphs and FlashInfer are not built yet). ``auto`` turns it on only on SGLang's CPU
-        engine, where reading the step's node counts to the host costs nothing; on a GPU that read would stall the
-        host until the draft and the decision finish, so there it takes ``on`` (the GPU check in
-        ``bench/sglang_gpu.sh`` does). ``on`` where it cannot run stops the start with the fix."""
+        It can run where verify is eager on SGLang's Triton or FlashInfer backend (verify CUDA graphs are captured per
+        batch size at one width; the capture of token-tier graphs is not built yet). ``auto`` turns it on only on
+        SGLang's CPU engine, where reading the step's node counts to the host costs nothing; on a GPU that read would
+        stall the host until the draft and the decision finish, so there it takes ``on`` (the GPU checks in
+        ``bench/sglang_gpu.sh`` do). ``on`` where it cannot run stops the start with the fix."""
         from sglang.srt.utils import is_cpu
 
         mode = self.settings.ragged_verify
         runner = self.target_worker.model_runner
         backend = type(runner.attn_backend).__name__
         cannot = None
-        if backend != "TritonAttnBackend":
-            cannot = f"ragged verify plans through SGLang's Triton backend, the target runs {backend}"
+        if backend not in RAGGED_BACKENDS:
+            cannot = (f"ragged verify plans through SGLang's {' or '.join(RAGGED_BACKENDS)}, the target runs "
+                      f"{backend}")
         elif runner.decode_cuda_graph_runner is not None:
             cannot = "verify runs in CUDA graphs captured at one width (token-tier graphs are not built yet)"
         if mode == "on" and cannot is not None:
             raise RuntimeError(f"HYBRID setting ragged_verify=on: {cannot}. Run with --attention-backend triton "
-                               "--disable-cuda-graph, or set SGLANG_HYBRID_RAGGED_VERIFY=auto (padded verify here)")
+                               "(or flashinfer) --disable-cuda-graph, or set SGLANG_HYBRID_RAGGED_VERIFY=auto (padded "
+                               "verify here)")
         why_padded = cannot or (None if is_cpu() or mode == "on" else
                                 "off the CPU engine ragged verify reads each step's node counts to the host, a sync "
                                 "(ragged_verify=on runs it anyway)")
@@ -429,13 +434,16 @@ class HybridWorkerV2(EAGLEWorkerV2):
 
     def _enable_ragged(self) -> None:
         """Every target backend (one per runtime state) plans ragged batches, and verify runs through
-        ``RaggedVerifyTarget``."""
+        ``RaggedVerifyTarget``: SGLang's Triton backends become ``RaggedTritonAttnBackend``; SGLang's FlashInfer
+        backend plans from the verify input as it is (``ragged.flashinfer_plan``)."""
         from .ragged import triton_backend
 
         backends = [self.target_worker.model_runner.attn_backend]
         backends += [s.target_attn_backend for s in self.runtime_states.values()]
         max_bs = int(self.target_worker.model_runner.max_running_requests)
         for backend in backends:
+            if type(backend).__name__ == "FlashInferAttnBackend":
+                continue
             triton_backend.enable(backend, max_bs, self.speculative_num_draft_tokens)
         self._verify_target = RaggedVerifyTarget(self.target_worker)
         logger.info("HYBRID: ragged verify (each request verifies its own nodes; setting ragged_verify=%s)",
@@ -554,20 +562,24 @@ class HybridWorkerV2(EAGLEWorkerV2):
         return verify_input
 
     def _ragged_layout(self, attn, tree, seq_lens: torch.Tensor, seq_lens_sum: int) -> "ragged_layout.RaggedLayout":
-        """The step's ragged layout, its forward padded to the token tier of its node count (``ragged.tiers``) and
-        its mask built in the buffer the target backend ``attn`` plans from (``RaggedTritonAttnBackend``). Its node
-        counts are read to the host once (they size the forward: eager only, see ``_ragged_wanted``) and counted
+        """The step's ragged layout. On the Triton backend (``RaggedTritonAttnBackend``) its forward is padded to the
+        token tier of its node count (``ragged.tiers``) and its mask built in the buffer the backend plans from, as a
+        captured graph would need; on FlashInfer it is unpadded, with a fresh mask (``ragged.flashinfer_plan``). Its
+        node counts are read to the host once (they size the forward: eager only, see ``_ragged_wanted``) and counted
         (``HybridCounters.on_ragged``)."""
         counts = ragged_layout.node_counts(tree.valid)
         host = counts.tolist()
         total, max_nodes = sum(host), max(host)
-        rows = ragged_tiers.tier_rows(total, attn.ragged_buffers.max_rows)
+        buffers = getattr(attn, "ragged_buffers", None)
+        rows = total if buffers is None else ragged_tiers.tier_rows(total, buffers.max_rows)
         self.counters.on_ragged(host, tree.valid.shape[1], rows)
         _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
+        if buffers is None:
+            return ragged_layout.build_ragged_layout(tree.valid, anc, seq_lens, seq_lens_sum, counts, total=total,
+                                                     max_nodes=max_nodes)
         return ragged_layout.build_ragged_layout(
             tree.valid, anc, seq_lens, seq_lens_sum, counts, total=total, max_nodes=max_nodes,
-            mask_out=attn.mask_buffer(total, max_nodes, seq_lens_sum), rows=rows,
-            row_bound=attn.ragged_buffers.row_bound)
+            mask_out=attn.mask_buffer(total, max_nodes, seq_lens_sum), rows=rows, row_bound=buffers.row_bound)
 
     def _longest_context(self, batch) -> Optional[int]:
         """A host-known bound on the batch's committed tokens per request (root included), read without waiting for
