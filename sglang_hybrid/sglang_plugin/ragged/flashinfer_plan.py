@@ -12,8 +12,11 @@ returns ``paged_verify_args`` when the step is ragged, and SGLang's eager FlashI
 FlashInfer reads the verify tokens' own KV from the pool, not from ``k``/``v``: request ``b`` reads its request row
 of SGLang's ``req_to_token`` for ``s_b + n_b`` positions, its prefix and then its first ``n_b`` verify slots, which
 hold its real nodes (the ragged forward writes node ``k``'s KV at verify window column ``k``:
-``layout.kv_write_cols``). The forward is not padded to a token tier here (``rows = T``): FlashInfer's eager plan
-reads the indptrs to the host every step anyway, and the capture of FlashInfer verify graphs is not built.
+``layout.kv_write_cols``). The forward is not padded to a token tier here (``rows = T``): FlashInfer 0.7.2's ``run``
+refuses a query whose row count is not ``qo_indptr[-1]`` (``prefill.py``, ``BatchPrefillWithPagedKVCacheWrapper.run``),
+so a tier's spare rows would have to belong to a padding request (as SGLang's own compact mode pads), which a
+captured FlashInfer verify graph would need and which is not built; eagerly, the plan reads the indptrs to the host
+every step anyway.
 
 Not run on this project's CPU machines (FlashInfer has no CPU kernels): ``tests/test_ragged_verify.py`` checks these
 arguments with SGLang's own KV index translator and the layout FlashInfer derives from them; ``bench/sglang_gpu.sh``

@@ -74,9 +74,9 @@ def ragged_full_mask(ancestors: torch.Tensor, counts: torch.Tensor, token_index:
 
     ``seq_lens_sum``: a host int ``>= sum(seq_lens)``; ``max_nodes``: a host int ``>= max(counts)`` (default: the
     padded width), which sizes the mask with ``seq_lens_sum`` and ``row_bound`` (``mask_numel_bound``). The mask
-    starts all ones (every
-    prefix column is visible); then each compact row writes its ``W`` tree columns, those past the request's ``n_b``
-    into the one spare entry at the end (a fixed-shape scatter: no host read of the per-request counts)."""
+    starts all ones (every prefix column is visible); then each compact row writes its ``W`` tree columns, those past
+    the request's ``n_b`` into the one spare entry at the end (a fixed-shape scatter: no host read of the per-request
+    counts)."""
     bs, w, _ = ancestors.shape
     dev = ancestors.device
     total = int(token_index.shape[0])

@@ -10,8 +10,9 @@ rows at an n-gram chain of 24) and every ``4 W`` to ``8 W`` past 40 requests (10
 step by 8 to 64 rows up to 1,024; the finer tiers are what lets a step of short trees cost its own rows.
 
 The rows past ``T`` belong to no request (``layout.RaggedLayout.rows``): their KV writes go to SGLang's sink slot and
-their outputs are never read. The CPU engine runs every ragged verify at its tier, so the live suite checks that
-padding is lossless; the realistic replay (``bench/replay/engine.py``) charges a ragged verify at this same tier.
+their outputs are never read. On SGLang's Triton backend every ragged verify runs at its tier (the CPU engine's, so
+the live suite checks that padding is lossless); the realistic replay (``bench/replay/engine.py``) charges a ragged
+verify at this same tier.
 
 Pure Python, no SGLang: the replay imports it.
 """
