@@ -458,6 +458,49 @@ def test_ragged_layout_compiles_fullgraph():
         assert torch.equal(a, b)
 
 
+def test_ragged_triton_backend_buffers_are_sized_once_and_refuse_what_they_cannot_hold():
+    """``triton_backend.enable`` turns SGLang's ``TritonAttnBackend`` (the real class, its index buffers set as its
+    constructor sets them) into ``RaggedTritonAttnBackend`` with the plan's buffers sized once for the running limit at
+    the full width (``max_bs x W`` rows, a mask of ``rows x (context + W)`` entries + 1); again with the same sizes it
+    is a no-op, with others, another class or more requests than the backend's index buffers hold it refuses; a step's
+    mask bound past the buffer and a forward whose rows are not the layout's are refused by name."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from sglang_hybrid.sglang_plugin.ragged import triton_backend as rt
+
+    backend = TritonAttnBackend.__new__(TritonAttnBackend)
+    backend.qo_indptr = torch.zeros(9, dtype=torch.int64)                    # a request pool of 8
+    backend.max_context_len, backend.device = 100, "cpu"
+    rt.enable(backend, 6, 13)
+    buf = backend.ragged_buffers
+    assert type(backend) is rt.RaggedTritonAttnBackend
+    assert (buf.max_bs, buf.width, buf.max_rows, buf.row_bound) == (6, 13, 78, 113)
+    assert buf.kv_indices.shape == (600,) and buf.mask.shape == (78 * 113 + 1,) and buf.mask.dtype == torch.uint8
+    rt.enable(backend, 6, 13)
+    assert backend.ragged_buffers is buf
+    with pytest.raises(ValueError, match="for 6 requests at width 13, not 6 at 25"):
+        rt.enable(backend, 6, 25)
+    with pytest.raises(TypeError, match="got object"):
+        rt.enable(object(), 6, 13)
+    other = TritonAttnBackend.__new__(TritonAttnBackend)
+    other.qo_indptr, other.max_context_len, other.device = torch.zeros(9, dtype=torch.int64), 100, "cpu"
+    with pytest.raises(ValueError, match="index buffers hold 8"):
+        rt.enable(other, 9, 13)
+    assert backend.mask_buffer(78, 13, 600) is buf.mask                     # the bound at the running limit fits
+    with pytest.raises(RuntimeError, match="exceeds the 8815 sized at start"):
+        backend.mask_buffer(79, 13, 600)
+    layout = SimpleNamespace(rows=16, batch_size=2, width=13)
+    fb = SimpleNamespace(spec_info=SimpleNamespace(ragged=layout), input_ids=torch.zeros(12),
+                         forward_mode=SimpleNamespace(is_target_verify=lambda: True))
+    with pytest.raises(RuntimeError, match="holds 12 tokens but its layout 16 rows"):
+        backend.init_forward_metadata(fb)
+    fb.input_ids, layout.rows = torch.zeros(80), 80
+    with pytest.raises(RuntimeError, match="2 requests, 80 rows at width 13 exceeds the buffers"):
+        backend.init_forward_metadata(fb)
+
+
 def test_ragged_counters_report_tokens_and_node_ranges():
     """``HybridCounters.on_ragged``: per step the verified tokens, the forward's rows (its token tier), what padding
     to the width would have cost, the fewest-most tokens per request and the steps per tier; in the periodic summary
