@@ -201,6 +201,17 @@ _PROBE = """
     except mb.HybridMemoryError as e:
         out["cuda"] = {"raised": str(e), "line": lines[-1]}
     out["cuda_one_state"] = mb.check_start(worker("cuda"), [(4, 13)]).to_build
+    # ragged verify on the Triton backend: the buffers its plan writes join HYBRID's own
+    class TritonAttnBackend:
+        pass
+    w = worker("cpu")
+    w.target_worker.model_runner.attn_backend = TritonAttnBackend()
+    w.target_worker.model_runner.max_running_requests = 48
+    dep = mb.deployment_of(w, 1)
+    padded = mb._start_budget(w, dep, [(4, 13)])
+    w._ragged = True
+    ragged = mb._start_budget(w, dep, [(4, 13)])
+    out["ragged_triton_extra"] = {"total": ragged.total - padded.total, "backend": dep.attention_backend}
     # the default launch's width fit at start (a table measured at start: EAGLE's width 5 and the full tree 13
     # required, then 8, then 4), at 12 GiB and at 3 GiB free: what it keeps, its log line, and what each would need
     fit = {}
@@ -263,6 +274,26 @@ def test_memory_budget_hybrid_buffers_match_hybrid_step(measured):
                                  mask_entries=sh["seq_sum"] * sh["width"] + sh["width"] ** 2 * sh["b"])
     assert own.fixed == measured["hybrid_fixed"]
     assert own.workspace == measured["hybrid_workspace"]
+
+
+def test_memory_budget_ragged_triton_buffers_match_the_backend(measured):
+    """(c) Under ragged verify on the Triton backend the start-up budget adds the buffers its plan writes: the bytes
+    ``ragged.triton_backend.enable`` allocates on SGLang's real ``TritonAttnBackend`` (max_bs 6, width 13, context
+    100), and on the Llama-8B stand-in worker (48 running requests, width 13, context 131,072) exactly that formula
+    over the padded budget."""
+    import torch
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from sglang_hybrid.sglang_plugin.ragged import triton_backend as rt
+
+    backend = TritonAttnBackend.__new__(TritonAttnBackend)
+    backend.qo_indptr, backend.max_context_len, backend.device = torch.zeros(9, dtype=torch.int64), 100, "cpu"
+    rt.enable(backend, 6, 13)
+    buf = backend.ragged_buffers
+    allocated = sum(t.untyped_storage().nbytes() for t in (buf.kv_indices, buf.mask))
+    assert allocated == mb.ragged_buffer_bytes(6, 13, 100)
+    extra = measured["ragged_triton_extra"]
+    assert extra["backend"] == "triton" and extra["total"] == mb.ragged_buffer_bytes(48, 13, 131072)
 
 
 def test_memory_budget_small_case_by_hand():

@@ -60,13 +60,15 @@ calibration and cost tables, the draft's per-step confidence). Pinned host memor
 HYBRID's own device buffers (``hybrid_buffer_bytes``): the proposal buffers and ring (``alignment.alloc_buffers``),
 the device prompt lookup's table (``context_lookup.alloc_context``: slots x the ``req_to_token`` row), the EAGLE chain
 copy, the online offsets, and the fused step's workspace at the largest batch (``kernels.Workspace``; its verify mask
-when the backend has no preallocated one, FlashInfer's case, bounded by the KV pool's tokens).
+when the backend has no preallocated one, FlashInfer's case, bounded by the KV pool's tokens); under ragged verify on
+the Triton backend, the buffers its plan writes (``ragged_buffer_bytes``).
 
 No SGLang import at module level: the budget is plain arithmetic, testable from numbers (tests/test_memory_budget.py);
 ``check_start`` is the worker's entry point and reads the live objects.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
@@ -365,6 +367,13 @@ def hybrid_buffer_bytes(*, pool_size: int, num_steps: int, ngram_k: int, proposa
     return HybridBuffers(fixed=fixed, workspace=ws)
 
 
+def ragged_buffer_bytes(max_bs: int, width: int, context_len: int) -> int:
+    """The buffers a ragged verify on SGLang's Triton backend plans into, allocated once at start
+    (``ragged.triton_backend.enable``): int64 KV indices of ``max_bs`` committed prefixes and the uint8 packed mask of
+    ``max_bs x width`` rows of ``context + width`` entries, plus one."""
+    return 8 * max_bs * context_len + max_bs * width * (context_len + width) + 1
+
+
 def workspace_mask_entries(dep: Deployment, width: int) -> int:
     """Entries of the FULL_MASK verify mask HYBRID's workspace keeps (``worker.verify_mask_buffer``): none where the
     target backend preallocated one (SGLang's Triton backend under graphs), else one for the largest batch, ``seq_len x
@@ -489,6 +498,9 @@ def _start_budget(worker, dep: Deployment, states: Sequence) -> Budget:
         model_bias=step.model_bias is not None, fused=step.fused is not None,
         max_bs=dep.max_bs or dep.max_running_requests, width=width, depths=len(step.depths),
         mask_entries=workspace_mask_entries(dep, width))
+    if getattr(worker, "_ragged", False) and dep.attention_backend == "triton":
+        running = int(worker.target_worker.model_runner.max_running_requests)
+        own = dataclasses.replace(own, fixed=own.fixed + ragged_buffer_bytes(running, width, dep.context_len))
     return budget(dep, [(worker.speculative_num_steps, width), *states], layout="HYBRID", max_draft_tokens=width,
                   own=own)
 
