@@ -343,7 +343,8 @@ def test_ragged_tree_verify_at_the_token_tier_matches_dense_reference(kernel_run
 def test_ragged_layout_equals_brute_force(seed):
     """``build_ragged_layout`` against the per-request brute force (``ragged_full_mask`` above): the same mask entries
     up to ``mask_indptr[B]``, the same offsets, compact rows in request and node order; gather then scatter restores
-    the real rows and zeroes the absent ones."""
+    the real rows and zeroes the absent ones; at the token tier the same, with the spare rows zero in, KV to the sink
+    and dropped on the way back."""
     from sglang_hybrid.sglang_plugin.ragged.layout import gather_rows, kv_write_cols, scatter_rows
     from sglang_hybrid.sglang_plugin.ragged.tiers import token_tier
 
