@@ -464,12 +464,14 @@ def test_ragged_triton_backend_buffers_are_sized_once_and_refuse_what_they_canno
     constructor sets them) into ``RaggedTritonAttnBackend`` with the plan's buffers sized once for the running limit at
     the full width (``max_bs x W`` rows, a mask of ``rows x (context + W)`` entries + 1); again with the same sizes it
     is a no-op, with others, another class or more requests than the backend's index buffers hold it refuses; a step's
-    mask bound past the buffer and a forward whose rows are not the layout's are refused by name."""
+    mask past the buffer (the layout build's own check) and a forward whose rows are not the layout's are refused by
+    name."""
     from types import SimpleNamespace
 
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     from sglang_hybrid.sglang_plugin.ragged import triton_backend as rt
+    from sglang_hybrid.sglang_plugin.ragged.layout import build_ragged_layout, node_counts
 
     backend = TritonAttnBackend.__new__(TritonAttnBackend)
     backend.qo_indptr = torch.zeros(9, dtype=torch.int64)                    # a request pool of 8
@@ -489,9 +491,15 @@ def test_ragged_triton_backend_buffers_are_sized_once_and_refuse_what_they_canno
     other.qo_indptr, other.max_context_len, other.device = torch.zeros(9, dtype=torch.int64), 100, "cpu"
     with pytest.raises(ValueError, match="index buffers hold 8"):
         rt.enable(other, 9, 13)
-    assert backend.mask_buffer(78, 13, 600) is buf.mask                     # the bound at the running limit fits
-    with pytest.raises(RuntimeError, match="exceeds the 8815 sized at start"):
-        backend.mask_buffer(79, 13, 600)
+    def full_chains(bs):                                                    # bs requests of 13 nodes, prefixes 100
+        valid = torch.ones(bs, 13, dtype=torch.bool)
+        anc = torch.ones(13, 13, dtype=torch.bool).tril().expand(bs, 13, 13).clone()
+        return build_ragged_layout(valid, anc, torch.full((bs,), 100), 100 * bs, node_counts(valid), total=13 * bs,
+                                   max_nodes=13, mask_out=buf.mask, rows=13 * bs, row_bound=buf.row_bound)
+
+    assert full_chains(6).custom_mask is buf.mask                           # the bound at the running limit fits
+    with pytest.raises(ValueError, match="holds 8815 entries, this step needs up to 10284"):
+        full_chains(7)
     layout = SimpleNamespace(rows=16, batch_size=2, width=13)
     fb = SimpleNamespace(spec_info=SimpleNamespace(ragged=layout), input_ids=torch.zeros(12),
                          forward_mode=SimpleNamespace(is_target_verify=lambda: True))

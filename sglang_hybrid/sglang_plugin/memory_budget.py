@@ -68,9 +68,8 @@ No SGLang import at module level: the budget is plain arithmetic, testable from 
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
 logger = logging.getLogger(__name__)
@@ -500,7 +499,7 @@ def _start_budget(worker, dep: Deployment, states: Sequence) -> Budget:
         mask_entries=workspace_mask_entries(dep, width))
     if getattr(worker, "_ragged", False) and dep.attention_backend == "triton":
         running = int(worker.target_worker.model_runner.max_running_requests)
-        own = dataclasses.replace(own, fixed=own.fixed + ragged_buffer_bytes(running, width, dep.context_len))
+        own = replace(own, fixed=own.fixed + ragged_buffer_bytes(running, width, dep.context_len))
     return budget(dep, [(worker.speculative_num_steps, width), *states], layout="HYBRID", max_draft_tokens=width,
                   own=own)
 

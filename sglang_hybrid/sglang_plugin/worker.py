@@ -574,12 +574,9 @@ class HybridWorkerV2(EAGLEWorkerV2):
         rows = total if buffers is None else ragged_tiers.tier_rows(total, buffers.max_rows)
         self.counters.on_ragged(host, tree.valid.shape[1], rows)
         _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
-        if buffers is None:
-            return ragged_layout.build_ragged_layout(tree.valid, anc, seq_lens, seq_lens_sum, counts, total=total,
-                                                     max_nodes=max_nodes)
-        return ragged_layout.build_ragged_layout(
-            tree.valid, anc, seq_lens, seq_lens_sum, counts, total=total, max_nodes=max_nodes,
-            mask_out=attn.mask_buffer(total, max_nodes, seq_lens_sum), rows=rows, row_bound=buffers.row_bound)
+        mask_out, row_bound = (None, None) if buffers is None else (buffers.mask, buffers.row_bound)
+        return ragged_layout.build_ragged_layout(tree.valid, anc, seq_lens, seq_lens_sum, counts, total=total,
+                                                 max_nodes=max_nodes, mask_out=mask_out, rows=rows, row_bound=row_bound)
 
     def _longest_context(self, batch) -> Optional[int]:
         """A host-known bound on the batch's committed tokens per request (root included), read without waiting for

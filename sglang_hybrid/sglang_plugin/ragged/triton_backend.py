@@ -9,7 +9,8 @@ layout (``ragged.layout``), written into buffers allocated once at start (``enab
 token tier (``ragged.tiers``) would read the same buffers at the same addresses, and its replay would rewrite them in
 place exactly as here. What stays fixed across steps: the buffers, and the longest query, the full width ``W`` (the
 kernel's grid). What a step writes: ``qo_indptr``, ``mask_indptr``, the KV indices of the committed prefixes (SGLang's
-own code, ragged verify does not change it) and the mask, which the worker builds in place (``mask_buffer``). Any
+own code, ragged verify does not change it) and the mask, which the worker builds in place in ``ragged_buffers.mask``
+(``layout.build_ragged_layout``'s ``mask_out``, which refuses a buffer too small for the step). Any
 other batch, and any verify without a layout, is planned exactly as SGLang does.
 
 SGLang builds its backends through its registry, so the worker turns the instances it owns into this class
@@ -21,8 +22,6 @@ from dataclasses import dataclass
 
 import torch
 from sglang.srt.layers.attention.triton_backend import ForwardMetadata, TritonAttnBackend
-
-from .layout import mask_numel_bound
 
 
 @dataclass(frozen=True)
@@ -68,8 +67,8 @@ class RaggedTritonAttnBackend(TritonAttnBackend):
         self.qo_indptr[: bs + 1].copy_(layout.qo_indptr)
         self.mask_indptr[: bs + 1].copy_(layout.mask_indptr)
         if layout.custom_mask.data_ptr() != buf.mask.data_ptr():
-            raise RuntimeError("ragged verify: the step's mask was not built in the backend's buffer (mask_buffer), "
-                               "where a captured graph would read it")
+            raise RuntimeError("ragged verify: the step's mask was not built in the backend's buffer "
+                               "(ragged_buffers.mask), where a captured graph would read it")
         self._fill_kv_indptr_and_indices(plan, bs, seq_lens, req_pool_indices, buf.kv_indices)
 
     def _build_cuda_graph_forward_metadata(self, bs, forward_mode, spec_info, swa_out_cache_loc=None):
@@ -82,16 +81,6 @@ class RaggedTritonAttnBackend(TritonAttnBackend):
             custom_mask=buf.mask, mask_indptr=self.mask_indptr[: bs + 1], window_kv_indptr=None,
             window_kv_indices=None, window_num_kv_splits=None, window_kv_offsets=None,
             swa_out_cache_loc=swa_out_cache_loc)
-
-    def mask_buffer(self, total: int, max_nodes: int, seq_lens_sum: int) -> torch.Tensor:
-        """The static mask buffer, for the worker to build a step's ragged mask in place (``build_ragged_layout``'s
-        ``mask_out``); refuses a step whose mask bound it cannot hold."""
-        buf = self.ragged_buffers
-        need = mask_numel_bound(max_nodes, total, seq_lens_sum, buf.row_bound)
-        if need > buf.mask.numel():
-            raise RuntimeError(f"ragged verify: a mask of up to {need} entries exceeds the {buf.mask.numel()} sized "
-                               f"at start")
-        return buf.mask
 
 
 def enable(backend, max_bs: int, width: int) -> None:
