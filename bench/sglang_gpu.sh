@@ -14,8 +14,9 @@
 #   SERVER_ARGS="--attention-backend flashinfer" (default; added to every launch, so all algorithms share a backend)
 #   PYTHON=python3
 #   ONLY="HYBRID EAGLE" (subset of algorithms)   SKIP_CHECK=1 (skip the greedy checks)
-#   SKIP_RAGGED=1 (skip the ragged-verify greedy checks: HYBRID with SGLANG_HYBRID_RAGGED_VERIFY=on on the eager
-#       Triton backend and on the eager FlashInfer backend, each against plain decoding on the same backend)
+#   SKIP_RAGGED=1 (skip the ragged-verify greedy checks: HYBRID with SGLANG_HYBRID_RAGGED_VERIFY=on on the Triton
+#       backend, its verify forward in HYBRID's token-tier CUDA graphs, and on the FlashInfer backend, its verify
+#       forward eager, both beside SGLang's draft graphs, each against plain decoding on the same backend)
 #   EAGLE_ALGO=EAGLE|EAGLE3 (baseline's algorithm name; default guessed from the draft's name)
 #   SGLANG_HYBRID_* (HYBRID settings, see docs/sglang.md), e.g. SGLANG_HYBRID_COST_TABLE=cost.json
 # Output: OUT_DIR/{check,runs}/..., OUT_DIR/summary.txt (throughput ratios vs no speculation and vs EAGLE).
@@ -104,11 +105,12 @@ algo_args() {
     esac
 }
 
-# Ragged verify runs eager on the Triton or FlashInfer backend (docs/sglang.md, "Ragged verify"): "<algo>_RAGGED"
-# launches <algo> on eager Triton, "<algo>_RAGGEDFI" on eager FlashInfer (after SERVER_ARGS, so these flags win),
+# Ragged verify (docs/sglang.md, "Ragged verify"): "<algo>_RAGGED" launches <algo> on Triton (HYBRID drops SGLang's
+# target verify graphs and runs its verify forward in its own token-tier CUDA graphs), "<algo>_RAGGEDFI" on FlashInfer
+# (its verify forward eager; after SERVER_ARGS, so these flags win),
 # HYBRID with ragged verify forced on.
-RAGGED_ARGS="--attention-backend triton --disable-cuda-graph"
-RAGGEDFI_ARGS="--attention-backend flashinfer --disable-cuda-graph"
+RAGGED_ARGS="--attention-backend triton"
+RAGGEDFI_ARGS="--attention-backend flashinfer"
 
 start_server() {  # $1 = algorithm, or algorithm_RAGGED, or algorithm_RAGGEDFI
     local log="$OUT/logs/server_$1.log" extra="" ragged="${SGLANG_HYBRID_RAGGED_VERIFY:-auto}"
@@ -177,6 +179,10 @@ if [ "${SKIP_CHECK:-0}" != 1 ]; then
     {
         compare_greedy none HYBRID
         [ "${SKIP_RAGGED:-0}" = 1 ] || compare_greedy none_RAGGED HYBRID_RAGGED
+        if [ "${SKIP_RAGGED:-0}" != 1 ]; then  # the start-up line says how the ragged verify forward ran
+            grep -o "HYBRID: ragged verify .*" "$OUT/logs/server_HYBRID_RAGGED.log" | head -1 \
+                || echo "HYBRID_RAGGED: no ragged verify start-up line in its server log"
+        fi
         [ "${SKIP_RAGGED:-0}" = 1 ] || compare_greedy none_RAGGEDFI HYBRID_RAGGEDFI
     } | tee "$OUT/check/result.txt"
 fi

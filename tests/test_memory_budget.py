@@ -182,7 +182,7 @@ _PROBE = """
                   _draft_worker=NS(draft_runner=runner(1, True), hot_token_id=None),
                   req_to_token_pool=NS(req_to_token=NS(shape=(128, 131089))), topk=1, device=device, gpu_id=0,
                   server_args=NS(tp_size=1, pp_size=1, mem_fraction_static=0.905), hybrid_step=step,
-                  speculative_num_steps=4, speculative_num_draft_tokens=13)
+                  speculative_num_steps=4, speculative_num_draft_tokens=13, settings=HybridSettings())
     states = [(d, w) for d in (1, 2, 3, 4) for w in (2, 4, 6, 7, 8, 13)]
     lines = []
     class Catch(logging.Handler):
@@ -211,7 +211,10 @@ _PROBE = """
     padded = mb._start_budget(w, dep, [(4, 13)])
     w._ragged = True
     ragged = mb._start_budget(w, dep, [(4, 13)])
-    out["ragged_triton_extra"] = {"total": ragged.total - padded.total, "backend": dep.attention_backend}
+    w.settings = HybridSettings(ragged_graphs=False)
+    eager = mb._start_budget(w, dep, [(4, 13)])
+    out["ragged_triton_extra"] = {"total": ragged.total - padded.total, "eager": eager.total - padded.total,
+                                  "backend": dep.attention_backend, "graph_bs": dep.cuda_graph_bs}
     # the default launch's width fit at start (a table measured at start: EAGLE's width 5 and the full tree 13
     # required, then 8, then 4), at 12 GiB and at 3 GiB free: what it keeps, its log line, and what each would need
     fit = {}
@@ -280,7 +283,7 @@ def test_memory_budget_ragged_triton_buffers_match_the_backend(measured):
     """(c) Under ragged verify on the Triton backend the start-up budget adds the buffers its plan writes: the bytes
     ``ragged.triton_backend.enable`` allocates on SGLang's real ``TritonAttnBackend`` (max_bs 6, width 13, context
     100), and on the Llama-8B stand-in worker (48 running requests, width 13, context 131,072) exactly that formula
-    over the padded budget."""
+    over the padded budget with eager forwards, that plus the token-tier graphs' memory with them."""
     import torch
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
@@ -293,7 +296,20 @@ def test_memory_budget_ragged_triton_buffers_match_the_backend(measured):
     allocated = sum(t.untyped_storage().nbytes() for t in (buf.kv_indices, buf.mask))
     assert allocated == mb.ragged_buffer_bytes(6, 13, 100)
     extra = measured["ragged_triton_extra"]
-    assert extra["backend"] == "triton" and extra["total"] == mb.ragged_buffer_bytes(48, 13, 131072)
+    assert extra["backend"] == "triton" and extra["eager"] == mb.ragged_buffer_bytes(48, 13, 131072)
+    # with the token-tier graphs (setting ragged_graphs): their inputs, hidden states, and the logits buffer of their
+    # own unless SGLang shares one (it does where it captures graphs, as this stand-in's runner says)
+    graphs = mb.ragged_graph_bytes(48, 13, vocab=128256, hidden=4096, hidden_bytes=2, own_logits=False)
+    assert extra["graph_bs"] and extra["total"] == extra["eager"] + graphs
+
+
+def test_memory_budget_ragged_graphs_by_hand():
+    """(c) The token-tier graphs' memory on a case small enough to count: 2 requests at width 5 (10 rows: tiers 8 and
+    10), vocabulary 100, hidden 4 in bf16."""
+    inputs = 8 * (3 * 10 + 2 * 2)
+    assert mb.ragged_graph_bytes(2, 5, vocab=100, hidden=4, hidden_bytes=2, own_logits=False) == inputs + 18 * 4 * 2
+    assert mb.ragged_graph_bytes(2, 5, vocab=100, hidden=4, hidden_bytes=2, own_logits=True) == \
+        inputs + 10 * 100 * 4 + 18 * 4 * 2
 
 
 def test_memory_budget_small_case_by_hand():

@@ -85,6 +85,8 @@ def _assert_ragged(counters: dict, fewer: bool = True) -> None:
     ``fewer``, verified fewer target tokens than padding to the step's width would have (a lone request whose every
     tree fills the width saves nothing). Each forward ran at the token tier of its tokens (``ragged.tiers``): the
     rows past them belonged to no request, and the output stayed equal to plain greedy decoding (the callers' check).
+    Each forward ran as its tier's graph would: captured at the tier's first step, replayed after under the trace
+    check (``ragged.graph_capture``).
     """
     assert counters["steps"] > 0 and counters["ragged_steps"] == counters["steps"], counters
     assert 0 < counters["ragged_tokens"] <= counters["ragged_padded_tokens"], counters
@@ -92,6 +94,12 @@ def _assert_ragged(counters: dict, fewer: bool = True) -> None:
     assert sum(tiers.values()) == counters["ragged_steps"], counters
     # the tier's spare rows ran (tiers step by 8 or more: no run of these fills its tier exactly on every step)
     assert counters["ragged_tokens"] < counters["ragged_rows"] == sum(t * n for t, n in tiers.items()), counters
+    # every ragged forward ran through the tier graphs (ragged.graph_runner), at most one capture per tier (an engine
+    # keeps its captures across batches); the other steps replayed a capture and matched its trace
+    # (graph_capture.TracedEagerCapture raises otherwise)
+    assert counters["ragged_graph_steps"] == counters["ragged_steps"], counters
+    assert counters["ragged_graph_captures"] <= len(tiers), counters
+    assert counters["ragged_graph_captures"] < counters["ragged_graph_steps"], counters
     if fewer:
         assert counters["ragged_tokens"] < counters["ragged_padded_tokens"], counters
 

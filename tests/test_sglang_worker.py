@@ -361,12 +361,12 @@ def test_ragged_plan_switches_depth_states_and_caps_tree_width():
     ("on", "FlashInferAttnBackend", False, False, True),     # FlashInfer plans it from the verify input, eager
     ("auto", "TritonAttnBackend", True, False, False),
     ("on", "TorchNativeAttnBackend", False, False, "or FlashInferAttnBackend, the target runs TorchNativeAttnBackend"),
-    ("on", "TritonAttnBackend", True, False, "CUDA graphs captured at one width"),
-    ("on", "FlashInferAttnBackend", True, False, "CUDA graphs captured at one width"),
+    ("on", "TritonAttnBackend", True, False, True),          # SGLang's verify graphs are dropped at start
+    ("on", "FlashInferAttnBackend", True, False, True),
 ])
 def test_ragged_verify_setting_resolves_where_it_can_run(monkeypatch, mode, backend, graphs, cpu, want):
-    """``ragged_verify``: auto is on only on the CPU engine's eager verify; on runs it wherever verify is eager on the
-    Triton or FlashInfer backend and stops a start where it cannot run, naming the flags to change."""
+    """``ragged_verify``: auto is on only on the CPU engine; on runs it on the Triton or FlashInfer backend, with
+    SGLang's CUDA graphs or without, and stops a start on another backend, naming the flag to change."""
     from types import SimpleNamespace
 
     import sglang.srt.utils as sglang_utils
@@ -379,6 +379,36 @@ def test_ragged_verify_setting_resolves_where_it_can_run(monkeypatch, mode, back
     if isinstance(want, str):
         with pytest.raises(RuntimeError, match=want) as err:
             hw.HybridWorkerV2._ragged_wanted(worker)
-        assert "--attention-backend triton (or flashinfer) --disable-cuda-graph" in str(err.value)
+        assert "--attention-backend triton (or flashinfer)," in str(err.value)
     else:
         assert hw.HybridWorkerV2._ragged_wanted(worker) is want
+
+
+def test_ragged_verify_drops_sglang_target_verify_graphs():
+    """Under ragged verify SGLang's target verify graphs (captured at one width) are dropped at start: the target
+    runner's and every runtime state's reference (SGLang's real ``SpecRuntimeState``, which ``apply_runtime_state``
+    restores from), the draft's graph runners kept; nothing to drop where SGLang captured none or its eager runner
+    stands in for them."""
+    from types import SimpleNamespace
+
+    from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
+
+    verify_graphs, draft_graphs, extend_graphs, eager = object(), object(), object(), object()
+
+    def state(depth):
+        return SpecRuntimeState(speculative_num_steps=depth, speculative_num_draft_tokens=13, draft_attn_backend=None,
+                                cuda_graph_runner=draft_graphs, target_attn_backend=None,
+                                target_graph_runner=verify_graphs, draft_extend_attn_backend=None,
+                                cuda_graph_runner_for_draft_extend=extend_graphs)
+
+    runner = SimpleNamespace(decode_cuda_graph_runner=verify_graphs, eager_runner=eager)
+    worker = SimpleNamespace(target_worker=SimpleNamespace(model_runner=runner),
+                             runtime_states={(d, 13): state(d) for d in (1, 2, 3)})
+    assert hw.HybridWorkerV2._drop_target_verify_graphs(worker) is True
+    assert runner.decode_cuda_graph_runner is None
+    for s in worker.runtime_states.values():
+        assert s.target_graph_runner is None
+        assert s.cuda_graph_runner is draft_graphs and s.cuda_graph_runner_for_draft_extend is extend_graphs
+    assert hw.HybridWorkerV2._drop_target_verify_graphs(worker) is False        # nothing left
+    runner.decode_cuda_graph_runner = eager                                      # graphs off: SGLang's eager runner
+    assert hw.HybridWorkerV2._drop_target_verify_graphs(worker) is False and runner.decode_cuda_graph_runner is eager

@@ -79,17 +79,14 @@ def write_json(name: str, obj) -> Path:
 
 
 def capture(fn, warmup: int = 2):
-    """Warm ``fn`` up on a side stream, then capture it in a CUDA graph; returns ``(graph, static outputs)``."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
+    """Warm ``fn`` up on a side stream, then capture it in a CUDA graph; returns ``(graph, static outputs)``. The
+    plugin's own capture (``ragged.graph_capture.CudaGraphCapture``, what its token-tier verify graphs use), so every
+    graph of the device run also checks it."""
+    from sglang_hybrid.sglang_plugin.ragged.graph_capture import CudaGraphCapture
+
+    cap = CudaGraphCapture(warmup=warmup)
+    out = cap.capture(0, fn)
+    return cap.graph(0), out
 
 
 def failure(e: BaseException, frames: int = 4) -> str:

@@ -24,6 +24,8 @@ import os
 
 import torch
 
+from sglang_hybrid.sglang_plugin.ragged.graph_capture import kernel_launch
+
 from .import_hook import patch_after_import
 
 #: set (to any non-empty value) in a CPU engine's environment to run extend attention with the torch twin
@@ -57,7 +59,23 @@ def extend_attention_torch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_b
     ``custom_mask``, row ``i`` reads its ``p + n`` flags at ``mask_indptr[b] + i * (p + n)``, prefix columns first
     (ignored, i.e. all visible, under ``skip_prefix_custom_mask``); without one, every prefix key and the extend keys
     up to ``i`` (``is_causal``) or all of them. Query head ``h`` reads KV head ``h // (heads / kv_heads)``. Scores
-    are ``q . k * sm_scale`` (default ``1/sqrt(head_dim)``), softmax in float32 as the kernel accumulates."""
+    are ``q . k * sm_scale`` (default ``1/sqrt(head_dim)``), softmax in float32 as the kernel accumulates.
+
+    It stands in for one kernel launch: a traced graph replay (``ragged.graph_capture``) records the call with its
+    arguments, as it records a Triton launch, and does not look inside (its host reads of the per-request lengths are
+    what the kernel reads on the device)."""
+    with kernel_launch("extend_attention_torch", kwargs=dict(locals())):
+        _extend_attention(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                          kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale,
+                          logit_cap, skip_prefix_custom_mask, sliding_window_size, sinks, window_kv_offsets,
+                          xai_temperature_len, lse_extend, skip_prefix, skip_extend, page_size, score_mod,
+                          aux_tensors)
+
+
+def _extend_attention(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+                      custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale, sm_scale, logit_cap,
+                      skip_prefix_custom_mask, sliding_window_size, sinks, window_kv_offsets, xai_temperature_len,
+                      lse_extend, skip_prefix, skip_extend, page_size, score_mod, aux_tensors) -> None:
     _refuse(sliding_window=sliding_window_size is not None and sliding_window_size > 0, sinks=sinks is not None,
             window_kv_offsets=window_kv_offsets is not None, logit_cap=bool(logit_cap and logit_cap > 0),
             xai_temperature=xai_temperature_len is not None and xai_temperature_len > 0,

@@ -107,11 +107,15 @@ class HybridSettings(BaseModel):
                             "decide the same trees (tests/test_fused_decision.py)")
     ragged_verify: Literal["auto", "on", "off"] = Field(
         "auto", description="verify each request's own nodes only (the target forward runs on the sum of the "
-                            "requests' tree sizes, not batch x width; docs/sglang.md, 'Ragged verify'). It runs "
-                            "where verify is eager on SGLang's Triton or FlashInfer backend; auto = on SGLang's CPU "
-                            "engine (where the step's host read of its node counts is free), padded elsewhere; on = "
-                            "also on a GPU (--attention-backend triton or flashinfer, --disable-cuda-graph), and a "
-                            "start where it cannot run stops with the fix; off = always padded")
+                            "requests' tree sizes, not batch x width; docs/sglang.md, 'Ragged verify'), on SGLang's "
+                            "Triton or FlashInfer backend; auto = on SGLang's CPU engine (where the step's host read "
+                            "of its node counts is free), padded elsewhere; on = also on a GPU (--attention-backend "
+                            "triton or flashinfer; SGLang's target verify CUDA graphs are dropped at start, its draft "
+                            "graphs kept), and a start on another backend stops with the fix; off = always padded")
+    ragged_graphs: bool = Field(
+        True, description="run the ragged verify forward as one graph per token tier, captured the first time a "
+                          "step needs the tier (Triton backend; CUDA graphs at TP 1, on SGLang's CPU engine a "
+                          "trace-checked eager replay; docs/sglang.md, 'Ragged verify'); false = the eager forward")
     log_interval: int = Field(
         50, ge=0, description="decode steps between HYBRID counter log lines (0 = off)")
     counters_file: Optional[str] = Field(

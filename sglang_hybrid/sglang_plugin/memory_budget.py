@@ -61,7 +61,8 @@ HYBRID's own device buffers (``hybrid_buffer_bytes``): the proposal buffers and 
 the device prompt lookup's table (``context_lookup.alloc_context``: slots x the ``req_to_token`` row), the EAGLE chain
 copy, the online offsets, and the fused step's workspace at the largest batch (``kernels.Workspace``; its verify mask
 when the backend has no preallocated one, FlashInfer's case, bounded by the KV pool's tokens); under ragged verify on
-the Triton backend, the buffers its plan writes (``ragged_buffer_bytes``).
+the Triton backend, the buffers its plan writes (``ragged_buffer_bytes``) and, with its token-tier graphs, their
+inputs, logits buffer and retained hidden states (``ragged_graph_bytes``).
 
 No SGLang import at module level: the budget is plain arithmetic, testable from numbers (tests/test_memory_budget.py);
 ``check_start`` is the worker's entry point and reads the live objects.
@@ -373,6 +374,22 @@ def ragged_buffer_bytes(max_bs: int, width: int, context_len: int) -> int:
     return 8 * max_bs * context_len + max_bs * width * (context_len + width) + 1
 
 
+def ragged_graph_bytes(max_bs: int, width: int, *, vocab: int, hidden: int, hidden_bytes: int,
+                       own_logits: bool) -> int:
+    """What the token-tier verify graphs hold (``ragged.graph_runner``): their static inputs (int64 tokens, positions
+    and KV write slots of ``max_bs x width`` rows; sequence lengths and request indices of ``max_bs``), the float32
+    ``[rows, vocab]`` logits buffer every tier writes (``own_logits``: none shared by SGLang's graph runners, as
+    under ``--disable-cuda-graph``), and the hidden states each captured tier keeps in the graph pool
+    (``[tier, hidden]``, every tier of ``tiers.token_tiers``: the bound once all are captured)."""
+    from .ragged.tiers import token_tiers
+
+    rows = max_bs * width
+    n = 8 * (3 * rows + 2 * max_bs)
+    if own_logits:
+        n += rows * vocab * 4
+    return n + sum(token_tiers(rows)) * hidden * hidden_bytes
+
+
 def workspace_mask_entries(dep: Deployment, width: int) -> int:
     """Entries of the FULL_MASK verify mask HYBRID's workspace keeps (``worker.verify_mask_buffer``): none where the
     target backend preallocated one (SGLang's Triton backend under graphs), else one for the largest batch, ``seq_len x
@@ -499,7 +516,11 @@ def _start_budget(worker, dep: Deployment, states: Sequence) -> Budget:
         mask_entries=workspace_mask_entries(dep, width))
     if getattr(worker, "_ragged", False) and dep.attention_backend == "triton":
         running = int(worker.target_worker.model_runner.max_running_requests)
-        own = replace(own, fixed=own.fixed + ragged_buffer_bytes(running, width, dep.context_len))
+        extra = ragged_buffer_bytes(running, width, dep.context_len)
+        if worker.settings.ragged_graphs and _tp_size(worker) == 1:
+            extra += ragged_graph_bytes(running, width, vocab=dep.target.vocab, hidden=dep.target.hidden,
+                                        hidden_bytes=dep.target.dtype_bytes, own_logits=not dep.cuda_graph_bs)
+        own = replace(own, fixed=own.fixed + extra)
     return budget(dep, [(worker.speculative_num_steps, width), *states], layout="HYBRID", max_draft_tokens=width,
                   own=own)
 

@@ -66,7 +66,8 @@ def tree_class(source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 def empty_ragged() -> dict:
     """The ragged verify counters before the first step (``HybridCounters.ragged``)."""
-    return {"steps": 0, "tokens": 0, "rows": 0, "padded_tokens": 0, "node_range_steps": {}, "tier_steps": {}}
+    return {"steps": 0, "tokens": 0, "rows": 0, "padded_tokens": 0, "node_range_steps": {}, "tier_steps": {},
+            "graph_steps": 0, "graph_captures": 0}
 
 
 class HybridCounters:
@@ -83,7 +84,8 @@ class HybridCounters:
         self.decision_steps: dict[str, int] = {}
         #: ragged verify (host ints: the worker reads each step's node counts to size the forward): steps, target
         #: tokens verified, the forward's rows (the tokens padded to their token tier), the tokens padding to the width
-        #: would have cost, steps per "min-max" nodes per request and steps per token tier
+        #: would have cost, steps per "min-max" nodes per request and steps per token tier; the steps whose forward
+        #: ran through the tier graphs (``ragged.graph_runner``) and the tier graphs captured
         self.ragged = empty_ragged()
         #: decode steps whose KV write window SGLang's draft planned (``KVLocPlan``: on a GPU whenever the verify
         #: width exceeds the draft depth; host int)
@@ -123,6 +125,12 @@ class HybridCounters:
         key = f"{min(counts)}-{max(counts)}"
         r["node_range_steps"][key] = r["node_range_steps"].get(key, 0) + 1
         r["tier_steps"][rows] = r["tier_steps"].get(rows, 0) + 1
+
+    def on_ragged_graph(self, captured: bool) -> None:
+        """Count one ragged verify forward run through the tier graphs (``ragged.graph_runner``): a replay, or the
+        capture of its tier's graph (``captured``)."""
+        self.ragged["graph_steps"] += 1
+        self.ragged["graph_captures"] += int(captured)
 
     def on_select(self, tree, ngram_len: torch.Tensor, lam: torch.Tensor, b_star: torch.Tensor,
                   depth: Optional[int] = None, from_lookup: Optional[torch.Tensor] = None,
@@ -244,6 +252,7 @@ def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: 
     out["ragged_rows"] = r["rows"]
     out["ragged_node_range_steps"] = dict(r["node_range_steps"])
     out["ragged_tier_steps"] = {str(t): n for t, n in sorted(r["tier_steps"].items())}
+    out["ragged_graph_steps"], out["ragged_graph_captures"] = r["graph_steps"], r["graph_captures"]
     out["kv_window_steps"] = kv_window_steps
     for cause, i in FALLBACKS.items():
         out[f"fallback_{cause}"] = int(v[i])
@@ -260,7 +269,8 @@ def format_summary(s: dict) -> str:
     if s.get("width_steps"):
         parts.append("widths=" + ",".join(f"{w}:{n}" for w, n in s["width_steps"].items()))
     if s.get("ragged_steps"):
-        parts.append(f"ragged_tokens={s['ragged_tokens']}/{s['ragged_padded_tokens']} rows={s['ragged_rows']}")
+        parts.append(f"ragged_tokens={s['ragged_tokens']}/{s['ragged_padded_tokens']} rows={s['ragged_rows']} "
+                     f"graphs={s['ragged_graph_captures']}/{s['ragged_graph_steps']}")
     if s.get("depth_steps"):
         parts.append("depths=" + ",".join(f"{d}:{n}" for d, n in s["depth_steps"].items()))
     for c in CLASSES:

@@ -403,10 +403,11 @@ class HybridWorkerV2(EAGLEWorkerV2):
     def _ragged_wanted(self) -> bool:
         """Whether verify runs ragged (setting ``ragged_verify``; docs/sglang.md, "Ragged verify").
 
-        It can run where verify is eager on SGLang's Triton or FlashInfer backend (verify CUDA graphs are captured per
-        batch size at one width; the capture of token-tier graphs is not built yet). ``auto`` turns it on only on
-        SGLang's CPU engine, where reading the step's node counts to the host costs nothing; on a GPU that read would
-        stall the host until the draft and the decision finish, so there it takes ``on`` (the GPU checks in
+        It runs on SGLang's Triton or FlashInfer backend: on Triton in HYBRID's own token-tier graphs
+        (``_enable_ragged_graphs``), beside SGLang's draft graphs (SGLang's target verify graphs, captured at one
+        width, are dropped: ``_drop_target_verify_graphs``). ``auto`` turns it on only on SGLang's CPU engine, where
+        reading the step's node counts to the host costs nothing; on a GPU that read stalls the host until the draft
+        and the decision finish, and the path has not run on a GPU yet, so there it takes ``on`` (the GPU checks in
         ``bench/sglang_gpu.sh`` do). ``on`` where it cannot run stops the start with the fix."""
         from sglang.srt.utils import is_cpu
 
@@ -417,12 +418,9 @@ class HybridWorkerV2(EAGLEWorkerV2):
         if backend not in RAGGED_BACKENDS:
             cannot = (f"ragged verify plans through SGLang's {' or '.join(RAGGED_BACKENDS)}, the target runs "
                       f"{backend}")
-        elif runner.decode_cuda_graph_runner is not None:
-            cannot = "verify runs in CUDA graphs captured at one width (token-tier graphs are not built yet)"
         if mode == "on" and cannot is not None:
             raise RuntimeError(f"HYBRID setting ragged_verify=on: {cannot}. Run with --attention-backend triton "
-                               "(or flashinfer) --disable-cuda-graph, or set SGLANG_HYBRID_RAGGED_VERIFY=auto (padded "
-                               "verify here)")
+                               "(or flashinfer), or set SGLANG_HYBRID_RAGGED_VERIFY=auto (padded verify here)")
         why_padded = cannot or (None if is_cpu() or mode == "on" else
                                 "off the CPU engine ragged verify reads each step's node counts to the host, a sync "
                                 "(ragged_verify=on runs it anyway)")
@@ -446,8 +444,55 @@ class HybridWorkerV2(EAGLEWorkerV2):
                 continue
             triton_backend.enable(backend, max_bs, self.speculative_num_draft_tokens)
         self._verify_target = RaggedVerifyTarget(self.target_worker)
-        logger.info("HYBRID: ragged verify (each request verifies its own nodes; setting ragged_verify=%s)",
-                    self.settings.ragged_verify)
+        dropped = self._drop_target_verify_graphs()
+        graphs = self._enable_ragged_graphs()
+        logger.info("HYBRID: ragged verify (each request verifies its own nodes; setting ragged_verify=%s), %s%s",
+                    self.settings.ragged_verify, graphs,
+                    "; SGLang's target verify CUDA graphs dropped (captured at one width)" if dropped else "")
+
+    def _drop_target_verify_graphs(self) -> bool:
+        """Drop SGLang's target verify CUDA graphs, if it captured any: they are captured per batch size at the full
+        width and would take the compacted ragged batch (``eagle_prepare_for_verify`` and ``ModelRunner._forward_raw``
+        ask the target's ``decode_cuda_graph_runner`` first). Without them SGLang hands the verify forward to its eager
+        runner, which ``_enable_ragged_graphs`` routes to HYBRID's token-tier graphs on Triton (else it runs eager);
+        SGLang's draft and draft-extend graphs stay. Every runtime state's reference goes too, since
+        ``apply_runtime_state`` restores it. They have already timed the verify table at start
+        (``_measure_cost_table``). Returns whether there were any."""
+        runner = self.target_worker.model_runner
+        graphs = runner.decode_cuda_graph_runner
+        if graphs is None or graphs is getattr(runner, "eager_runner", None):
+            return False
+        runner.decode_cuda_graph_runner = None
+        for state in self.runtime_states.values():
+            state.target_graph_runner = None
+        return True
+
+    def _enable_ragged_graphs(self) -> str:
+        """On the Triton backend the ragged verify forward runs as one graph per token tier (``ragged.graph_runner``),
+        captured the first time a step needs its tier: CUDA graphs on a GPU at TP 1; on the CPU engine the same runner
+        with a trace-checked eager replay (``graph_capture.TracedEagerCapture``), so that the live suite runs the
+        graph path. Elsewhere (FlashInfer, whose planner needs every row owned; CUDA at TP > 1, whose collectives
+        SGLang registers for capture inside its own runner) the forward stays eager, and so it does with the setting
+        ``ragged_graphs`` false. Returns how it runs, for the start-up log."""
+        from sglang.srt.utils import is_cpu
+
+        from .ragged import graph_capture, graph_runner, triton_backend
+
+        runner = self.target_worker.model_runner
+        if not self.settings.ragged_graphs:
+            return "eager verify forward (setting ragged_graphs=false)"
+        if type(runner.attn_backend) is not triton_backend.RaggedTritonAttnBackend:
+            return "eager verify forward (token-tier graphs run on the Triton backend only)"
+        if is_cpu():
+            capture, how = graph_capture.TracedEagerCapture(), "token-tier graphs (CPU: trace-checked eager replays)"
+        elif runner.device == "cuda" and int(getattr(self.server_args, "tp_size", 1) or 1) == 1:
+            capture, how = graph_capture.CudaGraphCapture(), "token-tier CUDA graphs"
+        else:
+            return "eager verify forward (token-tier CUDA graphs are built for TP 1)"
+        graphs = graph_runner.RaggedVerifyGraphRunner(runner, runner.attn_backend, capture,
+                                                      on_step=self.counters.on_ragged_graph)
+        runner.eager_runner = graph_runner.RaggedVerifyEagerRunner(runner.eager_runner, graphs)
+        return how
 
     def _build_runtime_states(self) -> None:
         """One ``SpecRuntimeState`` per (EAGLE depth, verify width) pair, assembled from a draft part per depth and a

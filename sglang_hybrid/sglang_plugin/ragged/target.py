@@ -32,8 +32,9 @@ class RaggedVerifyTarget:
         fb = forward_batch
         if fb.forward_metadata_ready:
             raise RuntimeError(
-                "ragged verify: the verify batch was already planned (a CUDA graph loaded it at the padded width); "
-                "ragged verify runs eager only in this release (setting ragged_verify)")
+                "ragged verify: the verify batch was already planned (a CUDA graph of SGLang's loaded it at the padded "
+                "width); SGLang's target verify graphs should have been dropped at start "
+                "(HybridWorkerV2._drop_target_verify_graphs)")
         plan, cols = fb.kv_loc_plan, fb.kv_loc_cols
         if cols is not None:
             raise RuntimeError("ragged verify: the verify batch already writes part of its KV window (kv_loc_cols); "

@@ -1,0 +1,171 @@
+"""The ragged verify forward as a graph per token tier: static buffers, a fixed request slot count, lazy capture.
+
+Why a runner of HYBRID's own: SGLang's ``DecodeCudaGraphRunner`` captures ``bs x W`` tokens per batch size (its
+compact ragged mode included: ``_capture_one_stream``), so it cannot host tiers finer than its batch-size grid
+(docs/sglang.md, "Ragged verify"). A ragged verify needs one graph per token tier (``tiers``) and nothing else varies:
+
+* rows: the layout's ``rows`` (the tier); the forward's tokens, positions and KV write slots are copied into static
+  ``[max_rows]`` buffers (their first ``rows`` entries), the tier's spare rows already zero and writing to SGLang's
+  sink (``layout.gather_rows``, ``layout.kv_write_cols``);
+* requests: always ``slots`` (the running limit the backend's buffers were sized for). Requests past the step's ``B``
+  are padding: no prefix (``seq_len`` 0), no rows (``qo_indptr`` and ``mask_indptr`` repeat their last entry), so
+  the attention kernel's grid keeps its capture shape and their programs find nothing to do;
+* the attention plan: ``RaggedTritonAttnBackend`` plans into the buffers it allocated once (``triton_backend``);
+  the plan runs before each replay, outside the graph, as SGLang's runners do;
+* outputs: the logits go to one ``[max_rows, vocab]`` buffer (``logits_buffer``); the hidden states each captured
+  tier keeps in the graph pool (``[rows, hidden]`` per tier).
+
+``execute`` is what SGLang's eager runner would have run for the compacted batch (``RaggedVerifyEagerRunner`` routes
+ragged verify batches here): load the static buffers, plan, then capture the tier's forward the first time a step
+needs it and replay it after (``graph_capture``: a CUDA graph on a GPU, a trace-checked eager replay on the CPU).
+The replayed output is the capture's, refreshed in place; a shallow copy is returned, so a caller that replaces its
+fields (``RaggedVerifyTarget`` scatters the rows back) leaves the captured one alone.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import torch
+
+from .layout import RaggedLayout
+
+
+def pad_requests(layout: RaggedLayout, slots: int) -> RaggedLayout:
+    """``layout`` over ``slots`` requests: the step's ``B``, then ``slots - B`` padding requests of no rows (their
+    ``qo_indptr`` and ``mask_indptr`` entries repeat the last real one). Device ops only, no host read."""
+    b = layout.batch_size
+    if not 1 <= b <= slots:
+        raise ValueError(f"a ragged verify of {b} requests does not fit {slots} request slots")
+    if b == slots:
+        return layout
+    pad = slots - b
+    return dataclasses.replace(
+        layout,
+        counts=torch.cat([layout.counts, layout.counts.new_zeros(pad)]),
+        qo_indptr=torch.cat([layout.qo_indptr, layout.qo_indptr[-1:].expand(pad)]),
+        mask_indptr=torch.cat([layout.mask_indptr, layout.mask_indptr[-1:].expand(pad)]))
+
+
+def logits_buffer(model_runner, rows: int) -> torch.Tensor:
+    """``[rows, vocab]`` float32, the one buffer every tier's logits are written to (``next_token_logits_buffer``):
+    the process-wide one SGLang's graph runners share when it has one that large (``GraphSharedOutput``), else one of
+    the runner's own. Without it each captured tier would keep its own logits output alive in the graph pool: at
+    Llama-3.1-8B's vocabulary, 0.5 MiB per row of every tier."""
+    vocab = int(model_runner.model_config.vocab_size)
+    shared = getattr(model_runner, "graph_shared_output", None)
+    if shared is not None and shared.max_rows >= rows:
+        return shared.get_logits_buffer(vocab, rows=rows)
+    return torch.zeros((rows, vocab), dtype=torch.float32, device=model_runner.device)
+
+
+class RaggedVerifyGraphRunner:
+    """One graph per token tier for the target's ragged verify forward (contract in the module docstring)."""
+
+    def __init__(self, model_runner, backend, capture, on_step=None):
+        buf = backend.ragged_buffers
+        self.model_runner = model_runner
+        self.backend = backend
+        self.capture = capture
+        #: called after each forward with whether it captured its tier's graph (``HybridCounters.on_ragged_graph``)
+        self.on_step = on_step
+        self.slots, self.max_rows = buf.max_bs, buf.max_rows
+        dev = backend.device
+        self.input_ids = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)
+        self.out_cache_loc = torch.zeros(self.max_rows, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.zeros(self.slots, dtype=torch.int64, device=dev)
+        self.req_pool_indices = torch.zeros(self.slots, dtype=torch.int64, device=dev)
+        self.logits = logits_buffer(model_runner, self.max_rows)
+        #: the captured forwards, by tier: each closes over the static batch of its capture, as its graph does
+        self._forwards: dict = {}
+
+    @property
+    def tiers_captured(self) -> tuple:
+        return tuple(sorted(self._forwards))
+
+    def _static_batch(self, fb, layout: RaggedLayout):
+        """The batch the tier's forward reads: ``fb`` with its tensors in the static buffers, padded to the slots."""
+        rows, b = layout.rows, layout.batch_size
+        if fb.input_ids.shape[0] != rows:
+            raise RuntimeError(f"ragged verify graphs: the batch holds {fb.input_ids.shape[0]} tokens, its layout "
+                               f"{rows} rows (not compacted by RaggedVerifyTarget)")
+        if fb.input_embeds is not None or fb.mrope_positions is not None:
+            raise RuntimeError("ragged verify graphs take token ids and 1-D positions only (input_embeds or mrope "
+                               "positions given); run with HYBRID setting ragged_verify=off")
+        if rows > self.max_rows:
+            raise RuntimeError(f"ragged verify graphs: a step of {rows} rows exceeds the {self.max_rows} sized at "
+                               "start")
+        for dst, src in ((self.input_ids, fb.input_ids), (self.positions, fb.positions),
+                         (self.out_cache_loc, fb.out_cache_loc)):
+            dst[:rows].copy_(src)
+        for dst, src in ((self.seq_lens, fb.seq_lens), (self.req_pool_indices, fb.req_pool_indices)):
+            dst[:b].copy_(src)
+            dst[b:].zero_()
+        spec = copy.copy(fb.spec_info)
+        spec.ragged = pad_requests(layout, self.slots)
+        seq_lens_cpu = None
+        if fb.seq_lens_cpu is not None:
+            seq_lens_cpu = torch.cat([fb.seq_lens_cpu, fb.seq_lens_cpu.new_zeros(self.slots - b)])
+        static = dataclasses.replace(
+            fb, batch_size=self.slots, input_ids=self.input_ids[:rows], positions=self.positions[:rows],
+            seq_lens=self.seq_lens, orig_seq_lens=self.seq_lens, req_pool_indices=self.req_pool_indices,
+            seq_lens_cpu=seq_lens_cpu, spec_info=spec, next_token_logits_buffer=self.logits[:rows])
+        fb.kv_loc_plan.bind_replay(static, self.model_runner.kv_index_translator,
+                                   slots=self.out_cache_loc[:rows])
+        return static
+
+    def execute(self, fb):
+        """The verify forward of the compacted batch ``fb`` (``fb.spec_info.ragged`` set): its logits output, rows as
+        the layout's."""
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+        from sglang.srt.model_executor.runner_utils.capture_mode import model_capture_mode
+
+        layout = fb.spec_info.ragged
+        if self.model_runner.attn_backend is not self.backend:
+            raise RuntimeError("ragged verify graphs: the target's attention backend is not the one they were "
+                               "built for")
+        static = self._static_batch(fb, layout)
+        self.backend.init_forward_metadata(static)
+        forward = self._forwards.get(layout.rows)
+        captured = forward is None
+        if captured:
+            model, backend = self.model_runner.model, self.backend
+
+            def forward(batch=static):
+                with forward_context(ForwardContext(attn_backend=backend), forward_batch=batch):
+                    return model.forward(batch.input_ids, batch.positions, batch)
+
+            self._forwards[layout.rows] = forward
+        # SGLang's capture mode (model code takes its graph-safe branches, dispose_tensor is off) around the capture
+        # and every replay: a CUDA graph replays what its capture recorded, and the CPU's traced replay reruns it
+        with model_capture_mode():
+            out = copy.copy(self.capture.run(layout.rows, forward))
+        if self.on_step is not None:
+            self.on_step(captured)
+        return out
+
+
+class RaggedVerifyEagerRunner:
+    """SGLang's ``EagerRunner`` (``model_runner.eager_runner``), except that a ragged verify batch runs through the
+    graph runner. SGLang's model runner hands a verify forward to its eager runner whenever no CUDA graph of its own
+    runs it (``ModelRunner._forward_raw``): on the CPU engine, and under ragged verify, for which the worker drops
+    SGLang's target verify graphs (``HybridWorkerV2._drop_target_verify_graphs``); every other batch, and every other
+    attribute, is the real eager runner's."""
+
+    def __init__(self, eager, graphs: RaggedVerifyGraphRunner):
+        self._eager = eager
+        self.graphs = graphs
+
+    def __getattr__(self, name):
+        return getattr(self._eager, name)
+
+    def execute(self, forward_batch, pp_proxy_tensors=None, **kwargs):
+        ragged = getattr(getattr(forward_batch, "spec_info", None), "ragged", None)
+        if ragged is None or pp_proxy_tensors is not None or not forward_batch.forward_mode.is_target_verify():
+            return self._eager.execute(forward_batch, pp_proxy_tensors=pp_proxy_tensors, **kwargs)
+        with self._eager.model_context():
+            return self.graphs.execute(forward_batch)
+
+
+__all__ = ["RaggedVerifyEagerRunner", "RaggedVerifyGraphRunner", "logits_buffer", "pad_requests"]
