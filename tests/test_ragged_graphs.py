@@ -30,6 +30,7 @@ from sglang_hybrid.sglang_plugin.ragged.graph_runner import pad_requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_ragged_verify import ATOL, REPO, dense_reference, make_case, plugin_layout  # noqa: E402
 
+pytestmark = pytest.mark.sglang
 #: the tier both batches run at, the request slots and the full width the graph is captured for
 TIER, SLOTS, WIDTH = 80, 8, 30
 #: (seed, prefix lengths, extend lengths): 76 and 73 tokens, both at tier 80; 6 and 4 requests

@@ -42,10 +42,6 @@ class CudaGraphCapture:
         self._graphs: dict = {}
         self._pool = torch.cuda.graph_pool_handle()
 
-    @property
-    def keys(self) -> tuple:
-        return tuple(self._graphs)
-
     def graph(self, key: Hashable) -> "torch.cuda.CUDAGraph":
         return self._graphs[key][0]
 
@@ -97,7 +93,7 @@ def _describe(value: Any, trace: "_Trace") -> Any:
 
 
 class _Trace(TorchDispatchMode):
-    """Records every ATen operator (and, through ``_launch``, every interpreted Triton launch) of one forward.
+    """Records every ATen operator (and, through ``launch``, every kernel launch: ``kernel_launch``) of one forward.
 
     A tensor argument is *internal* when the forward itself produced its storage (an operator's output), else
     *external* (weights, the KV cache, the static buffers): an external address is part of the record, since a graph
@@ -206,10 +202,6 @@ class TracedEagerCapture:
     def __init__(self):
         self._captured: dict = {}
         self.replays: dict = {}
-
-    @property
-    def keys(self) -> tuple:
-        return tuple(self._captured)
 
     def run(self, key: Hashable, forward: Callable[[], Any]) -> Any:
         entry = self._captured.get(key)

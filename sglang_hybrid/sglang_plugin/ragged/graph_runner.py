@@ -80,10 +80,6 @@ class RaggedVerifyGraphRunner:
         #: the captured forwards, by tier: each closes over the static batch of its capture, as its graph does
         self._forwards: dict = {}
 
-    @property
-    def tiers_captured(self) -> tuple:
-        return tuple(sorted(self._forwards))
-
     def _static_batch(self, fb, layout: RaggedLayout):
         """The batch the tier's forward reads: ``fb`` with its tensors in the static buffers, padded to the slots."""
         rows, b = layout.rows, layout.batch_size
