@@ -83,7 +83,9 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
     reaches the host (``item``, ``tolist``, ``cpu``, ``numpy``, ``bool``/``int``/``float``) raises while it runs,
     except inside a Triton launch (the interpreter's own reads stand in for the GPU). And the fused decision refuses,
     naming the reason, what it does not implement: ragged verify, skipping the model draft, an n-gram tree. A second
-    step at the same shapes allocates nothing outside the kernels (its outputs live in the first step's buffers)."""
+    step at the same shapes allocates nothing outside the kernels (its outputs live in the first step's buffers), and
+    the step replays as one graph would: captured once, three steps on new drafts launch the same kernels and
+    operators with the same arguments on the same buffers (``ragged.graph_capture.TracedEagerCapture``)."""
     res = _interpreted("""
         import json, tempfile, torch
         from triton.runtime.interpreter import InterpretedFunction
@@ -162,6 +164,16 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
             for n in makers:
                 setattr(torch, n, saved_makers[n])
         same_place = st.workspace.nbytes == held and second.tree.tokens.data_ptr() == ptr
+        # replayable as one graph: captured once, then three steps on new drafts, each the same launches and
+        # operators on the same buffers (the CPU's trace-checked replay, ragged.graph_capture; raises otherwise)
+        from sglang_hybrid.sglang_plugin.ragged.graph_capture import TracedEagerCapture
+        cap = TracedEagerCapture()
+        cap.run("step", step)
+        for _ in range(3):
+            root.copy_(torch.randint(0, 9, (b,)))
+            chain.copy_(torch.randint(0, 9, (b, 4)))
+            conf.copy_(torch.rand((b, 4)))
+            cap.run("step", step)
         errors = []
         cal = NgramCalibration.load("sglang_hybrid/data/ngram_calibration.json").to("cpu")
         for kw in (dict(widths=None), dict(widths=[5], depths=[0, 4])):
@@ -178,9 +190,10 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
         except ValueError as e:
             errors.append(str(e))
         print(json.dumps({"reads": reads, "steps": st.counters.decision_steps, "errors": errors,
-                          "same_place": same_place}))
+                          "same_place": same_place, "traced_replays": cap.replays["step"]}))
     """)
-    assert res["reads"] == [] and res["steps"] == {"fused": 2}, res
+    assert res["reads"] == [] and res["steps"] == {"fused": 6}, res
+    assert res["traced_replays"] == 3, res
     assert res["same_place"], res                      # the second step reused the first one's buffers
     assert len(res["errors"]) == 3, res["errors"]
     assert "padded verify only" in res["errors"][0]
