@@ -34,7 +34,9 @@ class CudaGraphCapture:
 
     A capture first runs the forward ``warmup`` times eagerly on a side stream (lazy initialisations, autotuning), as
     SGLang's runners do, then records it; the recorded output tensors are returned by every replay, refreshed in
-    place. The device kit captures its graphs with it too (``bench/device/_env.capture``)."""
+    place. The capture's error mode is ``thread_local``: a tier is captured while the server runs, and a CUDA call
+    from another thread of the serving process must not void it, as under the default ``global`` mode.
+    The device kit captures its graphs with it too (``bench/device/_env.capture``)."""
 
     def __init__(self, warmup: int = 2):
         if not torch.cuda.is_available():
@@ -58,7 +60,7 @@ class CudaGraphCapture:
                 forward()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             out = forward()
         self._graphs[key] = (graph, out)
         return out
