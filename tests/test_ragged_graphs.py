@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_hybrid.sglang_plugin.ragged.graph_capture import (GraphReplayMismatch, TracedEagerCapture, kernel_launch,
-                                                              trace_forward)
+from sglang_hybrid.sglang_plugin.ragged.graph_capture import (GraphReplayMismatch, TracedEagerCapture, capture_kind,
+                                                              kernel_launch, trace_forward)
 from sglang_hybrid.sglang_plugin.ragged.graph_runner import pad_requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -47,10 +47,20 @@ def test_traced_replay_reads_the_refreshed_buffers():
     def forward():
         return (x @ w).relu() + 1
 
+    assert "t" not in cap
     cap.run("t", forward)
+    assert "t" in cap
     x.copy_(torch.randn(2, 4))
     out = cap.run("t", forward)
     assert torch.equal(out, (x @ w).relu() + 1) and cap.replays == {"t": 1}
+
+
+def test_capture_kind_follows_device_and_tensor_parallelism():
+    """Traced replays on the CPU engine, CUDA graphs on a GPU at TP 1, eager elsewhere: what the worker builds and the
+    start-up budget counts."""
+    assert capture_kind("cpu", 1) == capture_kind("cpu", 2) == "traced"
+    assert capture_kind("cuda", 1) == capture_kind("cuda:3", 1) == "cuda"
+    assert capture_kind("cuda", 2) is None and capture_kind("xpu", 1) is None
 
 
 def test_traced_replay_refuses_what_a_graph_cannot_replay():

@@ -73,6 +73,8 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
+from .ragged.tiers import token_tiers
+
 logger = logging.getLogger(__name__)
 
 MiB = 1 << 20
@@ -381,8 +383,6 @@ def ragged_graph_bytes(max_bs: int, width: int, *, vocab: int, hidden: int, hidd
     ``[rows, vocab]`` logits buffer every tier writes (``own_logits``: none shared by SGLang's graph runners, as
     under ``--disable-cuda-graph``), and the hidden states each captured tier keeps in the graph pool
     (``[tier, hidden]``, every tier of ``tiers.token_tiers``: the bound once all are captured)."""
-    from .ragged.tiers import token_tiers
-
     rows = max_bs * width
     n = 8 * (3 * rows + 2 * max_bs)
     if own_logits:
@@ -517,7 +517,9 @@ def _start_budget(worker, dep: Deployment, states: Sequence) -> Budget:
     if getattr(worker, "_ragged", False) and dep.attention_backend == "triton":
         running = int(worker.target_worker.model_runner.max_running_requests)
         extra = ragged_buffer_bytes(running, width, dep.context_len)
-        if worker.settings.ragged_graphs and _tp_size(worker) == 1:
+        from .ragged.graph_capture import capture_kind
+
+        if worker.settings.ragged_graphs and capture_kind(worker.device, tp_size_of(worker)) is not None:
             extra += ragged_graph_bytes(running, width, vocab=dep.target.vocab, hidden=dep.target.hidden,
                                         hidden_bytes=dep.target.dtype_bytes, own_logits=not dep.cuda_graph_bs)
         own = replace(own, fixed=own.fixed + extra)
@@ -531,7 +533,7 @@ def _free_and_reserve(worker, *, across_tp: bool = False) -> tuple[int, int]:
     from sglang.srt.utils import get_available_gpu_memory
 
     args = worker.server_args
-    tp = _tp_size(worker)
+    tp = tp_size_of(worker)
     if across_tp and tp > 1:
         from sglang.srt.distributed import get_tp_group
 
@@ -543,7 +545,7 @@ def _free_and_reserve(worker, *, across_tp: bool = False) -> tuple[int, int]:
     return free, post_capture_reserve_bytes(tp, int(getattr(args, "pp_size", 1) or 1))
 
 
-def _tp_size(worker) -> int:
+def tp_size_of(worker) -> int:
     return max(int(getattr(worker.server_args, "tp_size", 1) or 1), 1)
 
 
@@ -564,7 +566,7 @@ def fit_widths_at_start(worker, depths: Sequence[int], required: Sequence[int], 
     parts (a verify part per width, a draft part per depth, padded verify) fit the memory free now with SGLang's
     runtime reserve kept, ``check_fits``' criterion; ``required`` are kept whatever they need (``check_start`` then
     refuses with the fix). One log line names what was left out and why."""
-    dep = deployment_of(worker, _tp_size(worker))
+    dep = deployment_of(worker, tp_size_of(worker))
     free, reserve = _free_and_reserve(worker, across_tp=True)   # the runtime states must agree across TP ranks
 
     def need(widths: tuple) -> int:
@@ -589,7 +591,7 @@ def check_start(worker, states: Sequence) -> Budget:
     import torch
 
     args = worker.server_args
-    dep = deployment_of(worker, _tp_size(worker))
+    dep = deployment_of(worker, tp_size_of(worker))
     hybrid = _start_budget(worker, dep, states)
     eagle = eagle_budget(dep, worker.speculative_num_steps)
     if torch.device(worker.device).type != "cuda":

@@ -474,8 +474,6 @@ class HybridWorkerV2(EAGLEWorkerV2):
         graph path. Elsewhere (FlashInfer, whose planner needs every row owned; CUDA at TP > 1, whose collectives
         SGLang registers for capture inside its own runner) the forward stays eager, and so it does with the setting
         ``ragged_graphs`` false. Returns how it runs, for the start-up log."""
-        from sglang.srt.utils import is_cpu
-
         from .ragged import graph_capture, graph_runner, triton_backend
 
         runner = self.target_worker.model_runner
@@ -483,9 +481,10 @@ class HybridWorkerV2(EAGLEWorkerV2):
             return "eager verify forward (setting ragged_graphs=false)"
         if type(runner.attn_backend) is not triton_backend.RaggedTritonAttnBackend:
             return "eager verify forward (token-tier graphs run on the Triton backend only)"
-        if is_cpu():
+        kind = graph_capture.capture_kind(runner.device, memory_budget.tp_size_of(self))
+        if kind == "traced":
             capture, how = graph_capture.TracedEagerCapture(), "token-tier graphs (CPU: trace-checked eager replays)"
-        elif runner.device == "cuda" and int(getattr(self.server_args, "tp_size", 1) or 1) == 1:
+        elif kind == "cuda":
             capture, how = graph_capture.CudaGraphCapture(), "token-tier CUDA graphs"
         else:
             return "eager verify forward (token-tier CUDA graphs are built for TP 1)"

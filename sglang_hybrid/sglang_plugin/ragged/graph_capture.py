@@ -25,6 +25,19 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
+def capture_kind(device: str, tp_size: int) -> Optional[str]:
+    """How ragged verify graphs are captured on ``device`` at ``tp_size``: ``"traced"`` on the CPU engine
+    (``TracedEagerCapture``), ``"cuda"`` on a GPU at TP 1 (``CudaGraphCapture``), None elsewhere (eager: under TP > 1
+    SGLang registers its collectives for capture inside its own runner). The worker builds by it and the start-up
+    memory budget counts by it."""
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return "traced"
+    if kind == "cuda" and tp_size == 1:
+        return "cuda"
+    return None
+
+
 class GraphReplayMismatch(RuntimeError):
     """A replay would not run what its graph captured (``TracedEagerCapture``)."""
 
@@ -44,6 +57,9 @@ class CudaGraphCapture:
         self.warmup = warmup
         self._graphs: dict = {}
         self._pool = torch.cuda.graph_pool_handle()
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._graphs
 
     def graph(self, key: Hashable) -> "torch.cuda.CUDAGraph":
         return self._graphs[key][0]
@@ -206,6 +222,9 @@ class TracedEagerCapture:
         self._captured: dict = {}
         self.replays: dict = {}
 
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._captured
+
     def run(self, key: Hashable, forward: Callable[[], Any]) -> Any:
         entry = self._captured.get(key)
         if entry is None:
@@ -235,4 +254,5 @@ def _first_difference(a: list, b: list) -> Optional[tuple]:
     return None
 
 
-__all__ = ["CudaGraphCapture", "GraphReplayMismatch", "TracedEagerCapture", "kernel_launch", "trace_forward"]
+__all__ = ["CudaGraphCapture", "GraphReplayMismatch", "TracedEagerCapture", "capture_kind", "kernel_launch",
+           "trace_forward"]

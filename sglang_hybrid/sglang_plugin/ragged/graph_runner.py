@@ -77,8 +77,6 @@ class RaggedVerifyGraphRunner:
         self.seq_lens = torch.zeros(self.slots, dtype=torch.int64, device=dev)
         self.req_pool_indices = torch.zeros(self.slots, dtype=torch.int64, device=dev)
         self.logits = logits_buffer(model_runner, self.max_rows)
-        #: the captured forwards, by tier: each closes over the static batch of its capture, as its graph does
-        self._forwards: dict = {}
 
     def _static_batch(self, fb, layout: RaggedLayout):
         """The batch the tier's forward reads: ``fb`` with its tensors in the static buffers, padded to the slots."""
@@ -123,16 +121,15 @@ class RaggedVerifyGraphRunner:
                                "built for")
         static = self._static_batch(fb, layout)
         self.backend.init_forward_metadata(static)
-        forward = self._forwards.get(layout.rows)
-        captured = forward is None
-        if captured:
-            model, backend = self.model_runner.model, self.backend
+        captured = layout.rows not in self.capture
+        model, backend = self.model_runner.model, self.backend
 
-            def forward(batch=static):
-                with forward_context(ForwardContext(attn_backend=backend), forward_batch=batch):
-                    return model.forward(batch.input_ids, batch.positions, batch)
+        def forward():
+            # used only by the tier's capture: its replays rerun the captured closure (over the capture's static
+            # batch, the same buffers), as its graph does
+            with forward_context(ForwardContext(attn_backend=backend), forward_batch=static):
+                return model.forward(static.input_ids, static.positions, static)
 
-            self._forwards[layout.rows] = forward
         # SGLang's capture mode (model code takes its graph-safe branches, dispose_tensor is off) around the capture
         # and every replay: a CUDA graph replays what its capture recorded, and the CPU's traced replay reruns it
         with model_capture_mode():
