@@ -29,7 +29,7 @@ import argparse
 import functools
 import itertools
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -170,13 +170,15 @@ def proposal_width(settings: HybridSettings, steps: int) -> int:
 
 def hybrid_budget(case: H200Case, settings: HybridSettings, *, steps: int = STEPS, layout: str = "HYBRID",
                   depths: Optional[Sequence[int]] = None, widths: Optional[Sequence[int]] = None,
-                  ragged: bool = False) -> mb.Budget:
+                  ragged: bool = False, tier_graphs: bool = False) -> mb.Budget:
     """HYBRID's budget at ``case`` as the worker computes it at start (``check_start``), padded verify (a GPU with
     graphs): the start-up state (``steps``, full width) first, then one state per (depth, width) pair, assembled from a
     draft part per depth and a verify part per width (``ragged``: one state per depth, all at the full width's one
     verify part). ``depths`` / ``widths``: the states' shapes (default: ``settings``' resolved ones;
     ``depths`` are also the fused step's candidate depths). HYBRID's own buffers: online offsets off, fused step,
-    prompt lookup on (the defaults)."""
+    prompt lookup on (the defaults). ``tier_graphs`` (ragged on the Triton backend): the verify runs in HYBRID's
+    token-tier CUDA graphs, as the worker runs it at TP 1 (the plan's buffers and the graphs' own counted as
+    ``_start_budget`` counts them; SGLang's target verify graphs not captured)."""
     rd, rw = settings.resolved_shapes(steps)
     depths = tuple(depths) if depths is not None else rd
     widths = tuple(widths) if widths is not None else rw
@@ -187,8 +189,16 @@ def hybrid_budget(case: H200Case, settings: HybridSettings, *, steps: int = STEP
         context_cols=case.context + 4 + full,                # SGLang's req_to_token row (allocation_sizing.py ~96)
         model_bias=False, fused=True, max_bs=dep.max_bs or running, width=full, depths=len(depths),
         mask_entries=mb.workspace_mask_entries(dep, full))
+    if tier_graphs:
+        if not ragged or dep.attention_backend != "triton":
+            raise ValueError("token-tier graphs run ragged verify on the Triton backend")
+        extra = mb.ragged_buffer_bytes(running, full, dep.context_len) + mb.ragged_graph_bytes(
+            running, full, vocab=dep.target.vocab, hidden=dep.target.hidden, hidden_bytes=dep.target.dtype_bytes,
+            own_logits=not dep.cuda_graph_bs)
+        own = replace(own, fixed=own.fixed + extra)
     pairs = [(d, full) for d in depths] if ragged else [(d, w) for d in depths for w in widths]
-    return mb.budget(dep, [(steps, full), *pairs], layout=layout, max_draft_tokens=full, own=own)
+    return mb.budget(dep, [(steps, full), *pairs], layout=layout, max_draft_tokens=full, own=own,
+                     target_verify_graphs=not tier_graphs)
 
 
 @functools.lru_cache(maxsize=None)

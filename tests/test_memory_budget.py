@@ -214,7 +214,15 @@ _PROBE = """
     w.settings = HybridSettings(ragged_graphs=False)
     eager = mb._start_budget(w, dep, [(4, 13)])
     out["ragged_triton_extra"] = {"total": ragged.total - padded.total, "eager": eager.total - padded.total,
-                                  "backend": dep.attention_backend, "graph_bs": dep.cuda_graph_bs}
+                                  "backend": dep.attention_backend, "graph_bs": dep.cuda_graph_bs,
+                                  "sglang_verify_set": padded.items["verify"],
+                                  "verify_with_tiers": ragged.items["verify"],
+                                  "verify_eager": eager.items["verify"],
+                                  "verify_set_formula": mb._verify_graphs(dep, 13),
+                                  "verify_inputs": padded.items["input buffers"] - ragged.items["input buffers"],
+                                  "verify_only_inputs": sum(
+                                      k[1] * k[2] for k, owner in mb._input_buffers(dep, 4, 13).items()
+                                      if owner == "verify")}
     # the default launch's width fit at start (a table measured at start: EAGLE's width 5 and the full tree 13
     # required, then 8, then 4), at 12 GiB and at 3 GiB free: what it keeps, its log line, and what each would need
     fit = {}
@@ -283,7 +291,8 @@ def test_memory_budget_ragged_triton_buffers_match_the_backend(measured):
     """(c) Under ragged verify on the Triton backend the start-up budget adds the buffers its plan writes: the bytes
     ``ragged.triton_backend.enable`` allocates on SGLang's real ``TritonAttnBackend`` (max_bs 6, width 13, context
     100), and on the Llama-8B stand-in worker (48 running requests, width 13, context 131,072) exactly that formula
-    over the padded budget with eager forwards, that plus the token-tier graphs' memory with them."""
+    over the padded budget with eager forwards, that plus the token-tier graphs' memory with them, less SGLang's
+    target verify graph set, which is then not captured."""
     import torch
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
@@ -300,7 +309,13 @@ def test_memory_budget_ragged_triton_buffers_match_the_backend(measured):
     # with the token-tier graphs (setting ragged_graphs): their inputs, hidden states, and the logits buffer of their
     # own unless SGLang shares one (it does where it captures graphs, as this stand-in's runner says)
     graphs = mb.ragged_graph_bytes(48, 13, vocab=128256, hidden=4096, hidden_bytes=2, own_logits=False)
-    assert extra["graph_bs"] and extra["total"] == extra["eager"] + graphs
+    # and without SGLang's target verify graph set, which is then not captured (its graph state and the input buffers
+    # only its runner keys: HybridWorkerV2._skip_target_verify_capture); eager, SGLang's set is there
+    assert extra["sglang_verify_set"] == extra["verify_eager"] == extra["verify_set_formula"] > 0
+    assert extra["verify_with_tiers"] == 0
+    assert extra["verify_inputs"] == extra["verify_only_inputs"] > 0
+    assert extra["graph_bs"] and extra["total"] == (extra["eager"] + graphs - extra["sglang_verify_set"]
+                                                    - extra["verify_inputs"])
 
 
 def test_memory_budget_ragged_graphs_by_hand():
@@ -550,3 +565,46 @@ def test_memory_budget_worker_check_logs_on_cpu_and_refuses_on_gpu(measured):
     assert cuda["raised"] and "verify_widths" in cuda["raised"] and "--mem-fraction-static" in cuda["raised"]
     assert "against 8.00 GiB free" in cuda["line"]
     assert measured["cuda_one_state"] < 1 * GiB               # nothing left to build but the workspace
+
+
+def test_memory_budget_captured_batch_sizes_from_the_draft_runners_when_the_target_captured_none():
+    """``deployment_of``'s captured batch sizes: SGLang's target verify runner's list; where SGLang captured no
+    target verify graphs (its eager runner stands in: ragged verify in HYBRID's token-tier graphs) the draft runners'
+    list, which SGLang captures from the same server arguments; none without graphs anywhere."""
+    from types import SimpleNamespace as NS
+
+    from sglang.srt.model_executor.runner.eager_runner import EagerRunner
+
+    eager = EagerRunner.__new__(EagerRunner)
+    target = NS(decode_cuda_graph_runner=NS(capture_bs=[1, 2, 4]))
+    draft = NS(cuda_graph_runner=NS(capture_bs=[1, 2]), cuda_graph_runner_for_draft_extend=NS(capture_bs=[1, 2]))
+    assert mb._captured_bs(NS(_draft_worker=draft), target) == (1, 2, 4)
+    target.decode_cuda_graph_runner = eager
+    assert mb._captured_bs(NS(_draft_worker=draft), target) == (1, 2)
+    depth1 = NS(cuda_graph_runner=None, cuda_graph_runner_for_draft_extend=NS(capture_bs=[1, 2, 8]))
+    assert mb._captured_bs(NS(_draft_worker=depth1), target) == (1, 2, 8)        # one EAGLE step: no draft decode
+    assert mb._captured_bs(NS(_draft_worker=NS(cuda_graph_runner=None, cuda_graph_runner_for_draft_extend=None)),
+                           NS(decode_cuda_graph_runner=None)) == ()
+
+
+def test_memory_budget_llama8b_h200_ragged_triton_token_tier_graphs(llama):
+    """(a) The same deployment on SGLang's Triton backend with ragged verify in HYBRID's token-tier CUDA graphs (TP 1,
+    ``ragged_verify=on``): SGLang captures no target verify graph set (``HybridWorkerV2._skip_target_verify_capture``),
+    HYBRID's plan buffers and graphs count instead. Against plain EAGLE on Triton (3.23 GiB): both cost tables 5.42
+    GiB (1.68x, 5 graph sets: the memory target missed, the set target met), no cost table given (one state) 4.74 GiB
+    (1.47x); both fit the 13.34 GiB SGLang leaves."""
+    from dataclasses import replace
+
+    case = BM.llama8b_h200(RUNNING, CONTEXT)
+    triton = replace(case, dep=replace(case.dep, attention_backend="triton"))
+    e = mb.eagle_budget(triton.dep, STEPS)
+    both = BM.hybrid_budget(triton, BM.hybrid_settings(), ragged=True, tier_graphs=True)
+    one = BM.hybrid_budget(triton, BM.hybrid_settings(False, False), ragged=True, tier_graphs=True)
+    gib = {k: round(b.total / GiB, 2) for k, b in (("eagle", e), ("both", both), ("one", one))}
+    assert gib == {"eagle": 3.23, "both": 5.42, "one": 4.74}
+    assert both.items["verify"] == one.items["verify"] == 0 and e.items["verify"] > 0
+    assert (round(both.total / e.total, 2), round(one.total / e.total, 2)) == (1.68, 1.47)
+    assert (both.graph_sets, one.graph_sets, e.graph_sets) == (5, 3, 3)
+    assert all(b.from_free + triton.reserve <= triton.free for b in (both, one))
+    with pytest.raises(ValueError, match="Triton backend"):
+        BM.hybrid_budget(case, BM.hybrid_settings(), ragged=True, tier_graphs=True)

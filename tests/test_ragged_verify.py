@@ -383,6 +383,74 @@ def test_ragged_layout_equals_brute_force(seed):
     assert torch.equal(scatter_rows(fwd, tiered), back)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_ragged_pending_layout_read_equals_the_layout_built_after_the_read(seed):
+    """``build_pending_layout`` (built before the node counts reach the host, shapes from the padded batch) then
+    ``PendingLayout.read`` gives ``build_ragged_layout``'s layout: the same counts, offsets, compact rows, rows at the
+    token tier and mask up to ``mask_indptr[B]``, in a buffer sized for the running limit as the Triton backend's is;
+    the read reports the host counts and rows once; the sentinel rows past ``T`` write only the spare entry; the
+    compaction queued before the read (``gather_ahead``, ``write_cols_ahead``) starts with ``gather_rows``' and
+    ``kv_write_cols``' rows at the tier, zeros and the sink past them."""
+    from sglang_hybrid.sglang_plugin.ragged.layout import (build_pending_layout, gather_rows, kv_write_cols,
+                                                           mask_numel_bound, node_counts)
+    from sglang_hybrid.sglang_plugin.ragged.tiers import tier_rows
+
+    g = torch.Generator().manual_seed(100 + seed)
+    bs = int(torch.randint(1, 9, (), generator=g))
+    width = int(torch.randint(2, 31, (), generator=g))
+    ext = torch.randint(1, width + 1, (bs,), generator=g).tolist()
+    prefix = torch.randint(0, 90, (bs,), generator=g).tolist()
+    case = make_case(seed, prefix, ext, 2, 1, chains=(0,))
+    want = plugin_layout(case, width, tier=True)
+    valid, anc = padded_tree(case, width)
+    seq_lens, counts = torch.tensor(prefix), node_counts(valid)
+    max_bs = bs + 2                                                     # the running limit: more than this step's
+    row_bound = max(prefix) + width
+    buf = torch.zeros(max_bs * width * row_bound + 1, dtype=torch.uint8)   # triton_backend.enable's size
+    seen = []
+    pending = build_pending_layout(valid, anc, seq_lens, int(seq_lens.sum()), counts, mask_out=buf,
+                                   row_bound=row_bound, max_rows=bs * width, on_read=lambda h, r: seen.append((h, r)))
+    assert pending.token_index.shape == (bs * width,) and (pending.token_index[sum(ext):] == bs * width).all()
+    got = pending.read()
+    assert seen == [(ext, tier_rows(sum(ext), bs * width))]
+    assert (got.total, got.max_nodes, got.rows, got.width) == (want.total, want.max_nodes, want.rows, want.width)
+    for name in ("counts", "token_index", "qo_indptr", "mask_indptr"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    end = int(want.mask_indptr[-1])
+    assert got.custom_mask.data_ptr() == buf.data_ptr()
+    assert torch.equal(got.custom_mask[:end], want.custom_mask[:end].to(torch.uint8))
+    # past the requests' entries the buffer is ones up to the bound's spare entry: nothing else was written there
+    bound = mask_numel_bound(width, bs * width, int(seq_lens.sum()), row_bound)
+    assert (buf[end:bound - 1] == 1).all()
+    # the compaction queued before the read: its first rows are gather_rows' and kv_write_cols' at the tier
+    rows = torch.randn(bs * width, 3, generator=g)
+    ahead = pending.gather_ahead(rows)
+    assert ahead.shape[0] == pending.rows_bound() >= got.rows
+    assert torch.equal(ahead[: got.rows], gather_rows(rows, want)) and (ahead[got.rows:] == 0).all()
+    ids = torch.randint(0, 100, (bs * width,), generator=g)
+    assert torch.equal(pending.gather_ahead(ids)[: got.rows], gather_rows(ids, want))
+    assert torch.equal(pending.write_cols_ahead()[: got.rows], kv_write_cols(want))
+
+
+def test_ragged_pending_layout_compiles_fullgraph_with_no_host_int_from_the_device():
+    """The build before the read takes no host int derived from the device (``T`` and ``max(counts)`` are not
+    known yet): ``torch.compile(fullgraph=True)`` traces it as a function of the device tensors only."""
+    from sglang_hybrid.sglang_plugin.ragged.layout import build_pending_layout, node_counts
+
+    case = make_case(8, [5, 0, 40], [4, 1, 9], 2, 1)
+    valid, anc = padded_tree(case, 12)
+    seq_lens = torch.tensor(case["prefix_lens"])
+
+    def build(valid, anc, seq_lens):
+        lay = build_pending_layout(valid, anc, seq_lens, 45, node_counts(valid), row_bound=52)
+        return lay.token_index, lay.qo_indptr, lay.mask_indptr, lay.custom_mask
+
+    torch._dynamo.reset()
+    got = torch.compile(build, fullgraph=True, backend="eager")(valid, anc, seq_lens)
+    for a, b in zip(got, build(valid, anc, seq_lens)):
+        assert torch.equal(a, b)
+
+
 def test_ragged_token_tiers_cover_every_row_count_under_the_cap():
     """``tiers``: every count of real rows 1..cap runs at the smallest listed tier holding it; the list is what
     ``token_tiers`` returns (the graphs to capture), ascending, ending at the cap; above 64 rows a tier pads under

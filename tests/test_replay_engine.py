@@ -787,6 +787,24 @@ def test_ragged_verify_layouts_are_refused_where_they_mean_nothing():
         replay_engine.EngineConfig(verify="ragged_sync", sync_us=-1.0)
 
 
+def test_ragged_sync_stall_is_the_measured_read_plus_the_counted_launches():
+    """The blocking read's default stall: the device kit's measured read (docs/device_run/ragged.json) plus the host
+    dispatch of what the host launches before the verify graph (``bench.ragged_sync_ops``'s count; the live suite
+    pins it), each at the replay's launch costs."""
+    import json
+    from pathlib import Path
+
+    from bench.replay.host import LaunchCost
+
+    run = json.loads((Path(__file__).resolve().parents[1] / "docs" / "device_run" / "ragged.json").read_text())
+    assert run["on_gpu"] and round(run["blocking_read_stall_us"], 1) == replay_engine.RAGGED_READ_US
+    cost = LaunchCost()
+    want = (replay_engine.RAGGED_READ_US + replay_engine.RAGGED_SYNC_OPS * cost.op_host_us
+            + replay_engine.RAGGED_SYNC_TRITON * cost.host_us)
+    assert replay_engine.RAGGED_SYNC_US == pytest.approx(want, abs=0.05)
+    assert replay_engine.EngineConfig().sync_us == replay_engine.RAGGED_SYNC_US
+
+
 def test_ragged_sync_charges_the_token_tier_and_the_stall_by_hand():
     """The ideal engine's case (every step the root + 1 node, from step 0 on: the same decisions, no lag) under the
     blocking-read design: each step runs the 8-token graph (token_tier(2)) and the device idles sync_us = 1 ms:

@@ -167,6 +167,20 @@ def test_self_check_choose_and_merge_ragged_equal_plain_greedy():
     assert max(by_mode[("choose", i)]["accept_length"] for i in code) > 1.5
 
 
+def test_ragged_sync_launches_are_what_the_replay_charges():
+    """``python -m bench.ragged_sync_ops`` on the live engine (HYBRID merge, ragged, the token-tier graph runner): on
+    every ragged step the host launches, between the blocking read of the node counts and the verify graph's replay,
+    exactly the ATen operators and Triton launches the realistic replay charges that read with
+    (``bench.replay.engine.RAGGED_SYNC_OPS``, ``RAGGED_SYNC_TRITON``); a change of that path fails here until the
+    replay's figure follows it."""
+    from bench import ragged_sync_ops
+    from bench.replay.engine import RAGGED_SYNC_OPS, RAGGED_SYNC_TRITON
+
+    records = ragged_sync_ops.count(6)
+    assert records, "no ragged step was counted"
+    assert {(r["aten"], r["triton"]) for r in records} == {(RAGGED_SYNC_OPS, RAGGED_SYNC_TRITON)}, records
+
+
 def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
     """A streaming HYBRID request aborted mid-generation (its slot and drafter state released), then a code edit and
     a chat as one batch: every output token-identical to plain greedy decoding. The engine runs under cost tables

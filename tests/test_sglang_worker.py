@@ -384,6 +384,46 @@ def test_ragged_verify_setting_resolves_where_it_can_run(monkeypatch, mode, back
         assert hw.HybridWorkerV2._ragged_wanted(worker) is want
 
 
+@pytest.mark.parametrize("mode, backend, device, tp, graphs, cpu, skipped", [
+    ("auto", "TritonAttnBackend", "cpu", 1, True, True, True),         # the CPU engine: traced token-tier graphs
+    ("auto", "TritonAttnBackend", "cuda", 1, True, False, False),      # a GPU: auto verifies padded, SGLang's graphs
+    ("on", "TritonAttnBackend", "cuda", 1, True, False, True),         # CUDA token-tier graphs replace SGLang's
+    ("on", "TritonAttnBackend", "cuda", 2, True, False, False),        # TP 2: no token-tier capture, eager ragged
+    ("on", "TritonAttnBackend", "cuda", 1, False, False, False),       # ragged_graphs off: eager ragged
+    ("on", "FlashInferAttnBackend", "cuda", 1, True, False, False),    # FlashInfer: eager ragged
+    ("off", "TritonAttnBackend", "cpu", 1, True, True, False),
+])
+def test_ragged_verify_target_graph_capture_skipped_only_for_token_tier_graphs(monkeypatch, mode, backend, device,
+                                                                               tp, graphs, cpu, skipped):
+    """SGLang captures the target's graphs before the draft's; the worker's hook on the target's
+    ``init_cuda_graphs`` turns its verify graphs off (SGLang's own ``capture_decode_cuda_graph=False``) exactly when
+    HYBRID's token-tier graphs will run the verify, and decides ragged verify once for that and for its own start
+    (its log line once)."""
+    from types import SimpleNamespace
+
+    import sglang.srt.utils as sglang_utils
+
+    monkeypatch.setattr(sglang_utils, "is_cpu", lambda: cpu)
+    calls = []
+    worker = hw.HybridWorkerV2.__new__(hw.HybridWorkerV2)
+    worker.settings = SimpleNamespace(ragged_verify=mode, ragged_graphs=graphs)
+    worker.server_args = SimpleNamespace(tp_size=tp)
+    runner = SimpleNamespace(attn_backend=type(backend, (), {})(), device=device)
+    worker._target_worker = SimpleNamespace(model_runner=runner)
+    worker._target_verify_skipped, worker._ragged_decision = False, None
+    asked = []
+    wanted = hw.HybridWorkerV2._ragged_wanted
+    monkeypatch.setattr(hw.HybridWorkerV2, "_ragged_wanted", lambda self: asked.append(1) or wanted(self))
+    init = worker._skip_target_verify_capture(lambda capture_decode_cuda_graph=True: calls.append(
+        capture_decode_cuda_graph))
+    init()
+    assert calls == [not skipped] and worker._target_verify_skipped is skipped
+    worker._ragged_decided()
+    assert len(asked) == 1                      # decided once, for the hook (where it asked) and the worker's start
+    init(capture_decode_cuda_graph=False)       # SGLang's draft-style call: left as it is
+    assert calls[-1] is False
+
+
 def test_ragged_verify_drops_sglang_target_verify_graphs():
     """Under ragged verify SGLang's target verify graphs (captured at one width) are dropped at start: the target
     runner's and every runtime state's reference (SGLang's real ``SpecRuntimeState``, which ``apply_runtime_state``

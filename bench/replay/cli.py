@@ -125,9 +125,10 @@ def main(argv=None) -> int:
                     help="learning rate of HYBRID's online EAGLE offset (the worker's setting model_bias_eta; "
                          "default: as shipped, off)")
     rg.add_argument("--ragged-sync-us", type=_positive_or_zero, default=RAGGED_SYNC_US, metavar="US",
-                    help="realistic, the decomposition's ragged-verify design with a blocking read of the node "
-                         "counts: how long the device idles per step (read + attention plan + graph launch; "
-                         f"default {RAGGED_SYNC_US:g}; the decomposition also prints it at twice this)")
+                    help="realistic, the decomposition's ragged verify with a blocking read of the node counts: how "
+                         "long the device idles per step (the read, measured on an H200, plus the host dispatch of "
+                         "the launches that follow it, counted by bench.ragged_sync_ops: default "
+                         f"{RAGGED_SYNC_US:g}; the decomposition also prints it at twice this)")
     rg.add_argument("--no-sweep", action="store_true", help="realistic: the headline point alpha=0.7/0.9 only")
     rg.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
                     help="realistic: processes the cells run in (default: this machine's usable cores; the results "

@@ -14,8 +14,9 @@ cost tables        ``cost_tables``: "given" (the default here: both       --
 verify width       padded: every request verifies ``W`` tokens, ``W``     ragged: each request its root + the nodes
                    from the width buckets ``default_buckets(n_nodes+1)``  the price keeps; cost ``T(sum)``
                    (``DecisionStep(widths=...)``); cost ``T(B * W)``.
-                   ``verify=`` one of two ragged designs for a GPU
-                   (``VERIFY_LAYOUTS``; modelled, not built)
+                   ``verify=`` one of two ragged layouts for a GPU
+                   (``VERIFY_LAYOUTS``: a blocking read, built, opt-in;
+                   a late read, a design)
 width lag          the bucket chosen at step t is verified at t + lag     --
                    (1: CPU engine; 2: GPU with overlap scheduling)
 n-gram proposals   computed on the host ``ngram_lag`` steps late, ``k +   fresh, at the exact position, ``k`` tokens
@@ -69,7 +70,7 @@ import numpy as np
 
 from bench import step_launches
 from bench.replay import policies as P
-from bench.replay.host import host_seconds
+from bench.replay.host import LaunchCost, host_seconds
 from sglang_hybrid.sglang_plugin.ragged.tiers import token_tier
 from sglang_hybrid.widths import default_depths, start_width
 
@@ -79,9 +80,9 @@ from sglang_hybrid.widths import default_depths, start_width
 #: sidesteps that with a width read late; the ragged ones answer it in the two ways issue 25 names.
 VERIFY_LAYOUTS = {
     "padded": "every request verifies W tokens, W the width bucket chosen {width_lag} step(s) before; cost T(B W)",
-    "ragged_sync": ("ragged verify (a design, not built): each request its root + the nodes the price keeps, the "
-                    "counts read by the host after the decision with the device idle {sync_us:g} us per step; verify "
-                    "graphs keyed by token tiers (token_tier), cost T(token tier of the sum)"),
+    "ragged_sync": ("ragged verify (built on Triton at TP 1, opt-in on a GPU): each request its root + the nodes the "
+                    "price keeps, the counts read by the host after the decision with the device idle {sync_us:g} us "
+                    "per step; verify graphs keyed by token tiers (token_tier), cost T(token tier of the sum)"),
     "ragged_late": ("ragged verify (a design, not built): each request at most the rows it chose {width_lag} step(s) "
                     "before (its own width, read late without blocking, as the bucket is), laid out whether used or "
                     "not; verify graphs keyed by token tiers (token_tier), cost T(token tier of the sum of those "
@@ -95,12 +96,16 @@ COST_TABLES = {
                 "full tree and the extras that pay at the batch by that table and whose runtime states fit the H200's "
                 "free memory, a fixed EAGLE depth",
 }
-#: the "ragged_sync" stall's default, per step: a D2H read of B counts after a stream sync and the next graph's
-#: launch (MEASURED together on an H200: 20 us of device idle, 16 counts, the device kit's ragged job, 2026-12-04,
-#: docs/device_run/ragged.json) plus the host's attention plan for the verify (FlashInfer plans on the host: a few
-#: tens of us, not measured: no FlashInfer on that machine); printed with every result that uses it, and varied in
-#: the decomposition
-RAGGED_SYNC_US = 50.0
+#: the "ragged_sync" stall's parts. The device idle of one blocking read of the counts between two graphs: MEASURED on
+#: an H200 (the device kit's ragged job, 16 counts: ``blocking_read_stall_us`` in docs/device_run/ragged.json)
+RAGGED_READ_US = 41.1
+#: what the host launches between that read and the verify graph's replay, as built (the compaction's KV write plan,
+#: the copies into the graph's static buffers, the attention plan): ATen operators and Triton launches, a MEASURED
+#: count (``python -m bench.ragged_sync_ops``, SGLang's CPU engine, 2026-12-05; the live suite checks every step
+#: launches exactly these), each charged its host dispatch (``host.LaunchCost``: the published per-operator figure, the
+#: measured per-Triton-launch one) with the device idle
+RAGGED_SYNC_OPS, RAGGED_SYNC_TRITON = 22, 1
+RAGGED_SYNC_US = round(RAGGED_READ_US + LaunchCost().host_s(RAGGED_SYNC_TRITON, RAGGED_SYNC_OPS) * 1e6, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,11 +146,12 @@ class EngineConfig:
     #: of ``widths.measured_table_buckets`` that fit the memory at the batch, ``verify_widths``), no draft table (a
     #: fixed EAGLE depth); ``widths`` and ``adaptive_depth`` apply to "given" only
     cost_tables: str = "given"
-    #: the verify layout (``VERIFY_LAYOUTS``): "padded" is what the GPU worker runs; the two ragged layouts are the
-    #: designs for a GPU that docs/sglang.md ("Ragged verify") chooses between, modelled here, not built
+    #: the verify layout (``VERIFY_LAYOUTS``): "padded" is what the GPU worker runs by default; "ragged_sync" is its
+    #: ragged verify (setting ``ragged_verify=on``: built on Triton at TP 1, not run on a GPU yet); "ragged_late" a
+    #: design, not built. docs/sglang.md ("Ragged verify") chooses between them with the decomposition's rows
     verify: str = "padded"
-    #: "ragged_sync" only: how long the device idles per step while the host reads the node counts, plans the
-    #: attention and launches the verify graph (``RAGGED_SYNC_US``)
+    #: "ragged_sync" only: how long the device idles per step while the host reads the node counts and launches what
+    #: follows up to the verify graph (``RAGGED_SYNC_US``: the measured read plus the counted launches' dispatch)
     sync_us: float = RAGGED_SYNC_US
 
     def __post_init__(self):

@@ -177,7 +177,7 @@ class Config:
     #: a per-batch step-time table measured on a GPU (the device kit's ``cost_tables.json``): the headline contenders
     #: are rerun under it beside the hard-max roofline; None or a missing file: not shown (said so)
     measured_table: Optional[Path] = MEASURED_TABLE
-    #: the decomposition's ragged-verify design with a blocking read: the device's idle time per step, in us
+    #: the decomposition's ragged verify with a blocking read: the device's idle time per step, in us
     ragged_sync_us: float = RAGGED_SYNC_US
     real_trace: Optional[Path] = None
     #: processes the cells run in (forked from the run, each a whole cell: results do not depend on it)
@@ -779,11 +779,12 @@ def decompose(runner: Runner, cfg: Config, title: str, columns: list) -> list:
     launch the replay headlined before, which does not start on an H200 at batch 128). The
     as-built engine is ``cfg.cost_tables``' launch: by default the README's, the verify table measured at start (widths
     ``num_steps + 1`` and ``n_nodes + 1``, no draft table so a fixed EAGLE depth; the replay prices it with its own
-    step-time table, the measurement's stand-in). Then the two ragged-verify designs for a GPU
-    (``engine.VERIFY_LAYOUTS``, not built): the node counts read by a blocking read after the decision (at
-    ``cfg.ragged_sync_us`` of device idle per step, and at twice that), or each request's own width read late without
-    blocking; both with verify graphs keyed by token tiers. docs/sglang.md ("Ragged verify") chooses between them with
-    these rows, on the simulated drafter's sweep cells and on the real SmolLM2 trace."""
+    step-time table, the measurement's stand-in). Then the two ragged-verify layouts for a GPU
+    (``engine.VERIFY_LAYOUTS``): the node counts read by a blocking read after the decision (the worker's, with
+    ``ragged_verify=on``: at ``cfg.ragged_sync_us`` of device idle per step, and at twice that), or each request's
+    own width read late without blocking (a design, not built); both with verify graphs keyed by token tiers.
+    docs/sglang.md ("Ragged verify") chooses between them, and between them and the padded verify, with these rows, on
+    the simulated drafter's sweep cells and on the real SmolLM2 trace."""
     if not columns:
         return []
     rows = {(c.steps, c.k): decompose_variants(runner, cfg, c.steps, c.k) for c in columns}

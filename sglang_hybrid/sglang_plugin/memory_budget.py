@@ -256,14 +256,16 @@ def _input_buffers(dep: Deployment, depth: int, width: int) -> dict:
     return out
 
 
-def _verify_part(dep: Deployment, width: int, *, startup: bool) -> dict:
+def _verify_part(dep: Deployment, width: int, *, startup: bool, target_verify_graphs: bool = True) -> dict:
     """Bytes a verify part (``runtime_states.VerifyPart``) adds, by component (input buffers apart): the target's
     verify graph set and the draft extend's backend and graph set at ``width``. The start-up part's target backend is
     the one SGLang builds with or without speculation (the shared workspace); every later part builds a fresh target
-    backend with its own workspace (``runtime_states.build_verify_part``, as ``build_adaptive_runtime_state`` does)."""
+    backend with its own workspace (``runtime_states.build_verify_part``, as ``build_adaptive_runtime_state`` does).
+    ``target_verify_graphs`` False: SGLang captured no target verify graph set (ragged verify in HYBRID's token-tier
+    graphs: ``HybridWorkerV2._skip_target_verify_capture``)."""
     fi = dep.attention_backend == "flashinfer"
     graphs = bool(dep.cuda_graph_bs)
-    items = {"verify": _verify_graphs(dep, width) if graphs else 0,
+    items = {"verify": _verify_graphs(dep, width) if graphs and target_verify_graphs else 0,
              "draft extend": (_extend_graphs(dep, width) if graphs else 0) + (_fi_backend(False) if fi else 0),
              "target workspaces": 0}
     if not startup and fi:
@@ -282,11 +284,13 @@ def _draft_part(dep: Deployment, depth: int) -> dict:
 
 
 def budget(dep: Deployment, states: Sequence, *, layout: str, max_draft_tokens: int,
-           own: Optional[HybridBuffers] = None) -> Budget:
+           own: Optional[HybridBuffers] = None, target_verify_graphs: bool = True) -> Budget:
     """The budget of building ``states`` ((depth, width) pairs, the start-up state first) at ``dep``: one draft part
     per distinct depth and one verify part per distinct width (``runtime_states``), the start-up state's first.
     ``max_draft_tokens``: the widest width SGLang was configured with (rows of the shared logits buffers); ``own``:
-    HYBRID's own buffers (None for plain EAGLE)."""
+    HYBRID's own buffers (None for plain EAGLE); ``target_verify_graphs`` False: SGLang's target verify graphs were
+    not captured (their graph state and input buffers are not allocated; ragged verify in HYBRID's token-tier
+    graphs, whose buffers ``own`` counts)."""
     states = tuple(dict.fromkeys((int(d), int(w)) for d, w in states))
     if not states:
         raise ValueError("a budget needs at least the start-up runtime state")
@@ -309,7 +313,8 @@ def budget(dep: Deployment, states: Sequence, *, layout: str, max_draft_tokens: 
         return sum(part.values())
 
     d0, w0 = states[0]
-    verify_parts = tuple((w, add(_verify_part(dep, w, startup=i == 0), d0, w, ("verify", "draft extend")))
+    verify_parts = tuple((w, add(_verify_part(dep, w, startup=i == 0, target_verify_graphs=target_verify_graphs),
+                                 d0, w, ("verify", "draft extend") if target_verify_graphs else ("draft extend",)))
                          for i, w in enumerate(widths))
     draft_parts = tuple((d, add(_draft_part(dep, d), d, w0, ("draft decode",))) for d in depths)
     rows = dep.max_bs * max_draft_tokens
@@ -486,7 +491,6 @@ def deployment_of(worker, tp_size: int) -> Deployment:
     shared = {t.data_ptr() for t in target_runner.model.parameters()}
     tensors = {t.data_ptr(): t for t in [*draft_runner.model.parameters(), *draft_runner.model.buffers()]}
     weights = sum(t.numel() * t.element_size() for ptr, t in tensors.items() if ptr not in shared)
-    runner = target_runner.decode_cuda_graph_runner
     classes = {c.__name__ for c in type(target_runner.attn_backend).__mro__}
     backend = ("flashinfer" if "FlashInferAttnBackend" in classes else "triton" if "TritonAttnBackend" in classes
                else type(target_runner.attn_backend).__name__)      # any other: Deployment names it and refuses
@@ -496,11 +500,25 @@ def deployment_of(worker, tp_size: int) -> Deployment:
         draft_input_hidden=int(get_draft_input_from_target_hidden_dim(draft_runner)), draft_weight_bytes=weights,
         max_running_requests=int(worker.req_to_token_pool.req_to_token.shape[0]),
         context_len=int(target_runner.model_config.context_len),
-        cuda_graph_bs=tuple(runner.capture_bs) if runner is not None else (),
+        cuda_graph_bs=_captured_bs(worker, target_runner),
         attention_backend=backend, topk=int(worker.topk),
         flashinfer_workspace_bytes=int(envs.SGLANG_FLASHINFER_WORKSPACE_SIZE.get()),
         sm_count=torch.cuda.get_device_properties(worker.gpu_id).multi_processor_count if cuda else 132,
         kv_pool_tokens=int(getattr(target_runner, "max_total_num_tokens", 0) or 0) or None)
+
+
+def _captured_bs(worker, target_runner) -> tuple:
+    """The decode batch sizes SGLang captured graphs at: its target verify runner's or, where it captured none for
+    the target (ragged verify in HYBRID's token-tier graphs: ``HybridWorkerV2._skip_target_verify_capture``; its
+    eager runner stands in, with no list), its draft runners' (the same list: ``get_batch_sizes_to_capture`` of the
+    same server arguments); none without graphs."""
+    draft = getattr(worker, "_draft_worker", None)
+    for runner in (target_runner.decode_cuda_graph_runner, getattr(draft, "cuda_graph_runner", None),
+                   getattr(draft, "cuda_graph_runner_for_draft_extend", None)):
+        captured = getattr(runner, "capture_bs", None)
+        if captured:
+            return tuple(captured)
+    return ()
 
 
 def _start_budget(worker, dep: Deployment, states: Sequence) -> Budget:
@@ -514,17 +532,19 @@ def _start_budget(worker, dep: Deployment, states: Sequence) -> Budget:
         model_bias=step.model_bias is not None, fused=step.fused is not None,
         max_bs=dep.max_bs or dep.max_running_requests, width=width, depths=len(step.depths),
         mask_entries=workspace_mask_entries(dep, width))
+    tier_graphs = False
     if getattr(worker, "_ragged", False) and dep.attention_backend == "triton":
         running = int(worker.target_worker.model_runner.max_running_requests)
         extra = ragged_buffer_bytes(running, width, dep.context_len)
         from .ragged.graph_capture import capture_kind
 
-        if worker.settings.ragged_graphs and capture_kind(worker.device, tp_size_of(worker)) is not None:
+        tier_graphs = worker.settings.ragged_graphs and capture_kind(worker.device, tp_size_of(worker)) is not None
+        if tier_graphs:
             extra += ragged_graph_bytes(running, width, vocab=dep.target.vocab, hidden=dep.target.hidden,
                                         hidden_bytes=dep.target.dtype_bytes, own_logits=not dep.cuda_graph_bs)
         own = replace(own, fixed=own.fixed + extra)
     return budget(dep, [(worker.speculative_num_steps, width), *states], layout="HYBRID", max_draft_tokens=width,
-                  own=own)
+                  own=own, target_verify_graphs=not tier_graphs)
 
 
 def _free_and_reserve(worker, *, across_tp: bool = False) -> tuple[int, int]:

@@ -63,7 +63,6 @@ from .metrics import HybridCounters
 from .ngram_host import NgramFeeder
 from .prometheus import server_exporter
 from .ragged import layout as ragged_layout
-from .ragged import tiers as ragged_tiers
 from .ragged.target import RaggedVerifyTarget
 from .tp_sync import TreeBroadcast
 from .verify_input import TreeMaskMode, build_verify_input, verify_nodes
@@ -333,6 +332,11 @@ class HybridWorkerV2(EAGLEWorkerV2):
         self._tree_width: Optional[int] = None
         if self._draft_worker is not None:
             self._draft_worker.hybrid_owner = self
+        #: whether SGLang captured no target verify graphs at start (``_skip_target_verify_capture``)
+        self._target_verify_skipped = False
+        #: ``_ragged_wanted``'s answer, once asked (``_ragged_decided``)
+        self._ragged_decision: Optional[bool] = None
+        target_worker.init_cuda_graphs = self._skip_target_verify_capture(target_worker.init_cuda_graphs)
 
     # -- setup ------------------------------------------------------------------------------------------------------
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
@@ -364,10 +368,44 @@ class HybridWorkerV2(EAGLEWorkerV2):
             self.counters.snapshot_path = self.settings.counters_file
             self.counters.exporter = server_exporter(self.settings.log_interval)
 
+    def _skip_target_verify_capture(self, init_cuda_graphs):
+        """SGLang's ``TpModelWorker.init_cuda_graphs`` of the target, without its verify graphs when HYBRID's own
+        token-tier graphs will run the verify (ragged verify on Triton: ``_enable_ragged_graphs``). SGLang captures
+        the target's graphs before the draft's (``Scheduler.init_all_cuda_graphs``), with the attention backends
+        already built, so the choice can be made here: SGLang's set, captured at one width per batch size, would be
+        dropped unused (``_drop_target_verify_graphs``) after its buffers (``max_bs x W x context`` entries) and its
+        capture time were spent. SGLang's own switch does it (``capture_decode_cuda_graph=False``: its eager runner
+        stands in, as for a draft worker); its prefill graphs and everything else stay."""
+
+        def init(capture_decode_cuda_graph: bool = True):
+            if capture_decode_cuda_graph and self._tier_graphs_planned():
+                capture_decode_cuda_graph = False
+                self._target_verify_skipped = True
+                logger.info("HYBRID: SGLang's target verify CUDA graphs not captured: ragged verify runs in HYBRID's "
+                            "token-tier graphs (setting ragged_verify=%s, ragged_graphs)", self.settings.ragged_verify)
+            return init_cuda_graphs(capture_decode_cuda_graph=capture_decode_cuda_graph)
+
+        return init
+
+    def _tier_graphs_planned(self) -> bool:
+        """Whether the verify will run ragged in HYBRID's token-tier graphs (``_ragged_wanted``, on SGLang's Triton
+        backend, with a capture where the device and TP size have one: ``graph_capture.capture_kind``)."""
+        from .ragged.graph_capture import capture_kind
+
+        runner = self.target_worker.model_runner
+        return (self.settings.ragged_graphs and type(runner.attn_backend).__name__ == "TritonAttnBackend"
+                and capture_kind(runner.device, memory_budget.tp_size_of(self)) is not None and self._ragged_decided())
+
+    def _ragged_decided(self) -> bool:
+        """``_ragged_wanted``, decided (and logged) once: it is asked at the target's graph capture and again here."""
+        if self._ragged_decision is None:
+            self._ragged_decision = self._ragged_wanted()
+        return self._ragged_decision
+
     def init_cuda_graphs(self):
         super().init_cuda_graphs()
         self._measure_cost_table()
-        self._ragged = self._ragged_wanted()
+        self._ragged = self._ragged_decided()
         self._build_runtime_states()
         if self._ragged:
             self._enable_ragged()
@@ -446,9 +484,10 @@ class HybridWorkerV2(EAGLEWorkerV2):
         self._verify_target = RaggedVerifyTarget(self.target_worker)
         dropped = self._drop_target_verify_graphs()
         graphs = self._enable_ragged_graphs()
+        skipped = "; SGLang's target verify CUDA graphs not captured" if self._target_verify_skipped else ""
         logger.info("HYBRID: ragged verify (each request verifies its own nodes; setting ragged_verify=%s), %s%s",
                     self.settings.ragged_verify, graphs,
-                    "; SGLang's target verify CUDA graphs dropped (captured at one width)" if dropped else "")
+                    "; SGLang's target verify CUDA graphs dropped (captured at one width)" if dropped else skipped)
 
     def _drop_target_verify_graphs(self) -> bool:
         """Drop SGLang's target verify CUDA graphs, if it captured any: they are captured per batch size at the full
@@ -605,22 +644,30 @@ class HybridWorkerV2(EAGLEWorkerV2):
             verify_input.ragged = self._ragged_layout(attn, tree, batch.seq_lens, seq_lens_sum)
         return verify_input
 
-    def _ragged_layout(self, attn, tree, seq_lens: torch.Tensor, seq_lens_sum: int) -> "ragged_layout.RaggedLayout":
-        """The step's ragged layout. On the Triton backend (``RaggedTritonAttnBackend``) its forward is padded to the
-        token tier of its node count (``ragged.tiers``) and its mask built in the buffer the backend plans from, as a
-        captured graph would need; on FlashInfer it is unpadded, with a fresh mask (``ragged.flashinfer_plan``). Its
-        node counts are read to the host once (they size the forward: eager only, see ``_ragged_wanted``) and counted
-        (``HybridCounters.on_ragged``)."""
+    def _ragged_layout(self, attn, tree, seq_lens: torch.Tensor, seq_lens_sum: int):
+        """The step's ragged layout; its node counts reach the host once per step (they size the forward, see
+        ``_ragged_wanted``) and are counted (``HybridCounters.on_ragged``).
+
+        On the Triton backend (``RaggedTritonAttnBackend``) the forward is padded to the token tier of its node count
+        (``ragged.tiers``) and the mask built in the buffer the backend plans from, as a captured graph needs. There
+        the layout is built before the counts are read (``layout.build_pending_layout``: its shapes come from the
+        padded batch) and the read waits until the verify forward (``RaggedVerifyTarget``), after SGLang's verify
+        preparation is queued too: the device idles only for what follows the read (``bench.ragged_sync_ops``). On
+        FlashInfer it is unpadded, with a fresh mask sized by the counts (``ragged.flashinfer_plan``), so they are
+        read first."""
         counts = ragged_layout.node_counts(tree.valid)
+        width = tree.valid.shape[1]
+        _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
+        buffers = getattr(attn, "ragged_buffers", None)
+        if buffers is not None:
+            return ragged_layout.build_pending_layout(
+                tree.valid, anc, seq_lens, seq_lens_sum, counts, mask_out=buffers.mask, row_bound=buffers.row_bound,
+                max_rows=buffers.max_rows, on_read=lambda host, rows: self.counters.on_ragged(host, width, rows))
         host = counts.tolist()
         total, max_nodes = sum(host), max(host)
-        buffers = getattr(attn, "ragged_buffers", None)
-        rows = total if buffers is None else ragged_tiers.tier_rows(total, buffers.max_rows)
-        self.counters.on_ragged(host, tree.valid.shape[1], rows)
-        _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
-        mask_out, row_bound = (None, None) if buffers is None else (buffers.mask, buffers.row_bound)
+        self.counters.on_ragged(host, width, total)
         return ragged_layout.build_ragged_layout(tree.valid, anc, seq_lens, seq_lens_sum, counts, total=total,
-                                                 max_nodes=max_nodes, mask_out=mask_out, rows=rows, row_bound=row_bound)
+                                                 max_nodes=max_nodes)
 
     def _longest_context(self, batch) -> Optional[int]:
         """A host-known bound on the batch's committed tokens per request (root included), read without waiting for

@@ -22,13 +22,19 @@ Contract (checked by ``tests/test_ragged_verify.py`` against the padded layout a
 
 Pure PyTorch; every shape is fixed by host integers (``T``, ``rows`` and an upper bound of the mask size), so the
 build has no device-to-host read of its own and ``torch.compile(fullgraph=True)`` traces it. ``T`` itself comes from
-the device (``node_counts``): the worker reads the counts once per step (docs/sglang.md, "Ragged verify").
+the device (``node_counts``): the counts are read once per step (docs/sglang.md, "Ragged verify"). Where the mask has
+a buffer sized for the running limit (the Triton backend's), the worker builds the layout before that read
+(``build_pending_layout``, shapes from the padded batch) and the read waits until the verify forward needs it
+(``PendingLayout.read`` in ``RaggedVerifyTarget``), so the device is not left idle while the layout is built.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
+
+from .tiers import tier_rows
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,8 @@ def ragged_full_mask(ancestors: torch.Tensor, counts: torch.Tensor, token_index:
     padded width), which sizes the mask with ``seq_lens_sum`` and ``row_bound`` (``mask_numel_bound``). The mask
     starts all ones (every prefix column is visible); then each compact row writes its ``W`` tree columns, those past
     the request's ``n_b`` into the one spare entry at the end (a fixed-shape scatter: no host read of the per-request
-    counts)."""
+    counts). An entry of ``token_index`` at ``B * W`` or above is a sentinel row (``build_pending_layout``'s rows past
+    ``T``): all its columns go to the spare entry."""
     bs, w, _ = ancestors.shape
     dev = ancestors.device
     total = int(token_index.shape[0])
@@ -93,13 +100,15 @@ def ragged_full_mask(ancestors: torch.Tensor, counts: torch.Tensor, token_index:
     row_len = sl + counts                                                   # [B]
     mask_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=dev)
     mask_indptr[1:] = torch.cumsum(counts * row_len, 0)
-    req = torch.div(token_index, w, rounding_mode="floor")                  # [T]
-    node = token_index - req * w                                            # [T] = rank within the request
+    live = token_index < bs * w                                             # [T]: False on a sentinel row
+    padded_row = torch.where(live, token_index, 0)
+    req = torch.div(padded_row, w, rounding_mode="floor")                   # [T]
+    node = padded_row - req * w                                             # [T] = rank within the request
     col = torch.arange(w, device=dev)
     start = mask_indptr[req] + node * row_len[req] + sl[req]                # [T]: first tree column of the row
     index = start[:, None] + col[None, :]
-    index = torch.where(col[None, :] < counts[req][:, None], index, numel - 1)
-    bits = ancestors.reshape(bs * w, w)[token_index]                        # [T, W]
+    index = torch.where((col[None, :] < counts[req][:, None]) & live[:, None], index, numel - 1)
+    bits = ancestors.reshape(bs * w, w)[padded_row]                         # [T, W]
     out.scatter_(0, index.reshape(-1), bits.reshape(-1).to(out.dtype))
     return out, mask_indptr
 
@@ -116,6 +125,17 @@ def build_ragged_layout(valid: torch.Tensor, ancestors: torch.Tensor, seq_lens: 
     bs, w = valid.shape
     if counts.shape != (bs,):
         raise ValueError(f"counts must be [{bs}], got {tuple(counts.shape)}")
+    rows = _checked_rows(bs, w, total, max_nodes, rows)
+    token_index = torch.nonzero_static(valid.reshape(-1), size=total).reshape(-1)
+    mask, mask_indptr = ragged_full_mask(ancestors, counts, token_index, seq_lens, seq_lens_sum, mask_out, max_nodes,
+                                         row_bound)
+    return RaggedLayout(counts=counts, token_index=token_index, qo_indptr=_qo_indptr(counts),
+                        mask_indptr=mask_indptr, custom_mask=mask, total=total, max_nodes=max_nodes, width=w,
+                        rows=rows)
+
+
+def _checked_rows(bs: int, w: int, total: int, max_nodes: int, rows: int | None) -> int:
+    """The forward's rows (``rows`` or ``total``), after checking the host ints against the batch's shape."""
     if not bs <= total <= bs * w:
         raise ValueError(f"total verify tokens {total} outside [{bs}, {bs * w}] for {bs} requests of width {w}")
     if not 1 <= max_nodes <= w:
@@ -123,14 +143,93 @@ def build_ragged_layout(valid: torch.Tensor, ancestors: torch.Tensor, seq_lens: 
     rows = total if rows is None else rows
     if rows < total:
         raise ValueError(f"a ragged forward of {rows} rows cannot hold {total} verify tokens")
-    qo = torch.zeros(bs + 1, dtype=torch.int64, device=valid.device)
+    return rows
+
+
+def _qo_indptr(counts: torch.Tensor) -> torch.Tensor:
+    qo = torch.zeros(counts.shape[0] + 1, dtype=torch.int64, device=counts.device)
     qo[1:] = torch.cumsum(counts, 0)
-    token_index = torch.nonzero_static(valid.reshape(-1), size=total).reshape(-1)
-    mask, mask_indptr = ragged_full_mask(ancestors, counts, token_index, seq_lens, seq_lens_sum, mask_out, max_nodes,
+    return qo.to(torch.int32)
+
+
+@dataclass(frozen=True)
+class PendingLayout:
+    """A step's ragged layout whose node counts have not reached the host yet (``build_pending_layout``).
+
+    Why: the host needs ``T`` (and the token tier it rounds up to) before it can pick the verify graph, and reading
+    it blocks until the draft and the decision have run. Everything the layout computes on the device is built here
+    with shapes the host already knows (``B x W`` compact rows at most, the mask's bound at ``W`` nodes per request),
+    so it is queued before that read; ``read`` then takes the counts and returns the ``RaggedLayout`` as views of
+    these arrays, launching nothing. The read moves to the last moment before the verify forward
+    (``RaggedVerifyTarget``), and the work the device waits on after it shrinks (``bench.ragged_sync_ops``)."""
+
+    counts: torch.Tensor        # [B] int64, nodes per request (root included), >= 1
+    token_index: torch.Tensor   # [B * W] int64: the compact rows' padded rows, then B * W (sentinel) past T
+    qo_indptr: torch.Tensor     # [B + 1] int32
+    mask_indptr: torch.Tensor   # [B + 1] int64
+    custom_mask: torch.Tensor   # packed, as ``RaggedLayout.custom_mask``
+    width: int                  # W of the padded layout
+    #: the token tiers' cap (``tiers.tier_rows``): the forward runs at the tier of ``T``; None: exactly ``T`` rows
+    max_rows: int | None = None
+    #: called once with the host counts and the rows when they are read (the worker's counters)
+    on_read: Callable[[list, int], None] | None = None
+
+    def rows_bound(self) -> int:
+        """Rows the forward can take whatever the counts hold: the token tier of ``B x W`` (``T <= B x W``, and a
+        tier grows with its tokens); ``B x W`` itself without tiers."""
+        n = int(self.token_index.shape[0])
+        return n if self.max_rows is None else tier_rows(n, self.max_rows)
+
+    def gather_ahead(self, padded: torch.Tensor) -> torch.Tensor:
+        """``gather_rows`` before the read: ``[rows_bound(), ...]``, the ``T`` real nodes then zeros; the forward's
+        input is its first ``rows`` rows (a view, once ``read`` has given them)."""
+        n = int(self.token_index.shape[0])
+        live = self.token_index < n
+        rows = padded.index_select(0, torch.where(live, self.token_index, 0))
+        live = live.reshape((n,) + (1,) * (padded.dim() - 1))
+        out = padded.new_zeros((self.rows_bound(),) + tuple(padded.shape[1:]))
+        out[:n] = torch.where(live, rows, torch.zeros((), dtype=padded.dtype, device=padded.device))
+        return out
+
+    def write_cols_ahead(self) -> torch.Tensor:
+        """``kv_write_cols`` before the read: ``[rows_bound()]``, each compact row's verify window column, -1 (SGLang's
+        sink) past ``T``; the forward's are its first ``rows`` entries."""
+        n = int(self.token_index.shape[0])
+        out = self.token_index.new_full((self.rows_bound(),), -1)
+        out[:n] = torch.where(self.token_index < n, self.token_index, -1)
+        return out
+
+    def read(self) -> RaggedLayout:
+        """Read the node counts to the host (the step's one blocking read) and return the step's layout."""
+        host = self.counts.tolist()
+        total, max_nodes = sum(host), max(host)
+        rows = total if self.max_rows is None else tier_rows(total, self.max_rows)
+        bs = len(host)
+        rows = _checked_rows(bs, self.width, total, max_nodes, rows)
+        if self.on_read is not None:
+            self.on_read(host, rows)
+        return RaggedLayout(counts=self.counts, token_index=self.token_index[:total], qo_indptr=self.qo_indptr,
+                            mask_indptr=self.mask_indptr, custom_mask=self.custom_mask, total=total,
+                            max_nodes=max_nodes, width=self.width, rows=rows)
+
+
+def build_pending_layout(valid: torch.Tensor, ancestors: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int,
+                         counts: torch.Tensor, mask_out: torch.Tensor | None = None, row_bound: int | None = None,
+                         max_rows: int | None = None,
+                         on_read: Callable[[list, int], None] | None = None) -> PendingLayout:
+    """``build_ragged_layout`` before the counts are read: the same arrays, sized by the padded batch (``B x W`` rows,
+    ``W`` nodes per request) instead of ``T`` and ``max(counts)``, so no host int from the device is needed; after
+    ``PendingLayout.read`` they equal ``build_ragged_layout``'s (``tests/test_ragged_verify.py``), the mask up to
+    ``mask_indptr[B]``. The mask's bound grows with it (``mask_numel_bound`` at ``W`` nodes and ``B x W`` rows):
+    give a buffer sized for the running limit (``triton_backend``) or expect an allocation of that bound."""
+    bs, w = valid.shape
+    if counts.shape != (bs,):
+        raise ValueError(f"counts must be [{bs}], got {tuple(counts.shape)}")
+    token_index = torch.nonzero_static(valid.reshape(-1), size=bs * w, fill_value=bs * w).reshape(-1)
+    mask, mask_indptr = ragged_full_mask(ancestors, counts, token_index, seq_lens, seq_lens_sum, mask_out, w,
                                          row_bound)
-    return RaggedLayout(counts=counts, token_index=token_index, qo_indptr=qo.to(torch.int32),
-                        mask_indptr=mask_indptr, custom_mask=mask, total=total, max_nodes=max_nodes, width=w,
-                        rows=rows)
+    return PendingLayout(counts=counts, token_index=token_index, qo_indptr=_qo_indptr(counts),
+                         mask_indptr=mask_indptr, custom_mask=mask, width=w, max_rows=max_rows, on_read=on_read)
 
 
 def gather_rows(padded: torch.Tensor, layout: RaggedLayout) -> torch.Tensor:
@@ -157,5 +256,5 @@ def scatter_rows(compact: torch.Tensor, layout: RaggedLayout) -> torch.Tensor:
     return out
 
 
-__all__ = ["RaggedLayout", "build_ragged_layout", "gather_rows", "kv_write_cols", "mask_numel_bound", "node_counts",
-           "ragged_full_mask", "scatter_rows"]
+__all__ = ["PendingLayout", "RaggedLayout", "build_pending_layout", "build_ragged_layout", "gather_rows",
+           "kv_write_cols", "mask_numel_bound", "node_counts", "ragged_full_mask", "scatter_rows"]

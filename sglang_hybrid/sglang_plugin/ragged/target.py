@@ -3,7 +3,8 @@
 Why a proxy around the target worker: SGLang's verify body (``run_eagle_verify``) builds a padded ``B x W`` forward
 batch and, after the forward, walks the trees, commits KV and feeds the draft extend from ``B x W`` rows. Only the
 forward itself needs to change, so ``RaggedVerifyTarget.forward_batch_generation`` compacts the batch's node tokens
-and positions to the layout's ``T`` rows, padded to its token tier (``layout.gather_rows``), and its KV writes too
+and positions to the layout's ``T`` rows, padded to its token tier (``layout.gather_rows``; a layout built before its
+node counts were read, ``layout.PendingLayout``, reads them here first), and its KV writes too
 (SGLang's own ``KVLocPlan.bind`` with the compact rows as a flat index into the verify window, the tier's spare rows
 to SGLang's sink: ``layout.kv_write_cols``), runs the real forward (the backend plans it ragged in its graph-state
 buffers: ``triton_backend``), then scatters the first ``T`` rows' logits and hidden states back to their padded rows
@@ -12,7 +13,7 @@ neither is ever read. Everything else is delegated to the real worker untouched.
 """
 from __future__ import annotations
 
-from .layout import gather_rows, kv_write_cols, scatter_rows
+from .layout import PendingLayout, gather_rows, kv_write_cols, scatter_rows
 
 
 class RaggedVerifyTarget:
@@ -41,10 +42,18 @@ class RaggedVerifyTarget:
                                "it compacts whole verify windows only")
         translator = self._target.model_runner.kv_index_translator
         padded = fb.input_ids, fb.positions
-        fb.input_ids, fb.positions = (gather_rows(t, layout) for t in padded)
+        if isinstance(layout, PendingLayout):
+            # compact ahead of the step's one blocking read, then read as late as it can be: the layout, SGLang's
+            # verify preparation and the compaction are queued on the device by then (``layout.PendingLayout``)
+            ahead = [layout.gather_ahead(t) for t in padded] + [layout.write_cols_ahead()]
+            layout = fb.spec_info.ragged = layout.read()
+            fb.input_ids, fb.positions, write_cols = (t[: layout.rows] for t in ahead)
+        else:
+            fb.input_ids, fb.positions = (gather_rows(t, layout) for t in padded)
+            write_cols = kv_write_cols(layout)
         # KV writes: SGLang's own plan selects the compact rows of the verify window (``cols`` as a flat index into
         # the window: out_cache_loc and its virtual mirror both follow).
-        plan.bind(fb, translator, cols=kv_write_cols(layout))
+        plan.bind(fb, translator, cols=write_cols)
         # The batch's token count feeds SGLang's padding bookkeeping (num_token_non_padded): recount after compaction.
         fb._init_num_token_non_padded(device=fb.input_ids.device, is_draft_worker=False)
         try:
