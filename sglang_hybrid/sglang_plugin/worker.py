@@ -443,7 +443,8 @@ class HybridWorkerV2(EAGLEWorkerV2):
 
         It runs on SGLang's Triton or FlashInfer backend: on Triton in HYBRID's own token-tier graphs
         (``_enable_ragged_graphs``), beside SGLang's draft graphs (SGLang's target verify graphs, captured at one
-        width, are dropped: ``_drop_target_verify_graphs``). ``auto`` turns it on only on SGLang's CPU engine, where
+        width, are not captured there, ``_skip_target_verify_capture``, and dropped elsewhere,
+        ``_drop_target_verify_graphs``). ``auto`` turns it on only on SGLang's CPU engine, where
         reading the step's node counts to the host costs nothing; on a GPU that read stalls the host until the draft
         and the decision finish, and the path has not run on a GPU yet, so there it takes ``on`` (the GPU checks in
         ``bench/sglang_gpu.sh`` do). ``on`` where it cannot run stops the start with the fix."""

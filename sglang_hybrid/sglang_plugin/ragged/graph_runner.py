@@ -142,8 +142,9 @@ class RaggedVerifyGraphRunner:
 class RaggedVerifyEagerRunner:
     """SGLang's ``EagerRunner`` (``model_runner.eager_runner``), except that a ragged verify batch runs through the
     graph runner. SGLang's model runner hands a verify forward to its eager runner whenever no CUDA graph of its own
-    runs it (``ModelRunner._forward_raw``): on the CPU engine, and under ragged verify, for which the worker drops
-    SGLang's target verify graphs (``HybridWorkerV2._drop_target_verify_graphs``); every other batch, and every other
+    runs it (``ModelRunner._forward_raw``): on the CPU engine, and under ragged verify, for which SGLang captures no
+    target verify graphs (``HybridWorkerV2._skip_target_verify_capture``), or the worker drops those it captured
+    (``HybridWorkerV2._drop_target_verify_graphs``); every other batch, and every other
     attribute, is the real eager runner's."""
 
     def __init__(self, eager, graphs: RaggedVerifyGraphRunner):

@@ -34,8 +34,8 @@ class RaggedVerifyTarget:
         if fb.forward_metadata_ready:
             raise RuntimeError(
                 "ragged verify: the verify batch was already planned (a CUDA graph of SGLang's loaded it at the padded "
-                "width); SGLang's target verify graphs should have been dropped at start "
-                "(HybridWorkerV2._drop_target_verify_graphs)")
+                "width); SGLang's target verify graphs should not have been captured or have been dropped at start "
+                "(HybridWorkerV2._skip_target_verify_capture, _drop_target_verify_graphs)")
         plan, cols = fb.kv_loc_plan, fb.kv_loc_cols
         if cols is not None:
             raise RuntimeError("ragged verify: the verify batch already writes part of its KV window (kv_loc_cols); "
