@@ -86,7 +86,7 @@ def _assert_ragged(counters: dict, fewer: bool = True) -> None:
     tree fills the width saves nothing). Each forward ran at the token tier of its tokens (``ragged.tiers``): the
     rows past them belonged to no request, and the output stayed equal to plain greedy decoding (the callers' check).
     Each forward ran as its tier's graph would: captured at the tier's first step, replayed after under the trace
-    check (``ragged.graph_capture``).
+    check (``ragged.graph_capture``), and SGLang captured no target verify graphs of its own.
     """
     assert counters["steps"] > 0 and counters["ragged_steps"] == counters["steps"], counters
     assert 0 < counters["ragged_tokens"] <= counters["ragged_padded_tokens"], counters
@@ -100,6 +100,9 @@ def _assert_ragged(counters: dict, fewer: bool = True) -> None:
     assert counters["ragged_graph_steps"] == counters["ragged_steps"], counters
     assert counters["ragged_graph_captures"] <= len(tiers), counters
     assert counters["ragged_graph_captures"] < counters["ragged_graph_steps"], counters
+    # SGLang was told not to capture its target verify graphs: HYBRID's token-tier graphs run the verify
+    # (HybridWorkerV2._skip_target_verify_capture)
+    assert counters["target_verify_graphs"] == "not captured", counters
     if fewer:
         assert counters["ragged_tokens"] < counters["ragged_padded_tokens"], counters
 
@@ -243,6 +246,7 @@ def test_kv_window_planning_live_equal_plain_greedy():
     assert res["hybrid"] == res["reference"]
     counters = res["counters"]
     assert counters["ragged_steps"] == 0 and counters["steps"] > 0, counters       # padded verify, as asked
+    assert counters["target_verify_graphs"] == "none", counters                    # the CPU engine captures none
     assert counters["depth_steps"] == {"3": counters["steps"]}, counters
     widths = {int(w): n for w, n in counters["width_steps"].items() if n > 0}
     wider = sum(n for w, n in widths.items() if w > 3)

@@ -96,6 +96,10 @@ class HybridCounters:
         #: the runtime states built at start and the distinct parts behind them (``runtime_states.parts_built``), or
         #: None where one state serves every step
         self.runtime_parts: Optional[dict] = None
+        #: SGLang's target verify CUDA graphs, set at start: "captured" (they run the padded verify), "not captured"
+        #: (HYBRID's token-tier graphs run a ragged verify: ``HybridWorkerV2._skip_target_verify_capture``),
+        #: "dropped" (ragged verify elsewhere: ``_drop_target_verify_graphs``) or "none" (SGLang captured none)
+        self.target_verify_graphs: Optional[str] = None
         self.totals = torch.zeros(SIZE, dtype=torch.float64, device=self.device)
         self.log_interval = log_interval
         self._host_steps = 0
@@ -180,6 +184,7 @@ class HybridCounters:
         out = summarize(v, self.width_steps, self.depth_steps, self.decision_steps, self.ragged, self.kv_window_steps)
         out["cost_table"] = self.cost_table
         out["runtime_parts"] = self.runtime_parts
+        out["target_verify_graphs"] = self.target_verify_graphs
         return out
 
     def maybe_log(self) -> Optional[dict]:

@@ -411,6 +411,9 @@ class HybridWorkerV2(EAGLEWorkerV2):
             self._enable_ragged()
         else:
             self._verify_target = self.target_worker
+            runner = self.target_worker.model_runner
+            captured = runner.decode_cuda_graph_runner not in (None, getattr(runner, "eager_runner", None))
+            self.counters.target_verify_graphs = "captured" if captured else "none"
 
     def _measure_cost_table(self) -> None:
         """Without a ``cost_table``, time the target verify now and price with that table (setting
@@ -484,6 +487,8 @@ class HybridWorkerV2(EAGLEWorkerV2):
             triton_backend.enable(backend, max_bs, self.speculative_num_draft_tokens)
         self._verify_target = RaggedVerifyTarget(self.target_worker)
         dropped = self._drop_target_verify_graphs()
+        self.counters.target_verify_graphs = ("not captured" if self._target_verify_skipped else
+                                              "dropped" if dropped else "none")
         graphs = self._enable_ragged_graphs()
         skipped = "; SGLang's target verify CUDA graphs not captured" if self._target_verify_skipped else ""
         logger.info("HYBRID: ragged verify (each request verifies its own nodes; setting ragged_verify=%s), %s%s",
