@@ -192,10 +192,7 @@ def hybrid_budget(case: H200Case, settings: HybridSettings, *, steps: int = STEP
     if tier_graphs:
         if not ragged or dep.attention_backend != "triton":
             raise ValueError("token-tier graphs run ragged verify on the Triton backend")
-        extra = mb.ragged_buffer_bytes(running, full, dep.context_len) + mb.ragged_graph_bytes(
-            running, full, vocab=dep.target.vocab, hidden=dep.target.hidden, hidden_bytes=dep.target.dtype_bytes,
-            own_logits=not dep.cuda_graph_bs)
-        own = replace(own, fixed=own.fixed + extra)
+        own = replace(own, fixed=own.fixed + mb.ragged_triton_bytes(dep, running, full, tier_graphs=True))
     pairs = [(d, full) for d in depths] if ragged else [(d, w) for d in depths for w in widths]
     return mb.budget(dep, [(steps, full), *pairs], layout=layout, max_draft_tokens=full, own=own,
                      target_verify_graphs=not tier_graphs)

@@ -83,17 +83,16 @@ def _install(_module):
         return out
     layout.PendingLayout.read = read_then_count
 
-    for cls in (graph_capture.TracedEagerCapture,):
-        original = cls.run
-        def stop_then_run(self, key, forward, _original=original):
-            c = getattr(state, "count", None)
-            if c is not None:
-                c.__exit__(None, None, None)
-                state.count = None
-                with open(RECORDS, "a") as f:
-                    f.write(json.dumps({"tier": int(key), "aten": c.aten, "triton": c.triton}) + "\n")
-            return _original(self, key, forward)
-        cls.run = stop_then_run
+    replay = graph_capture.TracedEagerCapture.run
+    def stop_then_run(self, key, forward):
+        c = getattr(state, "count", None)
+        if c is not None:
+            c.__exit__(None, None, None)
+            state.count = None
+            with open(RECORDS, "a") as f:
+                f.write(json.dumps({"tier": int(key), "aten": c.aten, "triton": c.triton}) + "\n")
+        return replay(self, key, forward)
+    graph_capture.TracedEagerCapture.run = stop_then_run
 
 from sglang_hybrid.cpu_engine.import_hook import patch_after_import
 patch_after_import("sglang_hybrid.sglang_plugin.worker", _install)

@@ -62,7 +62,7 @@ the device prompt lookup's table (``context_lookup.alloc_context``: slots x the 
 copy, the online offsets, and the fused step's workspace at the largest batch (``kernels.Workspace``; its verify mask
 when the backend has no preallocated one, FlashInfer's case, bounded by the KV pool's tokens); under ragged verify on
 the Triton backend, the buffers its plan writes (``ragged_buffer_bytes``) and, with its token-tier graphs, their
-inputs, logits buffer and retained hidden states (``ragged_graph_bytes``).
+inputs, logits buffer and retained hidden states (``ragged_graph_bytes``; both: ``ragged_triton_bytes``).
 
 No SGLang import at module level: the budget is plain arithmetic, testable from numbers (tests/test_memory_budget.py);
 ``check_start`` is the worker's entry point and reads the live objects.
@@ -395,6 +395,18 @@ def ragged_graph_bytes(max_bs: int, width: int, *, vocab: int, hidden: int, hidd
     return n + sum(token_tiers(rows)) * hidden * hidden_bytes
 
 
+def ragged_triton_bytes(dep: Deployment, running: int, width: int, *, tier_graphs: bool) -> int:
+    """What ragged verify on the Triton backend adds to HYBRID's own buffers at ``running`` requests and ``width``:
+    the buffers its plan writes (``ragged_buffer_bytes``) and, with its token-tier graphs (``tier_graphs``), their
+    inputs, hidden states and logits buffer (``ragged_graph_bytes``; SGLang's target verify graph set is then not
+    captured: ``budget(target_verify_graphs=False)``)."""
+    n = ragged_buffer_bytes(running, width, dep.context_len)
+    if tier_graphs:
+        n += ragged_graph_bytes(running, width, vocab=dep.target.vocab, hidden=dep.target.hidden,
+                                hidden_bytes=dep.target.dtype_bytes, own_logits=not dep.cuda_graph_bs)
+    return n
+
+
 def workspace_mask_entries(dep: Deployment, width: int) -> int:
     """Entries of the FULL_MASK verify mask HYBRID's workspace keeps (``worker.verify_mask_buffer``): none where the
     target backend preallocated one (SGLang's Triton backend under graphs), else one for the largest batch, ``seq_len x
@@ -534,15 +546,11 @@ def _start_budget(worker, dep: Deployment, states: Sequence) -> Budget:
         mask_entries=workspace_mask_entries(dep, width))
     tier_graphs = False
     if getattr(worker, "_ragged", False) and dep.attention_backend == "triton":
-        running = int(worker.target_worker.model_runner.max_running_requests)
-        extra = ragged_buffer_bytes(running, width, dep.context_len)
         from .ragged.graph_capture import capture_kind
 
         tier_graphs = worker.settings.ragged_graphs and capture_kind(worker.device, tp_size_of(worker)) is not None
-        if tier_graphs:
-            extra += ragged_graph_bytes(running, width, vocab=dep.target.vocab, hidden=dep.target.hidden,
-                                        hidden_bytes=dep.target.dtype_bytes, own_logits=not dep.cuda_graph_bs)
-        own = replace(own, fixed=own.fixed + extra)
+        running = int(worker.target_worker.model_runner.max_running_requests)
+        own = replace(own, fixed=own.fixed + ragged_triton_bytes(dep, running, width, tier_graphs=tier_graphs))
     return budget(dep, [(worker.speculative_num_steps, width), *states], layout="HYBRID", max_draft_tokens=width,
                   own=own, target_verify_graphs=not tier_graphs)
 
