@@ -176,9 +176,10 @@ def hybrid_budget(case: H200Case, settings: HybridSettings, *, steps: int = STEP
     draft part per depth and a verify part per width (``ragged``: one state per depth, all at the full width's one
     verify part). ``depths`` / ``widths``: the states' shapes (default: ``settings``' resolved ones;
     ``depths`` are also the fused step's candidate depths). HYBRID's own buffers: online offsets off, fused step,
-    prompt lookup on (the defaults). ``tier_graphs`` (ragged on the Triton backend): the verify runs in HYBRID's
-    token-tier CUDA graphs, as the worker runs it at TP 1 (the plan's buffers and the graphs' own counted as
-    ``_start_budget`` counts them; SGLang's target verify graphs not captured)."""
+    prompt lookup on (the defaults). Under ``ragged`` SGLang's target verify graphs are not captured
+    (``HybridWorkerV2._skip_target_verify_capture``). ``tier_graphs`` (ragged on the Triton backend): the verify runs
+    in HYBRID's token-tier CUDA graphs, as the worker runs it at TP 1 (the plan's buffers and the graphs' own counted
+    as ``_start_budget`` counts them)."""
     rd, rw = settings.resolved_shapes(steps)
     depths = tuple(depths) if depths is not None else rd
     widths = tuple(widths) if widths is not None else rw
@@ -195,7 +196,7 @@ def hybrid_budget(case: H200Case, settings: HybridSettings, *, steps: int = STEP
         own = replace(own, fixed=own.fixed + mb.ragged_triton_bytes(dep, running, full, tier_graphs=True))
     pairs = [(d, full) for d in depths] if ragged else [(d, w) for d in depths for w in widths]
     return mb.budget(dep, [(steps, full), *pairs], layout=layout, max_draft_tokens=full, own=own,
-                     target_verify_graphs=not tier_graphs)
+                     target_verify_graphs=not ragged)
 
 
 @functools.lru_cache(maxsize=None)

@@ -130,7 +130,9 @@ def abort_case(model: str, prompts: list[str]) -> dict:
 def retract_case(model: str, prompts: list[str]) -> dict:
     """The two code edits admitted together into a KV pool that holds their prompts plus a few tokens: admission is
     made optimistic (``schedule_conservativeness``), so decoding runs out of KV, SGLang retracts a running request
-    and re-prefills it later. HYBRID's drafter state for a retracted request must be rebuilt, never reused."""
+    and re-prefills it later. HYBRID's drafter state for a retracted request must be rebuilt, never reused. The engine
+    prices verify slots and draft forwards (``_dear_slots``) and drafts at EAGLE depth 2 or 3 (``draft_depths =
+    [2]``): depth 2 runs in the start-up depth's draft backend (``shared_draft_steps``)."""
     from transformers import AutoTokenizer
 
     n_new = 16
@@ -141,7 +143,7 @@ def retract_case(model: str, prompts: list[str]) -> dict:
     tok = AutoTokenizer.from_pretrained(model)
     prompt_tokens = sum(len(tok(p)["input_ids"]) for p in code)
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_retract_"))
-    env = {ENV_PREFIX + "COUNTERS_FILE": str(tmp / "counters.json"), ENV_PREFIX + "LOG_INTERVAL": "1"}
+    env = {**_dear_slots(tmp), ENV_PREFIX + "DRAFT_DEPTHS": "[2]"}
     with _hybrid(model, env, max_total_tokens=prompt_tokens + 32, schedule_conservativeness=0.01,
                  max_running_requests=2) as eng:
         out = eng.generate(code, dict(GREEDY, max_new_tokens=n_new))

@@ -56,11 +56,42 @@ def test_traced_replay_reads_the_refreshed_buffers():
 
 
 def test_capture_kind_follows_device_and_tensor_parallelism():
-    """Traced replays on the CPU engine, CUDA graphs on a GPU at TP 1, eager elsewhere: what the worker builds and the
-    start-up budget counts."""
+    """Traced replays on the CPU engine (which runs SGLang with its graphs off), CUDA graphs on a GPU at TP 1 with
+    SGLang's decode graphs on, eager elsewhere: what the worker builds and the start-up budget counts."""
     assert capture_kind("cpu", 1) == capture_kind("cpu", 2) == "traced"
+    assert capture_kind("cpu", 1, decode_graphs=False) == "traced"
     assert capture_kind("cuda", 1) == capture_kind("cuda:3", 1) == "cuda"
     assert capture_kind("cuda", 2) is None and capture_kind("xpu", 1) is None
+    assert capture_kind("cuda", 1, decode_graphs=False) is None           # --disable-cuda-graph: none of HYBRID's
+
+
+@pytest.mark.parametrize("backend, ragged, ragged_graphs, device, tp, disabled, want", [
+    ("TritonAttnBackend", True, True, "cpu", 1, False, "traced"),
+    ("RaggedTritonAttnBackend", True, True, "cuda", 1, False, "cuda"),  # after triton_backend.enable
+    ("TritonAttnBackend", True, True, "cuda", 1, True, None),           # SGLang's decode graphs off
+    ("TritonAttnBackend", True, True, "cuda", 2, False, None),
+    ("TritonAttnBackend", False, True, "cpu", 1, False, None),          # padded verify
+    ("TritonAttnBackend", True, False, "cpu", 1, False, None),          # setting ragged_graphs off
+    ("FlashInferAttnBackend", True, True, "cuda", 1, False, None),
+])
+def test_tier_graph_kind_is_the_one_answer(monkeypatch, backend, ragged, ragged_graphs, device, tp, disabled, want):
+    """``tier_graph_kind``: ragged, the setting, SGLang's Triton backend (before or after HYBRID's subclass) and a
+    capture for the device, TP size and SGLang's decode graph switch. SGLang's switch is read with its own
+    ``check_cuda_graph_backend``, which answers from the config SGLang publishes at start (none here: graphs on);
+    ``disabled`` stands for a launch with ``--disable-cuda-graph``, as SGLang's hook resolves it (the decode phase's
+    backend DISABLED)."""
+    from types import SimpleNamespace
+
+    import sglang.srt.model_executor.cuda_graph_config as cgc
+
+    from sglang_hybrid.sglang_plugin.ragged.graph_capture import tier_graph_kind
+
+    assert cgc.check_cuda_graph_backend(cgc.Phase.DECODE, cgc.Backend.DISABLED) is False     # unpublished: on
+    if disabled:
+        monkeypatch.setattr(cgc, "check_cuda_graph_backend",
+                            lambda phase, b: (phase, b) == (cgc.Phase.DECODE, cgc.Backend.DISABLED))
+    runner = SimpleNamespace(attn_backend=type(backend, (), {})(), device=device)
+    assert tier_graph_kind(runner, tp, ragged=ragged, ragged_graphs=ragged_graphs) == want
 
 
 def test_traced_replay_refuses_what_a_graph_cannot_replay():

@@ -57,7 +57,7 @@ class _Worker:
         runner = NS(init_new_workspace=False, owner=self)
         runner._get_attention_backend = lambda init_new_workspace: self._backend("target", init_new_workspace)
         self._target_worker = NS(model_runner=runner)
-        dw = NS(owner=self)
+        dw = NS(owner=self, topk=1)
         dw.init_attention_backend = lambda: self._init_draft_backends(dw)
         self._draft_worker = dw
         runner.attn_backend = "target@start"
@@ -107,7 +107,7 @@ def test_runtime_states_are_assembled_from_one_part_per_depth_and_one_per_width(
     w = _Worker(graphs)
     states = rs.build_states(w, (1, 2, 3, 4), (2, 8, 13))
     assert sorted(states) == [(d, x) for d in (1, 2, 3, 4) for x in (2, 8, 13)]
-    assert rs.parts_built(states) == {"states": 12, "draft_parts": 4, "verify_parts": 3}
+    assert rs.parts_built(states) == {"states": 12, "draft_parts": 4, "shared_draft_parts": 0, "verify_parts": 3}
     start = states[(4, 13)]
     assert (start.target_attn_backend, start.draft_attn_backend, start.draft_extend_attn_backend) == (
         "target@start", "draft@start", "extend@start")

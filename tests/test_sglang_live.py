@@ -205,8 +205,10 @@ def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
     assert len(depths) >= 2 and set(depths) <= {1, 2, 3}, depths        # adaptive drafting: depths 1, 2, 3
     assert res["counters"]["model_tested"] > 0, res["counters"]          # chains tested: the offset learned
     _assert_ragged(res["counters"])
-    # ragged: a state per depth, each with its own draft part, all sharing the one verify part (the full width)
-    assert res["counters"]["runtime_parts"] == {"states": 3, "draft_parts": 3, "verify_parts": 1}, res["counters"]
+    # ragged: a state per depth, each with its own draft part, all sharing the one verify part (the full width); the
+    # depth-2 part runs in the start-up depth's draft backend (shared_draft_steps; depth 1 needs no draft decode)
+    assert res["counters"]["runtime_parts"] == {"states": 3, "draft_parts": 3, "shared_draft_parts": 1,
+                                                "verify_parts": 1}, res["counters"]
     # every step decided by the fused Triton kernels (SGLang's CPU engine runs Triton's interpreter)
     assert res["counters"]["decision_steps"] == {"fused": res["counters"]["steps"]}, res["counters"]
 
@@ -215,8 +217,8 @@ def test_retracted_requests_ragged_equal_plain_greedy():
     """A KV pool too small for the batch: SGLang retracts running requests and re-prefills them later; HYBRID's
     n-gram state for them restarts. Every step verified ragged, from a KV write window planned by the draft as on a
     GPU (``cpu_engine.kv_window``), committed through SGLang's fused commit kernel, the draft extend fed by its
-    kernel-prepared inputs (GPU branches, lifted by the same switch); outputs stay token-identical to plain greedy
-    decoding."""
+    kernel-prepared inputs (GPU branches, lifted by the same switch), the draft at EAGLE depth 2 run in the start-up
+    depth's draft backend; outputs stay token-identical to plain greedy decoding."""
     proc = _run([sys.executable, str(DRIVER), "retract", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert SWAP_LOG not in proc.stderr                                  # SGLang's Triton kernel ran
@@ -227,6 +229,11 @@ def test_retracted_requests_ragged_equal_plain_greedy():
     _assert_ragged(res["counters"])
     # KV window planning lifted onto the CPU (as on a GPU): every ragged step compacted a planned window
     assert res["counters"]["kv_window_steps"] == res["counters"]["steps"], res["counters"]
+    # EAGLE depths 2 and 3 priced: depth 2 drafted (eagerly, the CPU engine captures no graph) in the start-up
+    # depth's draft backend (shared_draft_steps)
+    assert res["counters"]["depth_steps"].get("2", 0) > 0, res["counters"]
+    assert res["counters"]["runtime_parts"] == {"states": 2, "draft_parts": 2, "shared_draft_parts": 1,
+                                                "verify_parts": 1}, res["counters"]
 
 
 def test_kv_window_planning_live_equal_plain_greedy():

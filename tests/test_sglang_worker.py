@@ -388,17 +388,18 @@ def test_ragged_verify_setting_resolves_where_it_can_run(monkeypatch, mode, back
     ("auto", "TritonAttnBackend", "cpu", 1, True, True, True),         # the CPU engine: traced token-tier graphs
     ("auto", "TritonAttnBackend", "cuda", 1, True, False, False),      # a GPU: auto verifies padded, SGLang's graphs
     ("on", "TritonAttnBackend", "cuda", 1, True, False, True),         # CUDA token-tier graphs replace SGLang's
-    ("on", "TritonAttnBackend", "cuda", 2, True, False, False),        # TP 2: no token-tier capture, eager ragged
-    ("on", "TritonAttnBackend", "cuda", 1, False, False, False),       # ragged_graphs off: eager ragged
-    ("on", "FlashInferAttnBackend", "cuda", 1, True, False, False),    # FlashInfer: eager ragged
+    ("on", "TritonAttnBackend", "cuda", 2, True, False, True),         # TP 2: no token-tier capture, eager ragged
+    ("on", "TritonAttnBackend", "cuda", 1, False, False, True),        # ragged_graphs off: eager ragged
+    ("on", "FlashInferAttnBackend", "cuda", 1, True, False, True),     # FlashInfer: eager ragged
+    ("auto", "FlashInferAttnBackend", "cuda", 1, True, False, False),  # a GPU: padded
     ("off", "TritonAttnBackend", "cpu", 1, True, True, False),
 ])
-def test_ragged_verify_target_graph_capture_skipped_only_for_token_tier_graphs(monkeypatch, mode, backend, device,
-                                                                               tp, graphs, cpu, skipped):
+def test_ragged_verify_target_graph_capture_skipped_under_ragged_verify(monkeypatch, mode, backend, device, tp,
+                                                                        graphs, cpu, skipped):
     """SGLang captures the target's graphs before the draft's; the worker's hook on the target's
     ``init_cuda_graphs`` turns its verify graphs off (SGLang's own ``capture_decode_cuda_graph=False``) exactly when
-    HYBRID's token-tier graphs will run the verify, and decides ragged verify once for that and for its own start
-    (its log line once)."""
+    verify runs ragged, where they would be dropped unused (HYBRID's token-tier graphs or eager forwards run it), and
+    decides ragged verify once for that and for its own start (its log line once)."""
     from types import SimpleNamespace
 
     import sglang.srt.utils as sglang_utils

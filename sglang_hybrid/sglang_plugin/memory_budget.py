@@ -34,6 +34,9 @@ line), and FlashInfer 0.7.2's (the version SGLang 0.5.23 requires; not installed
   partials (one row set per SM), int64 KV indices ``max_num_tokens x context`` and, for the target verify, the uint8
   FULL_MASK verify mask ``max_bs x width x (context + width)`` (``srt/layers/attention/verify_mask.py`` ~11-26,
   57-81); the multi-step draft backend (~2762-2790) int64 KV indices ``steps x max_bs x topk x context``.
+* HYBRID's draft parts below the start-up depth run in the start-up part's buffers (``shared_draft_steps``, chain
+  drafts): on Triton they add no backend and no graph state, on FlashInfer no KV indices (their step backends and
+  wrapper sets stay their own); their graph runners' input buffers count as any runner's.
 * Graph runners: the target verify runner captures ``width`` tokens per request at every captured batch size and
   sizes its backend for ``max_bs x width`` tokens (``srt/model_executor/runner/decode_cuda_graph_runner.py``
   ~386-429); its input buffers (``srt/model_executor/runner_utils/buffers.py`` ~154-172) and the draft runners'
@@ -219,11 +222,13 @@ def _extend_graphs(dep: Deployment, width: int) -> int:
     return _triton_graph_state(dep, dep.draft, m, tokens, kv_indices=True)
 
 
-def _draft_graphs(dep: Deployment, depth: int) -> int:
-    """Draft decode graph set at ``depth`` (>= 2): multi-step KV indices, its ``depth - 1`` backends' graph state."""
+def _draft_graphs(dep: Deployment, depth: int, *, shared: bool = False) -> int:
+    """Draft decode graph set at ``depth`` (>= 2): multi-step KV indices, its ``depth - 1`` backends' graph state.
+    ``shared`` (FlashInfer): a depth below the start-up one, whose KV indices are the start-up part's
+    (``shared_draft_steps``): its wrapper sets only."""
     m, c, n_bs, k = dep.max_bs, dep.context_len, len(dep.cuda_graph_bs), dep.topk
     if dep.attention_backend == "flashinfer":
-        return depth * m * k * c * 4 + (depth - 1) * n_bs * FLASHINFER_WRAPPER_BYTES
+        return (0 if shared else depth * m * k * c * 4) + (depth - 1) * n_bs * FLASHINFER_WRAPPER_BYTES
     steps = depth * m * k * c * 8 + m * k * 4
     return steps + (depth - 1) * _triton_graph_state(dep, dep.draft, m, m * k, kv_indices=False)
 
@@ -261,8 +266,8 @@ def _verify_part(dep: Deployment, width: int, *, startup: bool, target_verify_gr
     verify graph set and the draft extend's backend and graph set at ``width``. The start-up part's target backend is
     the one SGLang builds with or without speculation (the shared workspace); every later part builds a fresh target
     backend with its own workspace (``runtime_states.build_verify_part``, as ``build_adaptive_runtime_state`` does).
-    ``target_verify_graphs`` False: SGLang captured no target verify graph set (ragged verify in HYBRID's token-tier
-    graphs: ``HybridWorkerV2._skip_target_verify_capture``)."""
+    ``target_verify_graphs`` False: SGLang captured no target verify graph set (ragged verify:
+    ``HybridWorkerV2._skip_target_verify_capture``)."""
     fi = dep.attention_backend == "flashinfer"
     graphs = bool(dep.cuda_graph_bs)
     items = {"verify": _verify_graphs(dep, width) if graphs and target_verify_graphs else 0,
@@ -273,13 +278,18 @@ def _verify_part(dep: Deployment, width: int, *, startup: bool, target_verify_gr
     return items
 
 
-def _draft_part(dep: Deployment, depth: int) -> dict:
+def _draft_part(dep: Deployment, depth: int, startup_depth: int) -> dict:
     """Bytes a draft part (``runtime_states.DraftPart``) adds: the multi-step draft decode backend (``depth - 1`` step
-    backends) and its graph set; nothing at depth 1."""
+    backends) and its graph set; nothing at depth 1. Below the start-up depth, with chain drafts, it runs in the
+    start-up part's buffers (``shared_draft_steps``): on Triton it adds nothing, on FlashInfer no KV indices (its
+    graph set's input buffers apart)."""
     if depth <= 1:
         return {"draft decode": 0}
     fi = dep.attention_backend == "flashinfer"
-    return {"draft decode": ((_draft_graphs(dep, depth) if dep.cuda_graph_bs else 0)
+    shared = depth < startup_depth and dep.topk == 1 and dep.attention_backend in ("flashinfer", "triton")
+    if shared and not fi:
+        return {"draft decode": 0}
+    return {"draft decode": ((_draft_graphs(dep, depth, shared=shared) if dep.cuda_graph_bs else 0)
                              + ((depth - 1) * _fi_backend(True) if fi else 0))}
 
 
@@ -289,8 +299,8 @@ def budget(dep: Deployment, states: Sequence, *, layout: str, max_draft_tokens: 
     per distinct depth and one verify part per distinct width (``runtime_states``), the start-up state's first.
     ``max_draft_tokens``: the widest width SGLang was configured with (rows of the shared logits buffers); ``own``:
     HYBRID's own buffers (None for plain EAGLE); ``target_verify_graphs`` False: SGLang's target verify graphs were
-    not captured (their graph state and input buffers are not allocated; ragged verify in HYBRID's token-tier
-    graphs, whose buffers ``own`` counts)."""
+    not captured (their graph state and input buffers are not allocated; ragged verify, in HYBRID's token-tier
+    graphs, whose buffers ``own`` counts, or eager)."""
     states = tuple(dict.fromkeys((int(d), int(w)) for d, w in states))
     if not states:
         raise ValueError("a budget needs at least the start-up runtime state")
@@ -316,7 +326,7 @@ def budget(dep: Deployment, states: Sequence, *, layout: str, max_draft_tokens: 
     verify_parts = tuple((w, add(_verify_part(dep, w, startup=i == 0, target_verify_graphs=target_verify_graphs),
                                  d0, w, ("verify", "draft extend") if target_verify_graphs else ("draft extend",)))
                          for i, w in enumerate(widths))
-    draft_parts = tuple((d, add(_draft_part(dep, d), d, w0, ("draft decode",))) for d in depths)
+    draft_parts = tuple((d, add(_draft_part(dep, d, d0), d, w0, ("draft decode",))) for d in depths)
     rows = dep.max_bs * max_draft_tokens
     logits = 0
     if graphs:
@@ -398,8 +408,8 @@ def ragged_graph_bytes(max_bs: int, width: int, *, vocab: int, hidden: int, hidd
 def ragged_triton_bytes(dep: Deployment, running: int, width: int, *, tier_graphs: bool) -> int:
     """What ragged verify on the Triton backend adds to HYBRID's own buffers at ``running`` requests and ``width``:
     the buffers its plan writes (``ragged_buffer_bytes``) and, with its token-tier graphs (``tier_graphs``), their
-    inputs, hidden states and logits buffer (``ragged_graph_bytes``; SGLang's target verify graph set is then not
-    captured: ``budget(target_verify_graphs=False)``)."""
+    inputs, hidden states and logits buffer (``ragged_graph_bytes``). Under ragged verify SGLang's target verify
+    graph set is not captured, graphs or not: ``budget(target_verify_graphs=False)``."""
     n = ragged_buffer_bytes(running, width, dep.context_len)
     if tier_graphs:
         n += ragged_graph_bytes(running, width, vocab=dep.target.vocab, hidden=dep.target.hidden,
@@ -546,13 +556,15 @@ def _start_budget(worker, dep: Deployment, states: Sequence) -> Budget:
         mask_entries=workspace_mask_entries(dep, width))
     tier_graphs = False
     if getattr(worker, "_ragged", False) and dep.attention_backend == "triton":
-        from .ragged.graph_capture import capture_kind
+        from .ragged.graph_capture import tier_graph_kind
 
-        tier_graphs = worker.settings.ragged_graphs and capture_kind(worker.device, tp_size_of(worker)) is not None
-        running = int(worker.target_worker.model_runner.max_running_requests)
+        runner = worker.target_worker.model_runner
+        tier_graphs = tier_graph_kind(runner, tp_size_of(worker), ragged=True,
+                                      ragged_graphs=worker.settings.ragged_graphs) is not None
+        running = int(runner.max_running_requests)
         own = replace(own, fixed=own.fixed + ragged_triton_bytes(dep, running, width, tier_graphs=tier_graphs))
     return budget(dep, [(worker.speculative_num_steps, width), *states], layout="HYBRID", max_draft_tokens=width,
-                  own=own, target_verify_graphs=not tier_graphs)
+                  own=own, target_verify_graphs=not getattr(worker, "_ragged", False))
 
 
 def _free_and_reserve(worker, *, across_tp: bool = False) -> tuple[int, int]:

@@ -97,8 +97,8 @@ class HybridCounters:
         #: None where one state serves every step
         self.runtime_parts: Optional[dict] = None
         #: SGLang's target verify CUDA graphs, set at start: "captured" (they run the padded verify), "not captured"
-        #: (HYBRID's token-tier graphs run a ragged verify: ``HybridWorkerV2._skip_target_verify_capture``),
-        #: "dropped" (ragged verify elsewhere: ``_drop_target_verify_graphs``) or "none" (SGLang captured none)
+        #: (verify runs ragged: ``HybridWorkerV2._skip_target_verify_capture``), "dropped" (ragged verify, and SGLang
+        #: captured them anyway: ``_drop_target_verify_graphs``) or "none" (SGLang captured none)
         self.target_verify_graphs: Optional[str] = None
         self.totals = torch.zeros(SIZE, dtype=torch.float64, device=self.device)
         self.log_interval = log_interval

@@ -30,6 +30,8 @@ from typing import Any, Sequence
 
 from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
 
+from .shared_draft_steps import is_shared, shallower_backend
+
 logger = logging.getLogger(__name__)
 
 
@@ -91,16 +93,21 @@ def build_verify_part(worker, width: int, startup: VerifyPart) -> VerifyPart:
 
 
 def build_draft_part(worker, depth: int, startup: DraftPart) -> DraftPart:
-    """A draft part at ``depth`` (at most the start-up depth, whose draft graph class it reuses): the draft worker's
-    ``init_attention_backend`` at that step count (its draft extend backend, also made there, is dropped: verify parts
-    hold those) and, above depth 1, its draft decode graph runner."""
+    """A draft part at ``depth`` (at most the start-up depth, whose draft graph class it reuses): its multi-step draft
+    backend and, above depth 1, its draft decode graph runner. The draft worker's ``init_attention_backend`` at that
+    step count builds the backend (its draft extend backend, also made there, is dropped: verify parts hold those);
+    above depth 1 it runs in the start-up part's buffers where the backend allows (``shared_draft_steps``: one depth
+    runs per step): on Triton a view of the start-up backend, on FlashInfer its KV index rows."""
     if depth > startup.depth:
         raise ValueError(f"EAGLE depth {depth} exceeds the start-up depth {startup.depth} (--speculative-num-steps): "
                          "HYBRID's depths are 1 to the launch's step count")
     dw = worker._draft_worker
     with worker._override_worker_state(depth, worker.speculative_num_draft_tokens):
-        dw.init_attention_backend()
-        backend = dw.draft_attn_backend
+        def build():
+            dw.init_attention_backend()
+            return dw.draft_attn_backend
+
+        backend = shallower_backend(startup.draft_attn_backend, depth, dw.topk, build) if depth > 1 else build()
         graph = None
         if depth > 1 and startup.cuda_graph_runner is not None:
             graph = type(startup.cuda_graph_runner)(dw, draft_attn_backend=backend, speculative_num_steps=depth)
@@ -142,9 +149,11 @@ def build_states(worker, depths: Sequence[int], widths: Sequence[int]) -> dict:
 
 def parts_built(states: dict) -> dict:
     """What ``states`` hold, counted by object identity rather than by key: runtime states, distinct draft parts (draft
-    decode backends) and distinct verify parts (target attention backends). Reported in the HYBRID counters
-    (``runtime_parts``), so a deployment, and the live tests, see that parts are shared, not rebuilt per pair."""
-    return {"states": len(states),
-            "draft_parts": len({id(s.draft_attn_backend) for s in states.values()}),
+    decode backends), those of them that run in the start-up depth's backend (``shared_draft_steps``) and distinct
+    verify parts (target attention backends). Reported in the HYBRID counters (``runtime_parts``), so a deployment,
+    and the live tests, see that parts are shared, not rebuilt per pair."""
+    drafts = {id(s.draft_attn_backend): s.draft_attn_backend for s in states.values()}
+    return {"states": len(states), "draft_parts": len(drafts),
+            "shared_draft_parts": sum(is_shared(b) for b in drafts.values()),
             "verify_parts": len({id(s.target_attn_backend) for s in states.values()})}
 

@@ -369,32 +369,33 @@ class HybridWorkerV2(EAGLEWorkerV2):
             self.counters.exporter = server_exporter(self.settings.log_interval)
 
     def _skip_target_verify_capture(self, init_cuda_graphs):
-        """SGLang's ``TpModelWorker.init_cuda_graphs`` of the target, without its verify graphs when HYBRID's own
-        token-tier graphs will run the verify (ragged verify on Triton: ``_enable_ragged_graphs``). SGLang captures
-        the target's graphs before the draft's (``Scheduler.init_all_cuda_graphs``), with the attention backends
-        already built, so the choice can be made here: SGLang's set, captured at one width per batch size, would be
-        dropped unused (``_drop_target_verify_graphs``) after its buffers (``max_bs x W x context`` entries) and its
-        capture time were spent. SGLang's own switch does it (``capture_decode_cuda_graph=False``: its eager runner
-        stands in, as for a draft worker); its prefill graphs and everything else stay."""
+        """SGLang's ``TpModelWorker.init_cuda_graphs`` of the target, without its verify graphs when verify runs
+        ragged (``_ragged_wanted``). SGLang captures the target's graphs before the draft's
+        (``Scheduler.init_all_cuda_graphs``), with the attention backends already built, so the choice can be made
+        here: SGLang's set, captured at one width per batch size, cannot take a ragged batch and would be dropped
+        unused (``_drop_target_verify_graphs``) after its buffers (``max_bs x W x context`` entries and, on
+        FlashInfer, a wrapper set per batch size) and its capture time were spent. The verify then runs in HYBRID's
+        token-tier graphs (``_enable_ragged_graphs``, Triton) or eager. SGLang's own switch does it
+        (``capture_decode_cuda_graph=False``: its eager runner stands in, as for a draft worker); its prefill graphs
+        and everything else stay."""
 
         def init(capture_decode_cuda_graph: bool = True):
-            if capture_decode_cuda_graph and self._tier_graphs_planned():
+            if capture_decode_cuda_graph and self._ragged_decided():
                 capture_decode_cuda_graph = False
                 self._target_verify_skipped = True
-                logger.info("HYBRID: SGLang's target verify CUDA graphs not captured: ragged verify runs in HYBRID's "
-                            "token-tier graphs (setting ragged_verify=%s, ragged_graphs)", self.settings.ragged_verify)
+                logger.info("HYBRID: SGLang's target verify CUDA graphs not captured: verify runs ragged (setting "
+                            "ragged_verify=%s)", self.settings.ragged_verify)
             return init_cuda_graphs(capture_decode_cuda_graph=capture_decode_cuda_graph)
 
         return init
 
-    def _tier_graphs_planned(self) -> bool:
-        """Whether the verify will run ragged in HYBRID's token-tier graphs (``_ragged_wanted``, on SGLang's Triton
-        backend, with a capture where the device and TP size have one: ``graph_capture.capture_kind``)."""
-        from .ragged.graph_capture import capture_kind
+    def _tier_graph_kind(self) -> Optional[str]:
+        """How HYBRID's token-tier graphs capture the ragged verify forward (``graph_capture.tier_graph_kind``, as the
+        start-up memory budget counts them), or None where they do not run."""
+        from .ragged.graph_capture import tier_graph_kind
 
-        runner = self.target_worker.model_runner
-        return (self.settings.ragged_graphs and type(runner.attn_backend).__name__ == "TritonAttnBackend"
-                and capture_kind(runner.device, memory_budget.tp_size_of(self)) is not None and self._ragged_decided())
+        return tier_graph_kind(self.target_worker.model_runner, memory_budget.tp_size_of(self),
+                               ragged=self._ragged_decided(), ragged_graphs=self.settings.ragged_graphs)
 
     def _ragged_decided(self) -> bool:
         """``_ragged_wanted``, decided (and logged) once: it is asked at the target's graph capture and again here."""
@@ -446,8 +447,8 @@ class HybridWorkerV2(EAGLEWorkerV2):
 
         It runs on SGLang's Triton or FlashInfer backend: on Triton in HYBRID's own token-tier graphs
         (``_enable_ragged_graphs``), beside SGLang's draft graphs (SGLang's target verify graphs, captured at one
-        width, are not captured there, ``_skip_target_verify_capture``, and dropped elsewhere,
-        ``_drop_target_verify_graphs``). ``auto`` turns it on only on SGLang's CPU engine, where
+        width, are not captured under ragged verify, ``_skip_target_verify_capture``, and dropped if SGLang captured
+        them anyway, ``_drop_target_verify_graphs``). ``auto`` turns it on only on SGLang's CPU engine, where
         reading the step's node counts to the host costs nothing; on a GPU that read stalls the host until the draft
         and the decision finish, and the path has not run on a GPU yet, so there it takes ``on`` (the GPU checks in
         ``bench/sglang_gpu.sh`` do). ``on`` where it cannot run stops the start with the fix."""
@@ -522,17 +523,20 @@ class HybridWorkerV2(EAGLEWorkerV2):
         from .ragged import graph_capture, graph_runner, triton_backend
 
         runner = self.target_worker.model_runner
-        if not self.settings.ragged_graphs:
-            return "eager verify forward (setting ragged_graphs=false)"
-        if type(runner.attn_backend) is not triton_backend.RaggedTritonAttnBackend:
-            return "eager verify forward (token-tier graphs run on the Triton backend only)"
-        kind = graph_capture.capture_kind(runner.device, memory_budget.tp_size_of(self))
+        kind = self._tier_graph_kind()
         if kind == "traced":
             capture, how = graph_capture.TracedEagerCapture(), "token-tier graphs (CPU: trace-checked eager replays)"
         elif kind == "cuda":
             capture, how = graph_capture.CudaGraphCapture(), "token-tier CUDA graphs"
-        else:
+        elif not self.settings.ragged_graphs:
+            return "eager verify forward (setting ragged_graphs=false)"
+        elif type(runner.attn_backend) is not triton_backend.RaggedTritonAttnBackend:
+            return "eager verify forward (token-tier graphs run on the Triton backend only)"
+        elif memory_budget.tp_size_of(self) > 1:
             return "eager verify forward (token-tier CUDA graphs are built for TP 1)"
+        else:
+            return ("eager verify forward (token-tier graphs need CUDA with SGLang's decode CUDA graphs on: no "
+                    "--disable-cuda-graph)")
         graphs = graph_runner.RaggedVerifyGraphRunner(runner, runner.attn_backend, capture,
                                                       on_step=self.counters.on_ragged_graph)
         runner.eager_runner = graph_runner.RaggedVerifyEagerRunner(runner.eager_runner, graphs)

@@ -25,17 +25,36 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
-def capture_kind(device: str, tp_size: int) -> Optional[str]:
+def capture_kind(device: str, tp_size: int, *, decode_graphs: bool = True) -> Optional[str]:
     """How ragged verify graphs are captured on ``device`` at ``tp_size``: ``"traced"`` on the CPU engine
-    (``TracedEagerCapture``), ``"cuda"`` on a GPU at TP 1 (``CudaGraphCapture``), None elsewhere (eager: under TP > 1
-    SGLang registers its collectives for capture inside its own runner). The worker builds by it and the start-up
-    memory budget counts by it."""
+    (``TracedEagerCapture``, whatever SGLang's graph settings: the CPU engine runs SGLang with its graphs off),
+    ``"cuda"`` on a GPU at TP 1 with SGLang's decode graphs on (``CudaGraphCapture``; ``decode_graphs`` False:
+    ``--disable-cuda-graph`` or ``--disable-decode-cuda-graph``), None elsewhere (eager: under TP > 1 SGLang
+    registers its collectives for capture inside its own runner)."""
     kind = torch.device(device).type
     if kind == "cpu":
         return "traced"
-    if kind == "cuda" and tp_size == 1:
+    if kind == "cuda" and tp_size == 1 and decode_graphs:
         return "cuda"
     return None
+
+
+#: SGLang's Triton backend, and HYBRID's ragged subclass of it (``triton_backend.enable``), by class name
+TRITON_BACKENDS = ("TritonAttnBackend", "RaggedTritonAttnBackend")
+
+
+def tier_graph_kind(runner, tp_size: int, *, ragged: bool, ragged_graphs: bool) -> Optional[str]:
+    """How the ragged verify forward on the target's model ``runner`` is captured in HYBRID's token-tier graphs
+    (``capture_kind``), or None where it runs eager: not ragged, the setting ``ragged_graphs`` off, a backend other
+    than SGLang's Triton one (FlashInfer's planner needs every row owned), or no capture for the device, TP size and
+    SGLang's decode graph setting. The one answer SGLang's target capture hook, the graph runner's set-up and the
+    start-up memory budget all act on."""
+    if not (ragged and ragged_graphs) or type(runner.attn_backend).__name__ not in TRITON_BACKENDS:
+        return None
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+
+    return capture_kind(runner.device, tp_size,
+                        decode_graphs=not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED))
 
 
 class GraphReplayMismatch(RuntimeError):

@@ -1,0 +1,223 @@
+"""Shallower EAGLE depths in the start-up depth's draft backend (``sglang_hybrid.sglang_plugin.shared_draft_steps``).
+
+The live CPU engine runs the shared backend eagerly (``tests/test_sglang_live.py``, the ragged self-check: depths 1-3
+under a start-up depth of 3, token-identical to plain greedy), but it captures no CUDA graph, so the graph state it
+shares never exists there. Here SGLang's real ``TritonMultiStepDraftBackend`` and ``TritonAttnBackend`` methods run on
+the CPU (their constructors need a model runner, so the objects are made with ``__new__`` and the attributes those
+methods read, as ``tests/test_memory_budget.py`` makes them), with SGLang's KV index kernel under Triton's
+interpreter, in one subprocess (``TRITON_INTERPRET`` must be set before Triton's import):
+
+* the view's ``init_cuda_graph_state`` allocates nothing: every tensor it and its step backends hold lies in the
+  start-up backend's storage (``memory_budget`` counts the shared depths at zero bytes);
+* before a graph replay, ``init_forward_metadata_out_graph`` writes into the shared rows exactly what a depth-2 backend
+  with buffers of its own writes into its own, over rows the start-up depth left dirty;
+* the refusals: a depth outside 2 to the start-up depth less one, a graph state the start-up backend never made, a
+  graph larger than the one it was sized for.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sglang.srt.layers.attention.triton_backend", reason="sglang is not installed (scripts/setup.sh)")
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.sglang
+
+_PROBE = """
+    import json
+    import torch
+    import sglang.srt.layers.attention.triton_backend as tb
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTable
+    from sglang_hybrid.sglang_plugin.shared_draft_steps import SharedDraftSteps, shallower_backend
+
+    M, C, NH, SPLITS, HD, SMS, POOL = 6, 64, 4, 8, 16, 3, 8      # max_bs, context, heads, kv splits, head dim, SMs
+    req_to_token = torch.arange(POOL * C, dtype=torch.int32).reshape(POOL, C) * 7 % 1009
+
+    class Passthrough:
+        \"\"\"SGLang's ``KVIndexTranslator`` on a static pool: reads stay the ``req_to_token`` rows.\"\"\"
+        def read_source(self, plan, *, req_pool_indices, bs, kind=None):
+            return KVIndexTable(ids=req_to_token, row_ids=req_pool_indices, row_stride=req_to_token.stride(0),
+                                entry_page_size=1, is_translated=False)
+
+    def step_backend():
+        b = tb.TritonAttnBackend.__new__(tb.TritonAttnBackend)
+        b.dllm_attention, b.num_head, b.num_kv_head, b.max_kv_splits = None, NH, NH, SPLITS
+        b.v_head_dim, b.swa_v_head_dim, b.device = HD, None, "cpu"
+        b.lean_total_programs, b.lean_block_m, b.max_context_len = SMS, 16, C
+        b.is_draft_runner, b.skip_prefill, b.num_draft_tokens = True, True, 5
+        b.sliding_window_size, b.use_sliding_window_kv_pool = None, False
+        b.static_kv_splits, b.device_core_count, b.enable_deterministic, b.split_tile_size = False, SMS, False, None
+        return b
+
+    def multi_step(steps):
+        ms = tb.TritonMultiStepDraftBackend.__new__(tb.TritonMultiStepDraftBackend)
+        ms.topk, ms.speculative_num_steps, ms.max_context_len, ms.device = 1, steps, C, "cpu"
+        ms.kv_indptr = torch.zeros((steps, POOL + 1), dtype=torch.int32)
+        ms.attn_backends = [step_backend() for _ in range(steps - 1)]
+        ms.window_rail, ms.window_kv_indptr, ms.cuda_graph_window_kv_indices = False, None, None
+        ms.kv_index_translator, ms.page_size, ms.draft_window_size, ms.draft_sink_size = Passthrough(), 1, 0, 0
+        return ms
+
+    def tensors(obj):
+        out = []
+        for v in vars(obj).values():
+            out += [x for x in (v if isinstance(v, list) else [v]) if isinstance(x, torch.Tensor)]
+        return out
+
+    def storages(objs):
+        return {t.untyped_storage().data_ptr() for o in objs for t in tensors(o)}
+
+    def batch(lens):
+        seq = torch.tensor(lens, dtype=torch.int64)
+        return type("Batch", (), dict(batch_size=len(lens), seq_lens_sum=int(seq.sum()), kv_loc_plan=None,
+                                      req_pool_indices=torch.arange(len(lens), dtype=torch.int64) + 2,
+                                      seq_lens=seq, positions=seq.clone(), spec_info=None))()
+
+    out = {}
+    start = multi_step(4)
+    def refuse():
+        raise AssertionError("a Triton view is made, not built")
+    out["chosen"] = [type(shallower_backend(start, 2, 1, refuse)).__name__,
+                     shallower_backend(start, 2, 2, lambda: "built at top-k 2")]
+    start.init_cuda_graph_state(M, M)
+    owned = storages([start, *start.attn_backends])
+    view = SharedDraftSteps(start, 2)
+    view.init_cuda_graph_state(M, M)
+    out["new_storages"] = len(storages([view, *view.attn_backends]) - owned)
+    out["steps"] = [view.speculative_num_steps, len(view.attn_backends),
+                    view.attn_backends[0] is start.attn_backends[0]]
+    out["shapes"] = [list(view.kv_indptr.shape), list(view.cuda_graph_kv_indices.shape)]
+
+    # the start-up depth leaves its rows dirty; then the view and a depth-2 backend of its own take the same batch
+    start.init_forward_metadata_out_graph(batch([40, 3, 17, 9, 22, 5]))
+    own = multi_step(2)
+    own.init_cuda_graph_state(M, M)
+    fb = batch([11, 30, 2, 25])
+    view.init_forward_metadata_out_graph(fb)
+    own.init_forward_metadata_out_graph(fb)
+    bs = fb.batch_size
+    used = [int(own.kv_indptr[i, bs]) for i in range(2)]
+    out["used"] = used
+    out["indptr_equal"] = torch.equal(view.kv_indptr[:, :bs + 1], own.kv_indptr[:, :bs + 1])
+    out["indices_equal"] = all(torch.equal(view.cuda_graph_kv_indices[i, :used[i]],
+                                           own.cuda_graph_kv_indices[i, :used[i]]) for i in range(2))
+    out["splits_equal"] = torch.equal(view.cuda_graph_num_kv_splits[:bs], own.cuda_graph_num_kv_splits[:bs])
+    out["written_in_start"] = torch.equal(start.kv_indptr[:2, :bs + 1], own.kv_indptr[:, :bs + 1])
+    # the step-0 KV indices: each request's prefix, then its one draft slot
+    first = torch.cat([torch.cat([req_to_token[r, :n], req_to_token[r, n:n + 1]]) for r, n in
+                       zip(fb.req_pool_indices.tolist(), fb.seq_lens.tolist())])
+    out["step0_is_prefix_plus_one"] = torch.equal(own.cuda_graph_kv_indices[0, :used[0]], first.to(torch.int64))
+
+    # FlashInfer's (its constructors and wrappers need CUDA: SGLang's own methods with its literal device="cuda"
+    # dropped, as tests/test_memory_budget.py runs them)
+    import sglang.srt.layers.attention.flashinfer_backend as fb
+    class Host:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+        @staticmethod
+        def zeros(*a, device=None, **k):
+            return torch.zeros(*a, **k)
+    fb.torch = Host()
+    def fi_step():
+        b = fb.FlashInferAttnBackend.__new__(fb.FlashInferAttnBackend)
+        b.max_context_len, b.num_wrappers, b.use_sliding_window_kv_pool = C, 1, False
+        b.skip_prefill, b.kv_indptr = True, [torch.zeros(M + 1, dtype=torch.int32)]
+        return b
+    def fi_multi(steps):
+        ms = fb.FlashInferMultiStepDraftBackend.__new__(fb.FlashInferMultiStepDraftBackend)
+        ms.topk, ms.max_context_len, ms.speculative_num_steps = 1, C, steps
+        ms.attn_backends = [fi_step() for _ in range(steps - 1)]
+        return ms
+    fstart = fi_multi(4)
+    fstart.init_cuda_graph_state(M, M)
+    fowned = storages([fstart, *fstart.attn_backends])
+    fown = fi_multi(2)
+    made = shallower_backend(fstart, 2, 1, lambda: fown)
+    fowned |= storages([made, *made.attn_backends])          # what its constructor made (here, its step's indptr)
+    made.init_cuda_graph_state(M, M)
+    alone = fi_multi(2)
+    alone.init_cuda_graph_state(M, M)
+    out["flashinfer"] = {
+        "class": type(made).__name__, "same_object": made is fown, "own_steps": made.attn_backends[0] is not
+        fstart.attn_backends[0], "new_storages": len(storages([made, *made.attn_backends]) - fowned),
+        "rows_shared": [made.attn_backends[0].cuda_graph_kv_indices[0].data_ptr()
+                        == fstart.cuda_graph_kv_indices[0].data_ptr(),
+                        made.cuda_graph_kv_indices.shape[0]],
+        "alone_bytes": sum(t.untyped_storage().nbytes() for t in tensors(alone))}
+
+    errors = {}
+    for name, make in (("depth_1", lambda: SharedDraftSteps(start, 1)), ("depth_4", lambda: SharedDraftSteps(start, 4)),
+                       ("no_graph_state", lambda: SharedDraftSteps(multi_step(4), 2).init_cuda_graph_state(M, M)),
+                       ("larger", lambda: SharedDraftSteps(start, 3).init_cuda_graph_state(M + 1, M + 1)),
+                       ("flashinfer_larger", lambda: shallower_backend(fstart, 3, 1, lambda: fi_multi(3))
+                        .init_cuda_graph_state(M + 1, M + 1)),
+                       ("flashinfer_other_class", lambda: shallower_backend(fstart, 2, 1, lambda: start))):
+        try:
+            make()
+            errors[name] = None
+        except (ValueError, RuntimeError, TypeError) as e:
+            errors[name] = f"{type(e).__name__}: {e}"
+    out["errors"] = errors
+    print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def probe() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(_PROBE)], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def test_memory_budget_shared_draft_steps_allocate_nothing(probe):
+    """Triton: a depth-2 view of a depth-4 backend: its first step backend is the start-up one's, its buffers the
+    first 2 rows of the start-up ones, and its ``init_cuda_graph_state`` (which a depth's draft graph runner calls)
+    adds no storage. Tree drafts (top-k 2) keep the backend built for them."""
+    assert probe["chosen"] == ["SharedDraftSteps", "built at top-k 2"]
+    assert probe["new_storages"] == 0
+    assert probe["steps"] == [2, 1, True]
+    assert probe["shapes"] == [[2, 9], [2, 6 * 64]]
+
+
+def test_shared_draft_steps_write_what_a_backend_of_their_own_writes(probe):
+    """Before a replay, the view writes the KV indptr, the KV indices and the split counts of a 4-request batch into
+    the start-up backend's rows (dirty from a 6-request batch at depth 4), equal to what a depth-2 backend writes
+    into buffers of its own; step 0's indices are each request's prefix and its one draft slot."""
+    assert probe["used"] == [11 + 30 + 2 + 25 + 4, 11 + 30 + 2 + 25 + 8]
+    assert probe["indptr_equal"] and probe["indices_equal"] and probe["splits_equal"]
+    assert probe["written_in_start"] and probe["step0_is_prefix_plus_one"]
+
+
+def test_shared_draft_steps_refuse_what_they_cannot_share(probe):
+    """The depths a view serves are 2 to the start-up depth less one (depth 1 has no draft decode backend, the
+    start-up depth is the start-up backend itself); a graph needs the start-up graph state, at least as large."""
+    e = probe["errors"]
+    assert e["depth_1"].startswith("ValueError") and "--speculative-num-steps" in e["depth_1"]
+    assert e["depth_4"].startswith("ValueError")
+    assert e["no_graph_state"].startswith("RuntimeError") and "no draft decode graph" in e["no_graph_state"]
+    assert e["larger"].startswith("RuntimeError") and "--cuda-graph-max-bs" in e["larger"]
+
+
+def test_memory_budget_shared_draft_steps_flashinfer_keeps_its_steps_shares_the_kv_rows(probe):
+    """FlashInfer: the depth-2 backend SGLang built keeps its own step backend (its wrappers are captured per batch
+    size), and its graph state is the start-up backend's first 2 KV index rows: no new storage, where a depth-2
+    backend alone allocates its 2 rows of ``max_bs x context`` int32 entries (what ``memory_budget`` no longer
+    counts for it)."""
+    f = probe["flashinfer"]
+    assert f["class"] == "SharedKVIndexRows" and f["same_object"] and f["own_steps"]
+    assert f["new_storages"] == 0 and f["rows_shared"] == [True, 2]
+    assert f["alone_bytes"] == 2 * 6 * 64 * 4
+    e = probe["errors"]
+    assert e["flashinfer_larger"].startswith("RuntimeError") and "--cuda-graph-max-bs" in e["flashinfer_larger"]
+    assert e["flashinfer_other_class"].startswith("TypeError")
