@@ -218,24 +218,26 @@ def default_launch_widths(running: int, steps: int, ngram_k: int, n_nodes: Optio
                          extras)
 
 
-#: the HYBRID layouts the table prints: (label, cost_table, draft_cost_table, measure_cost_table)
-LAYOUTS = (("HYBRID as built, both cost tables", True, True, "off"),
-           ("HYBRID, cost_table only (widths)", True, False, "off"),
-           ("HYBRID, draft_cost_table only (depths)", False, True, "off"),
-           ("HYBRID default, measured", False, False, "auto"),
-           ("HYBRID, no price (width 13)", False, False, "off"))
+#: the HYBRID layouts the table prints: (label, cost_table, draft_cost_table, measure_cost_table, ragged)
+LAYOUTS = (("HYBRID as built, both cost tables", True, True, "off", False),
+           ("HYBRID ragged, both cost tables", True, True, "off", True),
+           ("HYBRID, cost_table only (widths)", True, False, "off", False),
+           ("HYBRID, draft_cost_table only (depths)", False, True, "off", False),
+           ("HYBRID default, measured", False, False, "auto", False),
+           ("HYBRID, no price (width 13)", False, False, "off", False))
 
 
 def layouts(case: H200Case) -> list:
-    """Plain EAGLE (``STEPS`` steps) and the HYBRID layouts of ``LAYOUTS`` at ``case``."""
+    """Plain EAGLE (``STEPS`` steps) and the HYBRID layouts of ``LAYOUTS`` at ``case`` (the ragged one as
+    ``ragged_verify=on`` builds it on FlashInfer: one verify part, the verify eager)."""
     out = [mb.eagle_budget(case.dep, STEPS)]
-    for label, table, draft_table, measure in LAYOUTS:
+    for label, table, draft_table, measure, ragged in LAYOUTS:
         widths = None
         if measure == "auto":       # the default launch: the widths the worker fits to the free memory at start
             widths = default_launch_widths(case.running, STEPS, NGRAM_K, context=case.context)
             label = f"{label} ({','.join(map(str, widths))})"
         out.append(hybrid_budget(case, hybrid_settings(table, draft_table, measure=measure), layout=label,
-                                 widths=widths))
+                                 widths=widths, ragged=ragged))
     return out
 
 

@@ -1,18 +1,21 @@
-"""Shallower EAGLE depths in the start-up depth's draft backend (``sglang_hybrid.sglang_plugin.shared_draft_steps``).
+"""Shallower EAGLE depths in the start-up depth's draft buffers (``sglang_hybrid.sglang_plugin.shared_draft_steps``).
 
-The live CPU engine runs the shared backend eagerly (``tests/test_sglang_live.py``, the ragged self-check: depths 1-3
-under a start-up depth of 3, token-identical to plain greedy), but it captures no CUDA graph, so the graph state it
-shares never exists there. Here SGLang's real ``TritonMultiStepDraftBackend`` and ``TritonAttnBackend`` methods run on
-the CPU (their constructors need a model runner, so the objects are made with ``__new__`` and the attributes those
-methods read, as ``tests/test_memory_budget.py`` makes them), with SGLang's KV index kernel under Triton's
-interpreter, in one subprocess (``TRITON_INTERPRET`` must be set before Triton's import):
+The live CPU engine runs the shared Triton backend eagerly (``tests/test_sglang_live.py``, the retraction case: depths
+2 and 3 under a start-up depth of 3, depth 2 in the view, token-identical to plain greedy), but it captures no CUDA
+graph, so the graph state it shares never exists there, and it runs no FlashInfer. Here SGLang's real multi-step
+draft backends and step backends run their own methods on the CPU (their constructors need a model runner, so the
+objects are made with ``__new__`` and the attributes those methods read: ``tests/sglang_backends_on_cpu.py``), with
+SGLang's KV index kernel under Triton's interpreter, in one subprocess (``TRITON_INTERPRET`` must be set before
+Triton's import):
 
-* the view's ``init_cuda_graph_state`` allocates nothing: every tensor it and its step backends hold lies in the
-  start-up backend's storage (``memory_budget`` counts the shared depths at zero bytes);
-* before a graph replay, ``init_forward_metadata_out_graph`` writes into the shared rows exactly what a depth-2 backend
-  with buffers of its own writes into its own, over rows the start-up depth left dirty;
+* Triton: the view's ``init_cuda_graph_state`` allocates nothing (every tensor it and its step backends hold lies in
+  the start-up backend's storage), and before a graph replay ``init_forward_metadata_out_graph`` writes into the
+  shared rows exactly what a depth-2 backend with buffers of its own writes into its own, over rows the start-up
+  depth left dirty;
+* FlashInfer: the depth keeps its own step backends and its graph state allocates nothing but takes the start-up
+  backend's KV index rows (its wrappers and captures need a GPU);
 * the refusals: a depth outside 2 to the start-up depth less one, a graph state the start-up backend never made, a
-  graph larger than the one it was sized for.
+  graph larger than the one it was sized for, a backend of another class.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ _PROBE = """
     import sglang.srt.layers.attention.triton_backend as tb
     from sglang.srt.mem_cache.kv_index_translator import KVIndexTable
     from sglang_hybrid.sglang_plugin.shared_draft_steps import SharedDraftSteps, shallower_backend
+    from tests.sglang_backends_on_cpu import flashinfer_module, flashinfer_multi_step, triton_step
 
     M, C, NH, SPLITS, HD, SMS, POOL = 6, 64, 4, 8, 16, 3, 8      # max_bs, context, heads, kv splits, head dim, SMs
     req_to_token = torch.arange(POOL * C, dtype=torch.int32).reshape(POOL, C) * 7 % 1009
@@ -47,14 +51,7 @@ _PROBE = """
                                 entry_page_size=1, is_translated=False)
 
     def step_backend():
-        b = tb.TritonAttnBackend.__new__(tb.TritonAttnBackend)
-        b.dllm_attention, b.num_head, b.num_kv_head, b.max_kv_splits = None, NH, NH, SPLITS
-        b.v_head_dim, b.swa_v_head_dim, b.device = HD, None, "cpu"
-        b.lean_total_programs, b.lean_block_m, b.max_context_len = SMS, 16, C
-        b.is_draft_runner, b.skip_prefill, b.num_draft_tokens = True, True, 5
-        b.sliding_window_size, b.use_sliding_window_kv_pool = None, False
-        b.static_kv_splits, b.device_core_count, b.enable_deterministic, b.split_tile_size = False, SMS, False, None
-        return b
+        return triton_step(context=C, heads=NH, kv_splits=SPLITS, head_dim=HD, sms=SMS, width=5)
 
     def multi_step(steps):
         ms = tb.TritonMultiStepDraftBackend.__new__(tb.TritonMultiStepDraftBackend)
@@ -116,25 +113,10 @@ _PROBE = """
     out["step0_is_prefix_plus_one"] = torch.equal(own.cuda_graph_kv_indices[0, :used[0]], first.to(torch.int64))
 
     # FlashInfer's (its constructors and wrappers need CUDA: SGLang's own methods with its literal device="cuda"
-    # dropped, as tests/test_memory_budget.py runs them)
-    import sglang.srt.layers.attention.flashinfer_backend as fb
-    class Host:
-        def __getattr__(self, name):
-            return getattr(torch, name)
-        @staticmethod
-        def zeros(*a, device=None, **k):
-            return torch.zeros(*a, **k)
-    fb.torch = Host()
-    def fi_step():
-        b = fb.FlashInferAttnBackend.__new__(fb.FlashInferAttnBackend)
-        b.max_context_len, b.num_wrappers, b.use_sliding_window_kv_pool = C, 1, False
-        b.skip_prefill, b.kv_indptr = True, [torch.zeros(M + 1, dtype=torch.int32)]
-        return b
+    # dropped)
+    fb = flashinfer_module()
     def fi_multi(steps):
-        ms = fb.FlashInferMultiStepDraftBackend.__new__(fb.FlashInferMultiStepDraftBackend)
-        ms.topk, ms.max_context_len, ms.speculative_num_steps = 1, C, steps
-        ms.attn_backends = [fi_step() for _ in range(steps - 1)]
-        return ms
+        return flashinfer_multi_step(fb, steps, max_bs=M, context=C)
     fstart = fi_multi(4)
     fstart.init_cuda_graph_state(M, M)
     fowned = storages([fstart, *fstart.attn_backends])

@@ -3,22 +3,24 @@
 Why: HYBRID builds a draft part per EAGLE depth (``runtime_states``), and each built its own multi-step draft backend:
 ``depth - 1`` step backends, each with its graph state, and KV indices of ``depth x max_bs x context`` entries. For
 Llama-3.1-8B at 128 requests and a 131,072-token context, depths 2 and 3 took 0.68 GiB on Triton and 1.18 GiB on
-FlashInfer beside the start-up depth's part (``memory_budget``), enough to keep ragged verify's start-up memory above
-1.5x plain EAGLE's. Yet one depth runs per step, and what a depth's backend holds is scratch rewritten before each
-forward reads it: eager forwards allocate their KV indices afresh (``init_forward_metadata``), and before each graph
-replay ``init_forward_metadata_out_graph`` rewrites the step rows of the KV indices (and, on Triton, ``kv_indptr`` and
-the split counts), with device work ordered after the previous forward (on the replays' stream, or on SGLang's plan
-stream, which waits on it first), exactly as plain EAGLE rewrites its one backend's buffers from step to step. For a
-chain draft (top-k 1, what HYBRID drafts) step ``i``'s rows do not depend on the step count
-(``generate_draft_decode_kv_indices`` lays out ``seq_len + i + 1`` entries per request). So a shallower depth runs in
-the start-up backend's buffers, as SGLang's graph runners already share one set of buffers across their batch sizes:
+FlashInfer (0.31 GiB of it KV indices) beside the start-up depth's part (``memory_budget``), enough to keep ragged
+verify's start-up memory above 1.5x plain EAGLE's. Yet one depth runs per step, and what a depth's backend holds is
+scratch rewritten before each forward reads it: eager forwards allocate their KV indices afresh
+(``init_forward_metadata``), and before each graph replay ``init_forward_metadata_out_graph`` rewrites the step rows
+of the KV indices (and, on Triton, ``kv_indptr`` and the split counts), with device work ordered after the previous
+forward (on the replays' stream, or on SGLang's plan stream, which waits on it first), exactly as plain EAGLE rewrites
+its one backend's buffers from step to step. For a chain draft (top-k 1, what HYBRID drafts) step ``i``'s rows do not
+depend on the step count (``generate_draft_decode_kv_indices`` lays out ``seq_len + i + 1`` entries per request).
+So a shallower depth runs in the start-up backend's buffers, as SGLang's graph runners already share one set of
+buffers across their batch sizes:
 
 * Triton (``SharedDraftSteps``): the whole backend is a view, the start-up backend's first ``depth - 1`` step
   backends and the first ``depth`` rows of its buffers; nothing is allocated.
 * FlashInfer (``SharedKVIndexRows``): the depth keeps step backends of its own, because each holds a wrapper set per
   captured batch size (``FlashInferAttnBackend.decode_cuda_graph_metadata[bs]``) that each capture replaces: a view's
-  capture would swap out the wrappers the start-up depth's graphs replay with. Only the KV index rows are the start-up
-  backend's, the bulk of the memory (``4 x depth x max_bs x context`` bytes against ``depth - 1`` wrapper sets).
+  capture would swap out the wrappers the start-up depth's graphs replay with. Only the KV index rows
+  (``4 x depth x max_bs x context`` bytes) are the start-up backend's; the wrapper sets (8 MiB per captured batch
+  size and step) stay the depth's own.
 
 Other backends, and tree drafts (top-k > 1), keep a backend of their own per depth (``shallower_backend``).
 """
