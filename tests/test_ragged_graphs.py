@@ -74,7 +74,8 @@ def test_capture_kind_follows_device_and_tensor_parallelism():
     ("TritonAttnBackend", True, False, "cpu", 1, False, None),          # setting ragged_graphs off
     ("FlashInferAttnBackend", True, True, "cuda", 1, False, None),
 ])
-def test_tier_graph_kind_is_the_one_answer(monkeypatch, backend, ragged, ragged_graphs, device, tp, disabled, want):
+def test_ragged_tier_graph_kind_is_the_one_answer(monkeypatch, backend, ragged, ragged_graphs, device, tp, disabled,
+                                                  want):
     """``tier_graph_kind``: ragged, the setting, SGLang's Triton backend (before or after HYBRID's subclass) and a
     capture for the device, TP size and SGLang's decode graph switch. SGLang's switch is read with its own
     ``check_cuda_graph_backend``, which answers from the config SGLang publishes at start (none here: graphs on);

@@ -475,6 +475,9 @@ def check_fits(hybrid: Budget, free: int, reserve: int, *, total_memory: Optiona
            "settings verify_widths / draft_depths (e.g. SGLANG_HYBRID_VERIFY_WIDTHS='[4]', "
            "SGLANG_HYBRID_DRAFT_DEPTHS='[]'), or leave out cost_table (one width) or draft_cost_table (one depth)"
            if later else "the start-up runtime state and HYBRID's workspace themselves do not fit"]
+    if len(hybrid.verify_parts) > 1:
+        fix.append("ragged verify (SGLANG_HYBRID_RAGGED_VERIFY=on with --attention-backend triton or flashinfer): one "
+                   "verify part serves every width, and SGLang captures no target verify graphs")
     fix.append("a lower --cuda-graph-max-bs (every graph buffer grows with the largest captured batch)")
     fix.append("a shorter --context-length (graph buffers are sized by it)")
     if mem_fraction_static is not None and total_memory:
