@@ -16,7 +16,10 @@
 #   ONLY="HYBRID EAGLE" (subset of algorithms)   SKIP_CHECK=1 (skip the greedy checks)
 #   SKIP_RAGGED=1 (skip the ragged-verify greedy checks: HYBRID with SGLANG_HYBRID_RAGGED_VERIFY=on on the Triton
 #       backend, its verify forward in HYBRID's token-tier CUDA graphs, and on the FlashInfer backend, its verify
-#       forward eager, both beside SGLang's draft graphs, each against plain decoding on the same backend)
+#       forward eager, both beside SGLang's draft graphs, each against plain decoding on the same backend; both with
+#       adaptive drafting, EAGLE depths 1 to STEPS, under a flat 1 ms draft cost table unless
+#       SGLANG_HYBRID_DRAFT_COST_TABLE gives one: the depths below STEPS capture their draft graphs in the start-up
+#       depth's buffers, docs/sglang.md "Runtime states"; their counters go to logs/counters_<run>.json)
 #   EAGLE_ALGO=EAGLE|EAGLE3 (baseline's algorithm name; default guessed from the draft's name)
 #   SGLANG_HYBRID_* (HYBRID settings, see docs/sglang.md), e.g. SGLANG_HYBRID_COST_TABLE=cost.json
 # Output: OUT_DIR/{check,runs}/..., OUT_DIR/summary.txt (throughput ratios vs no speculation and vs EAGLE).
@@ -105,18 +108,27 @@ algo_args() {
     esac
 }
 
-# Ragged verify (docs/sglang.md, "Ragged verify"): "<algo>_RAGGED" launches <algo> on Triton (HYBRID drops SGLang's
-# target verify graphs and runs its verify forward in its own token-tier CUDA graphs), "<algo>_RAGGEDFI" on FlashInfer
-# (its verify forward eager; after SERVER_ARGS, so these flags win),
-# HYBRID with ragged verify forced on.
+# Ragged verify (docs/sglang.md, "Ragged verify"): "<algo>_RAGGED" launches <algo> on Triton (SGLang captures no
+# target verify graphs; HYBRID runs its verify forward in its own token-tier CUDA graphs), "<algo>_RAGGEDFI" on
+# FlashInfer (its verify forward eager; after SERVER_ARGS, so these flags win), HYBRID with ragged verify forced on
+# and drafting adaptively (a draft cost table: the flat one below unless the caller gives one), so that every EAGLE
+# depth's draft graphs are captured and replayed.
 RAGGED_ARGS="--attention-backend triton"
 RAGGEDFI_ARGS="--attention-backend flashinfer"
+RAGGED_DRAFT_TABLE=${SGLANG_HYBRID_DRAFT_COST_TABLE:-$OUT/data/draft_cost_flat_1ms.json}
+[ -n "${SGLANG_HYBRID_DRAFT_COST_TABLE:-}" ] \
+    || $PY -c "import sys; from sglang_hybrid.cost import CostModel; CostModel.linear(0.001, 0.0).save(sys.argv[1])" \
+        "$RAGGED_DRAFT_TABLE"
 
 start_server() {  # $1 = algorithm, or algorithm_RAGGED, or algorithm_RAGGEDFI
     local log="$OUT/logs/server_$1.log" extra="" ragged="${SGLANG_HYBRID_RAGGED_VERIFY:-auto}"
+    local draft_table="${SGLANG_HYBRID_DRAFT_COST_TABLE:-}"
     case "$1" in *_RAGGED) extra=$RAGGED_ARGS; ragged=on ;; *_RAGGEDFI) extra=$RAGGEDFI_ARGS; ragged=on ;; esac
+    case "$1" in *_RAGGED*) draft_table=$RAGGED_DRAFT_TABLE ;; esac
     # shellcheck disable=SC2046,SC2086
-    SGLANG_HYBRID_RAGGED_VERIFY=$ragged $PY -m sglang.launch_server --model-path "$MODEL" --port "$PORT" \
+    SGLANG_HYBRID_RAGGED_VERIFY=$ragged SGLANG_HYBRID_DRAFT_COST_TABLE=$draft_table \
+        SGLANG_HYBRID_COUNTERS_FILE="${SGLANG_HYBRID_COUNTERS_FILE:-$OUT/logs/counters_$1.json}" \
+        $PY -m sglang.launch_server --model-path "$MODEL" --port "$PORT" \
         --max-running-requests 128 $(algo_args "${1%%_RAGGED*}") $SERVER_ARGS $extra >"$log" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 1 900); do
@@ -184,6 +196,12 @@ if [ "${SKIP_CHECK:-0}" != 1 ]; then
                 || echo "HYBRID_RAGGED: no ragged verify start-up line in its server log"
         fi
         [ "${SKIP_RAGGED:-0}" = 1 ] || compare_greedy none_RAGGEDFI HYBRID_RAGGEDFI
+        if [ "${SKIP_RAGGED:-0}" != 1 ]; then  # the EAGLE depths the ragged runs drafted at, and the shared parts
+            for run in HYBRID_RAGGED HYBRID_RAGGEDFI; do
+                $PY -c "import json, sys; c = json.load(open(sys.argv[1])); print(sys.argv[2] + ':', 'steps per EAGLE depth', c.get('depth_steps'), '| runtime parts', c.get('runtime_parts'), '| SGLang target verify graphs', c.get('target_verify_graphs'))" \
+                    "$OUT/logs/counters_$run.json" "$run" || echo "$run: no counters file"
+            done
+        fi
     } | tee "$OUT/check/result.txt"
 fi
 
