@@ -123,8 +123,10 @@ RAGGED_DRAFT_TABLE=${SGLANG_HYBRID_DRAFT_COST_TABLE:-$OUT/data/draft_cost_flat_1
 start_server() {  # $1 = algorithm, or algorithm_RAGGED, or algorithm_RAGGEDFI
     local log="$OUT/logs/server_$1.log" extra="" ragged="${SGLANG_HYBRID_RAGGED_VERIFY:-auto}"
     local draft_table="${SGLANG_HYBRID_DRAFT_COST_TABLE:-}"
-    case "$1" in *_RAGGED) extra=$RAGGED_ARGS; ragged=on ;; *_RAGGEDFI) extra=$RAGGEDFI_ARGS; ragged=on ;; esac
-    case "$1" in *_RAGGED*) draft_table=$RAGGED_DRAFT_TABLE ;; esac
+    case "$1" in
+        *_RAGGED) extra=$RAGGED_ARGS; ragged=on; draft_table=$RAGGED_DRAFT_TABLE ;;
+        *_RAGGEDFI) extra=$RAGGEDFI_ARGS; ragged=on; draft_table=$RAGGED_DRAFT_TABLE ;;
+    esac
     # shellcheck disable=SC2046,SC2086
     SGLANG_HYBRID_RAGGED_VERIFY=$ragged SGLANG_HYBRID_DRAFT_COST_TABLE=$draft_table \
         SGLANG_HYBRID_COUNTERS_FILE="${SGLANG_HYBRID_COUNTERS_FILE:-$OUT/logs/counters_$1.json}" \

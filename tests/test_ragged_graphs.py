@@ -65,22 +65,23 @@ def test_capture_kind_follows_device_and_tensor_parallelism():
     assert capture_kind("cuda", 1, decode_graphs=False) is None           # --disable-cuda-graph: none of HYBRID's
 
 
-@pytest.mark.parametrize("backend, ragged, ragged_graphs, device, tp, disabled, want", [
-    ("TritonAttnBackend", True, True, "cpu", 1, False, "traced"),
-    ("RaggedTritonAttnBackend", True, True, "cuda", 1, False, "cuda"),  # after triton_backend.enable
-    ("TritonAttnBackend", True, True, "cuda", 1, True, None),           # SGLang's decode graphs off
-    ("TritonAttnBackend", True, True, "cuda", 2, False, None),
-    ("TritonAttnBackend", False, True, "cpu", 1, False, None),          # padded verify
-    ("TritonAttnBackend", True, False, "cpu", 1, False, None),          # setting ragged_graphs off
-    ("FlashInferAttnBackend", True, True, "cuda", 1, False, None),
+@pytest.mark.parametrize("backend, ragged, ragged_graphs, device, tp, disabled, want, why", [
+    ("TritonAttnBackend", True, True, "cpu", 1, False, "traced", ""),
+    ("RaggedTritonAttnBackend", True, True, "cuda", 1, False, "cuda", ""),  # after triton_backend.enable
+    ("TritonAttnBackend", True, True, "cuda", 1, True, None, "--disable-cuda-graph"),  # SGLang's decode graphs off
+    ("TritonAttnBackend", True, True, "cuda", 2, False, None, "TP 1"),
+    ("TritonAttnBackend", True, True, "xpu", 1, False, None, "xpu device"),
+    ("TritonAttnBackend", False, True, "cpu", 1, False, None, "padded verify"),
+    ("TritonAttnBackend", True, False, "cpu", 1, False, None, "ragged_graphs=false"),
+    ("FlashInferAttnBackend", True, True, "cuda", 1, False, None, "Triton backend only"),
 ])
 def test_ragged_tier_graph_kind_is_the_one_answer(monkeypatch, backend, ragged, ragged_graphs, device, tp, disabled,
-                                                  want):
+                                                  want, why):
     """``tier_graph_kind``: ragged, the setting, SGLang's Triton backend (before or after HYBRID's subclass) and a
     capture for the device, TP size and SGLang's decode graph switch. SGLang's switch is read with its own
     ``check_cuda_graph_backend``, which answers from the config SGLang publishes at start (none here: graphs on);
     ``disabled`` stands for a launch with ``--disable-cuda-graph``, as SGLang's hook resolves it (the decode phase's
-    backend DISABLED)."""
+    backend DISABLED). Where none runs, the reason the worker's start-up line gives."""
     from types import SimpleNamespace
 
     import sglang.srt.model_executor.cuda_graph_config as cgc
@@ -92,7 +93,9 @@ def test_ragged_tier_graph_kind_is_the_one_answer(monkeypatch, backend, ragged, 
         monkeypatch.setattr(cgc, "check_cuda_graph_backend",
                             lambda phase, b: (phase, b) == (cgc.Phase.DECODE, cgc.Backend.DISABLED))
     runner = SimpleNamespace(attn_backend=type(backend, (), {})(), device=device)
-    assert tier_graph_kind(runner, tp, ragged=ragged, ragged_graphs=ragged_graphs) == want
+    kind, reason = tier_graph_kind(runner, tp, ragged=ragged, ragged_graphs=ragged_graphs)
+    assert kind == want
+    assert (why in reason) if why else reason == ""
 
 
 def test_traced_replay_refuses_what_a_graph_cannot_replay():

@@ -557,17 +557,16 @@ def _start_budget(worker, dep: Deployment, states: Sequence) -> Budget:
         model_bias=step.model_bias is not None, fused=step.fused is not None,
         max_bs=dep.max_bs or dep.max_running_requests, width=width, depths=len(step.depths),
         mask_entries=workspace_mask_entries(dep, width))
-    tier_graphs = False
-    if getattr(worker, "_ragged", False) and dep.attention_backend == "triton":
+    ragged = getattr(worker, "_ragged", False)
+    if ragged and dep.attention_backend == "triton":
         from .ragged.graph_capture import tier_graph_kind
 
         runner = worker.target_worker.model_runner
-        tier_graphs = tier_graph_kind(runner, tp_size_of(worker), ragged=True,
-                                      ragged_graphs=worker.settings.ragged_graphs) is not None
+        kind, _ = tier_graph_kind(runner, tp_size_of(worker), ragged=True, ragged_graphs=worker.settings.ragged_graphs)
         running = int(runner.max_running_requests)
-        own = replace(own, fixed=own.fixed + ragged_triton_bytes(dep, running, width, tier_graphs=tier_graphs))
+        own = replace(own, fixed=own.fixed + ragged_triton_bytes(dep, running, width, tier_graphs=kind is not None))
     return budget(dep, [(worker.speculative_num_steps, width), *states], layout="HYBRID", max_draft_tokens=width,
-                  own=own, target_verify_graphs=not getattr(worker, "_ragged", False))
+                  own=own, target_verify_graphs=not ragged)
 
 
 def _free_and_reserve(worker, *, across_tp: bool = False) -> tuple[int, int]:

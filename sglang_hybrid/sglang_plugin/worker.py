@@ -389,14 +389,6 @@ class HybridWorkerV2(EAGLEWorkerV2):
 
         return init
 
-    def _tier_graph_kind(self) -> Optional[str]:
-        """How HYBRID's token-tier graphs capture the ragged verify forward (``graph_capture.tier_graph_kind``, as the
-        start-up memory budget counts them), or None where they do not run."""
-        from .ragged.graph_capture import tier_graph_kind
-
-        return tier_graph_kind(self.target_worker.model_runner, memory_budget.tp_size_of(self),
-                               ragged=self._ragged_decided(), ragged_graphs=self.settings.ragged_graphs)
-
     def _ragged_decided(self) -> bool:
         """``_ragged_wanted``, decided (and logged) once: it is asked at the target's graph capture and again here."""
         if self._ragged_decision is None:
@@ -520,23 +512,17 @@ class HybridWorkerV2(EAGLEWorkerV2):
         graph path. Elsewhere (FlashInfer, whose planner needs every row owned; CUDA at TP > 1, whose collectives
         SGLang registers for capture inside its own runner) the forward stays eager, and so it does with the setting
         ``ragged_graphs`` false. Returns how it runs, for the start-up log."""
-        from .ragged import graph_capture, graph_runner, triton_backend
+        from .ragged import graph_capture, graph_runner
 
         runner = self.target_worker.model_runner
-        kind = self._tier_graph_kind()
+        kind, why = graph_capture.tier_graph_kind(runner, memory_budget.tp_size_of(self), ragged=True,
+                                                  ragged_graphs=self.settings.ragged_graphs)
+        if kind is None:
+            return f"eager verify forward ({why})"
         if kind == "traced":
             capture, how = graph_capture.TracedEagerCapture(), "token-tier graphs (CPU: trace-checked eager replays)"
-        elif kind == "cuda":
-            capture, how = graph_capture.CudaGraphCapture(), "token-tier CUDA graphs"
-        elif not self.settings.ragged_graphs:
-            return "eager verify forward (setting ragged_graphs=false)"
-        elif type(runner.attn_backend) is not triton_backend.RaggedTritonAttnBackend:
-            return "eager verify forward (token-tier graphs run on the Triton backend only)"
-        elif memory_budget.tp_size_of(self) > 1:
-            return "eager verify forward (token-tier CUDA graphs are built for TP 1)"
         else:
-            return ("eager verify forward (token-tier graphs need CUDA with SGLang's decode CUDA graphs on: no "
-                    "--disable-cuda-graph)")
+            capture, how = graph_capture.CudaGraphCapture(), "token-tier CUDA graphs"
         graphs = graph_runner.RaggedVerifyGraphRunner(runner, runner.attn_backend, capture,
                                                       on_step=self.counters.on_ragged_graph)
         runner.eager_runner = graph_runner.RaggedVerifyEagerRunner(runner.eager_runner, graphs)

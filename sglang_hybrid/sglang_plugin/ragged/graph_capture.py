@@ -43,18 +43,29 @@ def capture_kind(device: str, tp_size: int, *, decode_graphs: bool = True) -> Op
 TRITON_BACKENDS = ("TritonAttnBackend", "RaggedTritonAttnBackend")
 
 
-def tier_graph_kind(runner, tp_size: int, *, ragged: bool, ragged_graphs: bool) -> Optional[str]:
+def tier_graph_kind(runner, tp_size: int, *, ragged: bool, ragged_graphs: bool) -> tuple[Optional[str], str]:
     """How the ragged verify forward on the target's model ``runner`` is captured in HYBRID's token-tier graphs
-    (``capture_kind``), or None where it runs eager: not ragged, the setting ``ragged_graphs`` off, a backend other
-    than SGLang's Triton one (FlashInfer's planner needs every row owned), or no capture for the device, TP size and
-    SGLang's decode graph setting. The one answer SGLang's target capture hook, the graph runner's set-up and the
-    start-up memory budget all act on."""
-    if not (ragged and ragged_graphs) or type(runner.attn_backend).__name__ not in TRITON_BACKENDS:
-        return None
+    (``capture_kind``), or None where it runs eager, with the reason: not ragged, the setting ``ragged_graphs`` off, a
+    backend other than SGLang's Triton one (FlashInfer's planner needs every row owned), or no capture for the
+    device, TP size and SGLang's decode graph setting. ``(kind, reason)``; the reason is empty where a kind is given.
+    The one answer the graph runner's set-up (and its start-up log line) and the start-up memory budget act on."""
+    if not ragged:
+        return None, "padded verify"
+    if not ragged_graphs:
+        return None, "setting ragged_graphs=false"
+    if type(runner.attn_backend).__name__ not in TRITON_BACKENDS:
+        return None, "token-tier graphs run on the Triton backend only"
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
 
-    return capture_kind(runner.device, tp_size,
-                        decode_graphs=not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED))
+    decode_graphs = not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
+    kind = capture_kind(runner.device, tp_size, decode_graphs=decode_graphs)
+    if kind is not None:
+        return kind, ""
+    if tp_size > 1:
+        return None, "token-tier CUDA graphs are built for TP 1"
+    if not decode_graphs:
+        return None, "SGLang's decode CUDA graphs are off (--disable-cuda-graph)"
+    return None, f"no token-tier capture on a {torch.device(runner.device).type} device (CUDA or the CPU engine)"
 
 
 class GraphReplayMismatch(RuntimeError):
