@@ -415,10 +415,12 @@ def test_memory_budget_llama8b_h200_numbers(llama):
     assert rows == (2 + 3) * RUNNING * CONTEXT * 4 and round(rows / GiB, 2) == 0.31
     assert round(p.total / e.total, 2) == 4.29 and round(r.total / e.total, 2) == 1.42
     assert round(one.total / e.total, 2) == 1.54
-    # the default launch (no table given: measured at start, widths 5 and 13 and the extras that fit): all four
-    # widths (4, 5, 8, 13) fit at 128 requests and a 131,072 context
+    # the default launch (no table given: both measured at start, widths 5 and 13 and the extras that fit, the
+    # default depths 1-4 for the draft table): all four widths (4, 5, 8, 13) still fit at 128 requests and a 131,072
+    # context beside the four depths (11.31 GiB with one depth)
     d = llama["default"]
-    assert sorted(d.states) == [(4, 4), (4, 5), (4, 8), (4, 13)] and round(d.total / GiB, 2) == 11.31
+    assert sorted(d.states) == [(dd, w) for dd in (1, 2, 3, 4) for w in (4, 5, 8, 13)]
+    assert round(d.total / GiB, 2) == 12.18
     assert d.from_free + llama["reserve"] <= llama["free"]
     fits = {k: b.from_free + llama["reserve"] <= llama["free"] for k, b in (("eagle", e), ("padded", p),
                                                                                ("ragged", r), ("one", one))}
@@ -457,9 +459,9 @@ def test_memory_budget_bench_table(capsys):
     assert last.split("both cost tables")[1].split() == ["4", "5", "5.20", "1.42x", "6.04", "13.34", "FITS"]
     no_table = next(line for line in out.splitlines() if line.split()[:2] == ["128", "131,072"] and "no price" in line)
     assert no_table.split("(width 13)")[1].split() == ["1", "3", "5.64", "1.54x", "6.47", "13.34", "FITS"]
-    # the default launch at 128 x 131,072: EAGLE's width, the full tree and both extras (8, 4) fit
+    # the default launch at 128 x 131,072: EAGLE's width, the full tree and both extras (8, 4) fit, x 4 depths
     default = next(line for line in out.splitlines() if line.split()[:2] == ["128", "131,072"] and "default" in line)
-    assert default.split("(4,5,8,13)")[1].split() == ["4", "9", "11.31", "3.08x", "12.15", "13.34", "FITS"]
+    assert default.split("(4,5,8,13)")[1].split() == ["16", "11", "12.18", "3.32x", "13.01", "13.34", "FITS"]
     default4 = next(line for line in out.splitlines() if line.split()[:2] == ["4", "131,072"] and "default" in line)
     assert "(4,5,8,13)" in default4 and default4.endswith("FITS")
 
@@ -499,7 +501,8 @@ def test_memory_budget_refusal_names_the_settings(llama):
     with pytest.raises(mb.HybridMemoryError) as err:
         mb.check_fits(p, free, llama["reserve"], total_memory=H200_MIB * MiB, mem_fraction_static=0.905)
     msg = str(err.value)
-    for name in ("verify_widths", "draft_depths", "SGLANG_HYBRID_VERIFY_WIDTHS", "draft_cost_table", "cost_table",
+    for name in ("verify_widths", "draft_depths", "SGLANG_HYBRID_VERIFY_WIDTHS",
+                 "SGLANG_HYBRID_DRAFT_DEPTHS='[]': one depth, even with a draft table given or measured", "cost_table",
                  "SGLANG_HYBRID_RAGGED_VERIFY=on", "--cuda-graph-max-bs", "--context-length", "--mem-fraction-static",
                  "short"):
         assert name in msg, name

@@ -553,6 +553,33 @@ def test_realistic_runner_tunes_hybrids_launch_settings_like_the_baselines():
         runner.runs[(src, "as built", "code", 4, "hybrid_merge", 1)].seconds)
 
 
+def test_realistic_ragged_mode_is_the_readme_launch_with_ragged_verify_on():
+    """Beside the README's launch (padded verify) the headline point and the real trace run HYBRID as launched with
+    ``ragged_verify=on`` (``RAGGED``): the same engine but for the verify layout, the worker's blocking read at the
+    configured stall, tuned and evaluated like the other modes; ``ragged_mode=False`` leaves it out."""
+    rng = np.random.default_rng(1)
+    reqs = [dataclasses.replace(one_request_trace(L=40, k=8, output=rng.integers(0, 50, 40), workload="code")[0],
+                                id=f"code{i}") for i in range(4)]
+    cfg = replay_realistic.Config(requests=4, out_tokens=40, seeds=(0, 1), batches=(4,), eagle_ks=(2,), model_ks=(2,),
+                                  hybrid_steps=(), hybrid_ngram_ks=(), ngram_ks=(8,), sweep=False, decompose=False,
+                                  plot=None, ragged_sync_us=123.0)
+    runner = replay_realistic.Runner(cfg)
+    ragged, padded = runner.engines[replay_realistic.RAGGED], runner.engines["as built"]
+    assert runner.head_modes == ("as built", "ideal", replay_realistic.RAGGED)
+    assert (ragged.verify, ragged.sync_us, padded.verify) == ("ragged_sync", 123.0, "padded")
+    assert dataclasses.replace(ragged, verify="padded", sync_us=padded.sync_us) == padded
+    bank = replay_drafts.DraftBank(reqs, runner.bank_k, ngram_width=runner.pw)
+    groups = {"code": [0, 1, 2, 3]}
+    src = (0.7, 0.9)                                   # a sweep point names the source
+    runner.run_source(src, {0: bank, 1: bank}, {0: groups, 1: groups}, [("code", 4)], [0, 1], runner.head_modes,
+                      lambda *_: None)
+    cells = {m: runner.cell(src, m, "code", 4) for m in runner.head_modes}
+    assert all(c is not None and c["hybrid"] > 0 for c in cells.values())
+    assert cells[replay_realistic.RAGGED]["hybrid"] != cells["as built"]["hybrid"]
+    assert replay_realistic.RAGGED not in replay_realistic.Runner(
+        dataclasses.replace(cfg, ragged_mode=False)).engines
+
+
 def test_realistic_cells_in_forked_processes_give_the_runs_of_one_process(monkeypatch):
     """``--jobs``: the cells of a source run in forked processes and their runs and choices join the runner in the
     cells' order, equal to the same cells run one after another (every run a function of its inputs and seed); the
@@ -743,8 +770,11 @@ def test_realistic_command_line_defaults_are_the_configs_and_eagle_trees_parse(m
     replay.main(["--realistic"])
     want = replay_realistic.Config()
     for field in ("requests", "out_tokens", "seeds", "batches", "width_lag", "ngram_lag", "cost_tables",
-                  "hybrid_steps", "hybrid_ngram_ks", "ngram_ks", "eagle_trees", "measured_table"):
+                  "hybrid_steps", "hybrid_ngram_ks", "ngram_ks", "eagle_trees", "measured_table", "ragged_mode"):
         assert getattr(seen["cfg"], field) == getattr(want, field), field
+    seen.clear()
+    replay.main(["--realistic", "--no-ragged-mode"])
+    assert seen["cfg"].ragged_mode is False
     seen.clear()
     replay.main(["--realistic", "--measured-table", "none"])
     assert seen["cfg"].measured_table is None
@@ -856,10 +886,10 @@ def test_ragged_late_caps_each_request_by_its_own_choice_two_steps_before():
 
 
 def test_realistic_as_built_is_the_readme_launch_unless_both_tables_are_given():
-    """The headline's as-built HYBRID is the launch the README gives (no cost table: the verify table measured at start,
-    the worker's own widths for it, trimmed at each batch to the runtime states that fit the H200's free memory, a
-    fixed EAGLE depth) for every tuned combination of steps and chain length; with
-    ``cost_tables="given"`` it is the launch with both tables (every width bucket, adaptive drafting)."""
+    """The headline's as-built HYBRID is the launch the README gives (no cost table: both measured at start, the
+    worker's own widths for the verify table, trimmed at each batch to the runtime states that fit the H200's free
+    memory, and its default EAGLE depths for the draft table) for every tuned combination of steps and chain length;
+    with ``cost_tables="given"`` it is the launch with both tables (every width bucket, adaptive drafting)."""
     from bench.memory_budget import default_launch_widths
     from sglang_hybrid.sglang_plugin.config import HybridSettings
     from sglang_hybrid.widths import default_buckets, measured_table_buckets, paying_extras
@@ -897,17 +927,21 @@ def test_realistic_as_built_is_the_readme_launch_unless_both_tables_are_given():
                     assert p.widths == default_launch_widths(b, p.num_steps, p.engine.ngram_k, p.n_nodes,
                                                              extras=paying) == p.decide.widths
                     assert (extras[0] in paying) == (b != 4)         # at 128 it pays; memory may still not fit it
-                assert p.depths is None
+                # the draft table measured at start too: the worker's default depths (adaptive drafting)
+                assert p.depths == HybridSettings(mode="merge", ngram_k=p.engine.ngram_k).resolved_draft_depths(
+                    p.num_steps, "cuda") and len(p.depths) > 1
             else:
                 assert p.widths == default_buckets(p.n_nodes + 1) and len(p.widths) > 2
                 assert p.depths is not None and p.depths[-1] == p.num_steps
+    # a fixed depth (--fixed-depth: the worker with draft_depths = [])
+    assert replay_engine.EngineConfig(cost_tables="measured", adaptive_depth=False).depths is None
     with pytest.raises(ValueError, match="cost_tables must be one of"):
         replay_engine.EngineConfig(cost_tables="none")
 
 
 def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch():
     """The decomposition's rows: the as-built launch first, one mechanic switched per row (the launch without its extra
-    widths among them), both cost tables, the two
+    widths and the launch with one EAGLE depth among them), both cost tables, the two
     ragged designs (the blocking read at the configured stall and at twice it) and the ideal engine last. The blocking
     read's two rows make the same decisions and differ only in the stall, so the longer stall is strictly slower."""
     rng = np.random.default_rng(3)
@@ -926,6 +960,7 @@ def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch()
     rows = {name: v[0] for name, v in table.items()}
     assert list(rows)[0] == "as built" and list(rows)[-1] == "ideal"
     assert {"both cost tables given (does not fit B=128)", "as built, no extra widths (EAGLE's, full)",
+            "as built, one EAGLE depth (no draft table)",
             "ragged, blocking read (400 us), token tiers",
             "ragged, blocking read (800 us), token tiers", "ragged, own width read late, token tiers"} <= set(rows)
     assert all(v > 0 for v in rows.values())
@@ -939,4 +974,7 @@ def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch()
     pol = replay_engine.engine_policies(runner.core, variants["as built, one full width (no price)"], ())[0]
     assert (pol.num_steps, pol.n_nodes, pol.widths) == (2, 10, (11,))
     assert variants["as built"].n_nodes == 10 and variants["ideal"].n_nodes == 10
+    # the README's launch drafts adaptively (its draft table measured at start); the row without it does not
+    assert variants["as built"].depths == (1, 2)
+    assert variants["as built, one EAGLE depth (no draft table)"].depths is None
     assert not variants["ideal"].as_built and variants["ideal"].num_steps == 2

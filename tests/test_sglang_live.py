@@ -112,11 +112,12 @@ def _assert_ragged(counters: dict, fewer: bool = True, spare_rows: bool = True) 
 
 
 def _assert_measured_price(counters: dict) -> None:
-    """The verify cost table was measured at start (setting ``measure_cost_table = on``; ``startup_costs``): one
-    positive, non-decreasing time per probe batch size (powers of two up to the running limit, times the full width),
-    and every step verified at one of the widths a measured table brings: plain EAGLE's (3 steps + the root), the full
-    tree, and the extras (their geometric middle, one narrower than EAGLE's), all kept on the CPU engine (the memory
-    fit is a GPU's)."""
+    """Both cost tables were measured at start (setting ``measure_cost_table = on``; ``startup_costs``): the verify's,
+    one positive, non-decreasing time per probe batch size (powers of two up to the running limit, times the full
+    width), and every step verified at one of the widths a measured table brings: plain EAGLE's (3 steps + the root),
+    the full tree, and the extras (their geometric middle, one narrower than EAGLE's), all kept on the CPU engine (the
+    memory fit is a GPU's); and the draft forward's, one time per probe batch size, with which every step drafted at
+    one of the default depths for 3 steps (1, 2, 3)."""
     table = counters["cost_table"]
     assert table is not None and table["source"] == "measured", table
     full = table["meta"]["verify_width"]
@@ -128,6 +129,12 @@ def _assert_measured_price(counters: dict) -> None:
     required, extras = measured_table_buckets(3, full)
     assert counters["width_steps"] and set(counters["width_steps"]) <= {str(w) for w in (*required, *extras)}, \
         counters["width_steps"]
+    draft = counters["draft_cost_table"]
+    assert draft is not None and draft["source"] == "measured", draft
+    assert draft["sizes"] == batches == draft["meta"]["batch_sizes"], draft
+    assert all(t > 0 for t in draft["seconds"]) and draft["seconds"] == sorted(draft["seconds"]), draft
+    assert draft["meta"]["seconds_spent"] > 0, draft
+    assert counters["depth_steps"] and set(counters["depth_steps"]) <= {"1", "2", "3"}, counters["depth_steps"]
 
 
 def test_self_check_choose_and_merge_ragged_equal_plain_greedy():
@@ -319,7 +326,7 @@ def test_tree_sampling_live_temperature_top_p():
 
 
 def test_tensor_parallel_two_ranks_ragged_equal_plain_greedy(tmp_path):
-    """tp_size=2 on the CPU engine (gloo), the verify cost table measured at start on both ranks: every rank verifies
+    """tp_size=2 on the CPU engine (gloo), both cost tables measured at start on both ranks: every rank verifies
     rank 0's tree (TreeBroadcast), ragged (both ranks compact the same rows); the text equals plain greedy decoding
     with the same tp_size."""
     one = tmp_path / "one.jsonl"

@@ -211,7 +211,8 @@ def test_settings_validation_names_the_setting(tmp_path):
     assert load_settings({"SGLANG_HYBRID_VERIFY_WIDTHS": "[]"}).resolved_verify_widths(4) == (13,)
     with pytest.raises(HybridConfigError, match=r"'verify_widths' = \[1, 20\]: \[1, 20\] outside \[2, 13\]"):
         HybridSettings(verify_widths=[1, 20]).resolved_verify_widths(4)
-    assert HybridSettings().resolved_draft_depths(4) == (4,)                    # no draft cost table: fixed depth
+    assert HybridSettings().resolved_draft_depths(4, "cpu") == (4,)             # no draft table: fixed depth
+    assert HybridSettings().resolved_draft_depths(4) == (1, 2, 3, 4)            # on a GPU one is measured at start
     with_cost = HybridSettings(draft_cost_table="d.json")
     assert with_cost.resolved_draft_depths(4) == (1, 2, 3, 4) and with_cost.resolved_draft_depths(3) == (1, 2, 3)
     assert with_cost.resolved_draft_depths(8) == (1, 2, 3, 4, 8)
@@ -219,8 +220,9 @@ def test_settings_validation_names_the_setting(tmp_path):
     assert HybridSettings(draft_cost_table="d.json", draft_depths=[]).resolved_draft_depths(4) == (4,)
     with pytest.raises(HybridConfigError, match=r"'draft_depths' = \[0, 5\]: \[0, 5\] outside \[1, 4\]"):
         HybridSettings(draft_cost_table="d.json", draft_depths=[0, 5]).resolved_draft_depths(4)
-    with pytest.raises(HybridConfigError, match="'draft_depths' = \\[1\\] needs 'draft_cost_table'"):
-        HybridSettings(draft_depths=[1]).resolved_draft_depths(4)
+    with pytest.raises(HybridConfigError, match="'draft_depths' = \\[1\\] needs a draft table .*DRAFT_COST_TABLE.*"
+                                                "MEASURE_COST_TABLE=on"):
+        HybridSettings(draft_depths=[1]).resolved_draft_depths(4, "cpu")
     assert HybridSettings().model_bias_eta is None                              # off unless asked for
     assert load_settings({"SGLANG_HYBRID_MODEL_BIAS_ETA": "none"}).model_bias_eta is None
     assert load_settings({"SGLANG_HYBRID_MODEL_BIAS_ETA": "0.3"}).model_bias_eta == 0.3

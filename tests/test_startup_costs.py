@@ -11,7 +11,8 @@ import torch
 from sglang_hybrid import cost as cost_mod
 from sglang_hybrid.cost import CostFileError, profile_interleaved
 from sglang_hybrid.sglang_plugin.config import HybridSettings
-from sglang_hybrid.sglang_plugin.startup_costs import chain_mask, probe_batch_sizes, profile_context
+from sglang_hybrid.sglang_plugin.startup_costs import (chain_mask, measure_draft_costs, probe_batch_sizes,
+                                                      profile_context)
 from sglang_hybrid.widths import default_buckets
 
 
@@ -92,7 +93,7 @@ def test_measured_table_default_widths_are_eagles_the_full_tree_and_the_extras_t
     assert s.measure_cost_table == "auto"
     assert s.measures_cost_table("cuda") and not s.measures_cost_table("cpu")
     assert s.resolved_verify_widths(4) == (4, 5, 8, 13)
-    assert s.resolved_shapes(4) == ((4,), (4, 5, 8, 13))
+    assert s.resolved_shapes(4) == ((1, 2, 3, 4), (4, 5, 8, 13))           # the draft table measured too
     assert s.resolved_shapes(4, fixed=True) == ((4,), (13,))
     assert s.fits_widths_to_memory("cuda") and not s.fits_widths_to_memory("cpu")
     assert s.resolved_verify_widths(4, "cpu") == (13,)           # the CPU engine measures only when asked to
@@ -108,9 +109,44 @@ def test_measured_table_default_widths_are_eagles_the_full_tree_and_the_extras_t
     assert HybridSettings(verify_widths=[4]).resolved_verify_widths(4) == (4, 13)
     assert not HybridSettings(verify_widths=[4]).fits_widths_to_memory("cuda")
     assert HybridSettings(verify_widths=[]).resolved_verify_widths(4) == (13,)
+
+
+def test_draft_table_is_measured_where_the_verify_table_is_and_no_draft_table_is_given():
+    """Adaptive drafting comes with the tables measured at start (``measures_draft_table``): on a GPU by default, on
+    the CPU engine when asked (``on``), never with ``off``. A user's draft table is loaded instead, ``draft_depths =
+    []`` keeps one depth, and a one-step chain has no draft decode to time (nor a depth to choose). It does not
+    depend on the verify table: a user's verify table with no draft table still measures the draft's."""
+    s = HybridSettings()
+    assert s.measures_draft_table("cuda", 4) and not s.measures_draft_table("cpu", 4)
+    assert s.resolved_draft_depths(4) == (1, 2, 3, 4) and s.resolved_draft_depths(4, "cpu") == (4,)
+    assert s.resolved_draft_depths(8) == (1, 2, 3, 4, 8)
+    assert not s.measures_draft_table("cuda", 1) and s.resolved_draft_depths(1) == (1,)
+    on = HybridSettings(measure_cost_table="on")
+    assert on.measures_draft_table("cpu", 3) and on.resolved_draft_depths(3, "cpu") == (1, 2, 3)
+    assert HybridSettings(measure_cost_table="on", draft_depths=[2]).resolved_draft_depths(4, "cpu") == (2, 4)
+    off = HybridSettings(measure_cost_table="off")
+    assert not off.measures_draft_table("cuda", 4) and off.resolved_draft_depths(4) == (4,)
+    assert not HybridSettings(draft_depths=[]).measures_draft_table("cuda", 4)
+    assert HybridSettings(draft_depths=[]).resolved_draft_depths(4) == (4,)
+    given = HybridSettings(draft_cost_table="d.json")
+    assert not given.measures_draft_table("cuda", 4) and given.resolved_draft_depths(4, "cpu") == (1, 2, 3, 4)
+    assert HybridSettings(cost_table="t.json").measures_draft_table("cuda", 4)
     assert HybridSettings(ngram_k=24).resolved_verify_widths(4) == (4, 5, 12, 29)       # 28 nodes: middle sqrt(145)
     # choose mode with a chain no longer than EAGLE's: EAGLE's width is the full tree; the narrower extra stays
     assert HybridSettings(mode="choose", ngram_k=3).resolved_verify_widths(4) == (4, 5)
+
+
+def test_measure_draft_costs_refuses_what_has_no_draft_decode_to_time():
+    """A one-step chain runs no draft decode, and a tree draft (top-k > 1) is not the forward the table prices: both
+    are refused by name before anything runs (the worker never asks: ``measures_draft_table``; the live suite's
+    EAGLE-3 and tensor-parallel cases measure the table on SGLang's real draft worker)."""
+    class Worker:                       # only the two settings the guard reads; nothing else is touched
+        def __init__(self, steps, topk):
+            self.speculative_num_steps, self.topk = steps, topk
+
+    for steps, topk in ((1, 1), (4, 2)):
+        with pytest.raises(ValueError, match=f"--speculative-num-steps {steps}, --speculative-eagle-topk {topk}"):
+            measure_draft_costs(Worker(steps, topk), max_batch=4, context_len=1024)
 
 
 def test_hybrid_step_restrict_widths_decides_among_the_kept_buckets_only():

@@ -119,8 +119,8 @@ def main(argv=None) -> int:
                          "depth) or 'given' (both tables: every width bucket and adaptive drafting; does not start "
                          "on an H200 at batch 128, bench.memory_budget)")
     rg.add_argument("--fixed-depth", action="store_true",
-                    help="HYBRID drafts every EAGLE step every step in the ideal engine and with --cost-tables given "
-                         "(no adaptive drafting; the worker without a draft_cost_table, as the default launch is)")
+                    help="HYBRID drafts every EAGLE step every step (no adaptive drafting: the worker without a draft "
+                         "table, draft_depths = [])")
     rg.add_argument("--model-bias-eta", type=_eta_or_none, default=EngineConfig.model_bias_eta, metavar="ETA",
                     help="learning rate of HYBRID's online EAGLE offset (the worker's setting model_bias_eta; "
                          "default: as shipped, off)")
@@ -129,6 +129,9 @@ def main(argv=None) -> int:
                          "long the device idles per step (the read, measured on an H200, plus the host dispatch of "
                          "the launches that follow it, counted by bench.ragged_sync_ops: default "
                          f"{RAGGED_SYNC_US:g}; the decomposition also prints it at twice this)")
+    rg.add_argument("--no-ragged-mode", action="store_true",
+                    help="realistic: leave out HYBRID launched with ragged_verify=on (the mode 'as built, ragged' run "
+                         "beside the README's launch on the headline point and the real trace)")
     rg.add_argument("--no-sweep", action="store_true", help="realistic: the headline point alpha=0.7/0.9 only")
     rg.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
                     help="realistic: processes the cells run in (default: this machine's usable cores; the results "
@@ -174,7 +177,7 @@ def main(argv=None) -> int:
                         hybrid_ngram_ks=tuple(args.hybrid_ngram_ks), ngram_ks=tuple(args.ngram_ks),
                         eagle_trees=tuple(args.eagle_trees),
                         model_bias_eta=args.model_bias_eta, gpu_context=args.gpu_context, real_trace=args.real_trace,
-                        launch=launch, ragged_sync_us=args.ragged_sync_us,
+                        launch=launch, ragged_sync_us=args.ragged_sync_us, ragged_mode=not args.no_ragged_mode,
                         measured_table=None if args.measured_table == "none" else Path(args.measured_table),
                         sweep=not args.no_sweep,
                         out=args.out if args.out != Path("out/replay") else Path("out/replay_realistic"),

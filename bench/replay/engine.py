@@ -92,9 +92,9 @@ VERIFY_LAYOUTS = {
 COST_TABLES = {
     "given": "both cost tables given by the user: every width bucket and adaptive drafting (does not start on an "
              "H200 at 128 requests: bench.memory_budget)",
-    "measured": "none given, the README's launch: the verify table measured at start, widths = plain EAGLE's, the "
-                "full tree and the extras that pay at the batch by that table and whose runtime states fit the H200's "
-                "free memory, a fixed EAGLE depth",
+    "measured": "none given, the README's launch: both tables measured at start, widths = plain EAGLE's, the "
+                "full tree and the extras that pay at the batch by the verify table and whose runtime states fit the "
+                "H200's free memory, the EAGLE depth chosen by the draft table (adaptive drafting)",
 }
 #: the "ragged_sync" stall's parts. The device idle of one blocking read of the counts between two graphs: MEASURED on
 #: an H200 (the device kit's ragged job, 16 counts: ``blocking_read_stall_us`` in docs/device_run/ragged.json)
@@ -129,7 +129,9 @@ class EngineConfig:
     ngram_k: int = 8
     n_nodes: int = 12
     widths: Optional[tuple] = None      # None: sglang_hybrid.widths.default_buckets(n_nodes + 1)
-    #: adaptive drafting (the worker with a draft_cost_table): its default depths, ``widths.default_depths``
+    #: adaptive drafting (the worker with a draft table, given or measured at start): its default depths,
+    #: ``widths.default_depths``; False: a fixed depth (the worker with ``draft_depths = []``, or before 2026-12-05
+    #: the README's launch, which measured the verify table only)
     adaptive_depth: bool = True
     #: HYBRID's online offset on the EAGLE side's calibrated logit: the worker's setting ``model_bias_eta`` and its
     #: default (None: off); the model-only baselines run without it, as the reference loop's do
@@ -141,10 +143,10 @@ class EngineConfig:
     #: default wherever Triton runs) or "torch"
     decision_kernels: str = "fused"
     #: which cost tables the launch has (``COST_TABLES``): "given" = both, the user's (every width bucket and
-    #: adaptive drafting); "measured" = the README's launch, none given: the verify table measured at start, the
-    #: worker's widths for it (``HybridSettings.resolved_verify_widths``: plain EAGLE's, the full tree and the extras
-    #: of ``widths.measured_table_buckets`` that fit the memory at the batch, ``verify_widths``), no draft table (a
-    #: fixed EAGLE depth); ``widths`` and ``adaptive_depth`` apply to "given" only
+    #: adaptive drafting); "measured" = the README's launch, none given: both measured at start, the worker's widths
+    #: for the verify table (``HybridSettings.resolved_verify_widths``: plain EAGLE's, the full tree and the extras
+    #: of ``widths.measured_table_buckets`` that fit the memory at the batch, ``verify_widths``) and its default
+    #: depths for the draft table; ``widths`` applies to "given" only
     cost_tables: str = "given"
     #: the verify layout (``VERIFY_LAYOUTS``): "padded" is what the GPU worker runs by default; "ragged_sync" is its
     #: ragged verify (setting ``ragged_verify=on``: built on Triton at TP 1, not run on a GPU yet); "ragged_late" a
@@ -167,7 +169,7 @@ class EngineConfig:
     @property
     def depths(self) -> Optional[tuple]:
         """EAGLE depths the core picks from (the worker's default ``draft_depths``), or None (always ``num_steps``)."""
-        if not self.adaptive_depth or self.cost_tables == "measured":
+        if not self.adaptive_depth:
             return None
         return default_depths(self.num_steps)
 

@@ -73,16 +73,21 @@ class HybridSettings(BaseModel):
                             "at each probe batch size; sglang_plugin.startup_costs) and price verify slots with that "
                             "table; its default verify widths are then plain EAGLE's (steps + 1) and the full width, "
                             "so a request verifies more than EAGLE would only on steps where the price says the extra "
-                            "nodes pay. auto = on a GPU, not on SGLang's CPU engine (its verify attention runs in "
-                            "Triton's interpreter: minutes per probe); on = also there; off = no price (lambda = 0, "
-                            "every useful draft verified, the full width). Never under DP attention (one fixed width)")
+                            "nodes pay. Without a draft_cost_table, likewise time one EAGLE draft forward at each "
+                            "probe batch size and draft adaptively with that table (2 or more steps; draft_depths = [] "
+                            "keeps one depth). auto = on a GPU, not on SGLang's CPU engine (its verify attention runs "
+                            "in Triton's interpreter: minutes per probe); on = also there; off = no price (lambda = 0, "
+                            "every useful draft verified, the full width, a fixed depth). Never under DP attention "
+                            "(one fixed width)")
     draft_cost_table: Optional[str] = Field(
         None, description="step-time table of ONE draft-model forward by batch size (sglang_hybrid.cost JSON); with "
                           "it HYBRID drafts adaptively: each step picks the EAGLE depth whose expected gain pays for "
-                          "its forwards (see docs/sglang.md); default: none, always --speculative-num-steps")
+                          "its forwards (see docs/sglang.md); default: none given, measured at start "
+                          "(measure_cost_table; where it is not: always --speculative-num-steps)")
     draft_depths: Optional[list[int]] = Field(
         None, description="EAGLE draft depths adaptive drafting picks from (each in [1, steps]; steps is always "
-                          "included); default with a draft_cost_table: every depth up to 4, steps // 2, steps "
+                          "included); default with a draft table (given or measured): every depth up to 4, "
+                          "steps // 2, steps "
                           "(widths.default_depths); [] = off")
     model_bias_eta: Optional[float] = Field(
         None, gt=0, le=10, strict=True,
@@ -130,9 +135,17 @@ class HybridSettings(BaseModel):
     def measures_cost_table(self, device_type: str) -> bool:
         """Whether the worker measures the verify cost table at start on a ``device_type`` ("cuda", "cpu", ...)
         device (setting ``measure_cost_table``; DP attention aside, which the caller rules out)."""
-        if self.cost_table is not None or self.measure_cost_table == "off":
-            return False
-        return self.measure_cost_table == "on" or device_type != "cpu"
+        return self.cost_table is None and self._measures_at_start(device_type)
+
+    def measures_draft_table(self, device_type: str, num_steps: int) -> bool:
+        """Whether the worker measures the draft forward's table at start (``startup_costs.measure_draft_costs``),
+        which turns adaptive drafting on: as the verify table, where none is given (``draft_cost_table``), unless
+        ``draft_depths = []``, for an EAGLE chain of 2 or more steps (one step runs no draft decode)."""
+        return (self.draft_cost_table is None and self.draft_depths != [] and int(num_steps) >= 2
+                and self._measures_at_start(device_type))
+
+    def _measures_at_start(self, device_type: str) -> bool:
+        return self.measure_cost_table == "on" or (self.measure_cost_table == "auto" and device_type != "cpu")
 
     def resolved_shapes(self, num_steps: int, fixed: bool = False,
                         device_type: str = "cuda") -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -140,16 +153,20 @@ class HybridSettings(BaseModel):
         rank must run the same shapes): only ``num_steps`` and the full width."""
         if fixed:
             return (num_steps,), (self.resolved_n_nodes(num_steps) + 1,)
-        return self.resolved_draft_depths(num_steps), self.resolved_verify_widths(num_steps, device_type)
+        return (self.resolved_draft_depths(num_steps, device_type),
+                self.resolved_verify_widths(num_steps, device_type))
 
-    def resolved_draft_depths(self, num_steps: int) -> tuple[int, ...]:
-        """EAGLE draft depths to pick from (sorted; the last is ``num_steps``); ``(num_steps,)`` when adaptive drafting
-        is off (no ``draft_cost_table``, or ``draft_depths = []``)."""
-        if self.draft_cost_table is None or self.draft_depths == []:
+    def resolved_draft_depths(self, num_steps: int, device_type: str = "cuda") -> tuple[int, ...]:
+        """EAGLE draft depths to pick from on a ``device_type`` device (sorted; the last is ``num_steps``);
+        ``(num_steps,)`` when adaptive drafting is off: no draft table (none given, ``draft_cost_table``, and none
+        measured at start, ``measures_draft_table``), or ``draft_depths = []``."""
+        adaptive = self.draft_cost_table is not None or self.measures_draft_table(device_type, num_steps)
+        if not adaptive or self.draft_depths == []:
             if self.draft_depths:
                 raise HybridConfigError(
-                    f"HYBRID setting 'draft_depths' = {self.draft_depths} needs 'draft_cost_table' (the draft "
-                    f"forward's step time prices the depth); set {ENV_PREFIX}DRAFT_COST_TABLE or unset the depths")
+                    f"HYBRID setting 'draft_depths' = {self.draft_depths} needs a draft table (the draft forward's "
+                    f"step time prices the depth): set {ENV_PREFIX}DRAFT_COST_TABLE, or let the worker measure one "
+                    f"at start ({ENV_PREFIX}MEASURE_COST_TABLE=on where it is off here), or unset the depths")
             return (num_steps,)
         from sglang_hybrid.widths import default_depths
 

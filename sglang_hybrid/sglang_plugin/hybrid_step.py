@@ -75,8 +75,9 @@ class HybridStep:
         #: the verify step-time table that prices slots (``set_cost``; None: no price), and its host copy
         self.cost = None
         self.cost_model = None
-        self.draft_cost = (CostModel.load(settings.draft_cost_table).to(self.device) if settings.draft_cost_table
-                           else None)
+        #: the draft forward's step-time table that prices EAGLE depths (``set_draft_cost``; None: a fixed depth, or
+        #: one still to be measured at start)
+        self.draft_cost = None
         self.buffers = alignment.alloc_buffers(pool_size, self.proposal_width, max(2 * self.proposal_width, 16),
                                                self.device)
         #: committed tokens per slot for the device prompt lookup (``context_lookup``; needs the context length)
@@ -85,6 +86,8 @@ class HybridStep:
         self.counters = counters if counters is not None else HybridCounters(self.device)
         if settings.cost_table:
             self.set_cost(CostModel.load(settings.cost_table), "file")
+        if settings.draft_cost_table:
+            self.set_draft_cost(CostModel.load(settings.draft_cost_table), "file")
         #: per slot: the online offset on the EAGLE side's calibrated logit (``request_bias``) and the slot generation
         #: it was learned for (-1: none yet); None when the setting ``model_bias_eta`` is off
         self.model_bias_eta = settings.model_bias_eta
@@ -123,6 +126,13 @@ class HybridStep:
         self.cost_model = table
         self.counters.cost_table = {"source": source, "sizes": table.sizes.tolist(),
                                     "seconds": table.seconds.tolist(), "meta": dict(table.meta)}
+
+    def set_draft_cost(self, table: CostModel, source: str) -> None:
+        """Price EAGLE depths with ``table`` (one draft forward by batch size) from now on (``source`` as
+        ``set_cost``); the counters report it as ``draft_cost_table``."""
+        self.draft_cost = table.to(self.device)
+        self.counters.draft_cost_table = {"source": source, "sizes": table.sizes.tolist(),
+                                          "seconds": table.seconds.tolist(), "meta": dict(table.meta)}
 
     def max_depth_at(self, width: int) -> int:
         """Deepest draft path a tree of ``width`` nodes (root included) can hold."""

@@ -473,7 +473,8 @@ def check_fits(hybrid: Budget, free: int, reserve: int, *, total_memory: Optiona
            f"dearest still to build {_gib(dearest_verify)}) and a draft part per EAGLE depth "
            f"({len(hybrid.draft_parts)} here, the dearest still to build {_gib(dearest_draft)}); shorten the HYBRID "
            "settings verify_widths / draft_depths (e.g. SGLANG_HYBRID_VERIFY_WIDTHS='[4]', "
-           "SGLANG_HYBRID_DRAFT_DEPTHS='[]'), or leave out cost_table (one width) or draft_cost_table (one depth)"
+           "SGLANG_HYBRID_DRAFT_DEPTHS='[]': one depth, even with a draft table given or measured), or leave "
+           "out cost_table and verify_widths (the table measured at start keeps only the extra widths that fit)"
            if later else "the start-up runtime state and HYBRID's workspace themselves do not fit"]
     if len(hybrid.verify_parts) > 1:
         fix.append("ragged verify (SGLANG_HYBRID_RAGGED_VERIFY=on with --attention-backend triton or flashinfer): one "

@@ -93,6 +93,9 @@ class HybridCounters:
         #: what prices the verify slots, set at start (``HybridStep.set_cost``): {"source": "file" | "measured",
         #: "sizes", "seconds", "meta"} (host lists; a measured table's meta says how and in how long), or None
         self.cost_table: Optional[dict] = None
+        #: what prices the EAGLE depths (adaptive drafting), set at start (``HybridStep.set_draft_cost``): the same
+        #: layout, sizes in batch sizes; None where the depth is fixed
+        self.draft_cost_table: Optional[dict] = None
         #: the runtime states built at start and the distinct parts behind them (``runtime_states.parts_built``), or
         #: None where one state serves every step
         self.runtime_parts: Optional[dict] = None
@@ -183,6 +186,7 @@ class HybridCounters:
         """``summarize`` of the device vector ``v`` (host copy) with the host counts, which are cumulative."""
         out = summarize(v, self.width_steps, self.depth_steps, self.decision_steps, self.ragged, self.kv_window_steps)
         out["cost_table"] = self.cost_table
+        out["draft_cost_table"] = self.draft_cost_table
         out["runtime_parts"] = self.runtime_parts
         out["target_verify_graphs"] = self.target_verify_graphs
         return out

@@ -130,7 +130,7 @@ def validate_server_args(server_args, *, check_ngram: bool = True) -> HybridSett
     if steps is not None and int(steps) < 1:
         raise HybridArgsError(f"--speculative-num-steps {steps}: HYBRID needs at least one EAGLE step")
     widths = settings.resolved_verify_widths(int(steps or DEFAULT_NUM_STEPS), str(_get(server_args, "device")))
-    depths = settings.resolved_draft_depths(int(steps or DEFAULT_NUM_STEPS))
+    depths = settings.resolved_draft_depths(int(steps or DEFAULT_NUM_STEPS), str(_get(server_args, "device")))
     if _get(server_args, "enable_dp_attention") and (
             (settings.verify_widths and len(widths) > 1) or (settings.draft_depths and len(depths) > 1)):
         raise HybridArgsError(
@@ -188,10 +188,12 @@ def handle_server_args(server_args) -> None:
     fixed = bool(_get(server_args, "enable_dp_attention"))
     device = str(_get(server_args, "device"))
     depths, widths = settings.resolved_shapes(steps, fixed=fixed, device_type=device)
-    logger.info("HYBRID: mode=%s eagle_steps=%s n_nodes=%d (verify widths %s) ngram_k=%d cost_table=%s",
-                settings.mode, ",".join(map(str, depths)), n_nodes, ",".join(map(str, widths)), settings.ngram_k,
+    logger.info("HYBRID: mode=%s eagle_steps=%s n_nodes=%d (verify widths %s) ngram_k=%d cost_table=%s "
+                "draft_cost_table=%s", settings.mode, ",".join(map(str, depths)), n_nodes, ",".join(map(str, widths)),
+                settings.ngram_k,
                 settings.cost_table or ("measured at start" if settings.measures_cost_table(device) and not fixed
-                                        else "none (price 0)"))
+                                        else "none (price 0)"),
+                settings.draft_cost_table or ("measured at start" if len(depths) > 1 else "none (one depth)"))
     if settings.cost_table:
         _warn_if_cost_table_short(settings.cost_table, int(server_args.max_running_requests) * (n_nodes + 1))
 

@@ -1,4 +1,4 @@
-"""The target verify's step-time table, measured at start, so HYBRID has a price out of the box.
+"""The target verify's and the EAGLE draft's step-time tables, measured at start, so HYBRID has a price out of the box.
 
 Why: without a cost table the price is zero and every request verifies its whole tree (``n_nodes + 1`` slots) every
 step. While a batch is memory-bound that costs nothing; on a busy server it does: in the realistic replay
@@ -27,11 +27,17 @@ request spends its life between its prompt and the end of its window, so a short
 What it does not time: verify CUDA graphs. The probe runs eager, so on a GPU with graphs the table overstates the
 small batches, where host launch overhead dominates an eager forward (a conservative price: it trims trees a little
 more than a captured graph's true cost would); ``python -m sglang_hybrid.tools.cost_profile`` builds a table from
-SGLang's one-batch benchmark, graphs included, for a user who wants that. The draft forward's table (adaptive EAGLE
-depth, setting ``draft_cost_table``) is not measured: each extra depth adds a draft part (its draft decode backend and
-graph set, 0.4-1.1 GiB for Llama-3.1-8B at 128 requests and a 131,072-token context; docs/sglang.md, "Start-up memory
-budget") that would compete with the width buckets for the free memory, so adaptive depth stays a choice the user
-makes.
+SGLang's one-batch benchmark, graphs included, for a user who wants that.
+
+The draft forward's table (setting ``draft_cost_table``, adaptive EAGLE depth) is measured alike where none is given
+(``HybridSettings.measures_draft_table``): ``measure_draft_costs`` times ONE EAGLE draft
+decode forward -- what each draft step after the first runs: one token per request (top-k 1), its KV read at the same
+context -- through the draft worker's own multi-step backend and model runner, as ``EagleDraftWorker.draft`` runs an
+eager step, at the same probe batch sizes. With it each step picks the EAGLE depth whose expected gain pays for its
+forwards (docs/sglang.md, "Adaptive drafting"). Its cost in memory is small since every shallower depth drafts in the
+start-up depth's buffers (``shared_draft_steps``): none on Triton, each depth's own step backends' wrappers on
+FlashInfer (``memory_budget``). Why by default: the realistic replay's decomposition (docs/sglang.md, "A price out of
+the box"). Like the verify probe it runs eager, its step plan included, so on a GPU it overstates small batches.
 
 Tensor parallelism: every rank runs the same probes in the same order (the forward's collectives need all of them);
 rank 0's table is the one that decides (its trees are broadcast), the others are measured alike and logged.
@@ -113,5 +119,62 @@ def measure_verify_costs(model_runner, *, width: int, max_batch: int, context_le
             "batch_sizes": list(batches), "context_tokens": context, "device": str(device)}
     table = profile_interleaved(forward, [b * width for b in batches], rounds=ROUNDS, sync=sync, meta=meta,
                                 monotone=True)
+    table.meta["seconds_spent"] = round(time.perf_counter() - started, 3)
+    return table
+
+
+def measure_draft_costs(draft_worker, *, max_batch: int, context_len: int) -> CostModel:
+    """``T(B)`` of one EAGLE draft decode forward of ``B`` requests (top-k 1: one token each, its KV at
+    ``profile_context`` tokens) for ``B`` in ``probe_batch_sizes(max_batch)``, timed on ``draft_worker`` (SGLang's
+    ``EagleDraftWorker``) as it runs an eager draft step: its multi-step backend plans every step
+    (``init_forward_metadata``), then the first step's backend runs the draft model's forward. Every request reads
+    and writes the pool's padding slot (request row 0 of a fresh pool, as SGLang's own dummy forwards do); the
+    hidden states are zeros. Round robin as ``measure_verify_costs``; the table's sizes are batch sizes, the unit of
+    ``draft_cost_table``. Needs ``--speculative-num-steps`` >= 2 (a one-step draft runs no draft decode)."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+    from sglang.srt.speculative.eagle_utils import get_draft_recurrent_hidden_state_spec
+
+    steps, topk = int(draft_worker.speculative_num_steps), int(draft_worker.topk)
+    if steps < 2 or topk != 1:
+        raise ValueError(f"the draft table is measured for chain drafts of 2 or more steps (--speculative-num-steps "
+                         f"{steps}, --speculative-eagle-topk {topk})")
+    runner, backend = draft_worker.draft_runner, draft_worker.draft_attn_backend
+    device = torch.device(runner.device)
+    batches = probe_batch_sizes(max_batch)
+    context = profile_context(context_len, steps)
+    started = time.perf_counter()
+    buffers = runner.eager_runner._alloc_dummy_decode_buffers(max(batches) * steps, allocate_logits_buffer=False)
+    buffers.seq_lens.fill_(context)
+    buffers.seq_lens_cpu.fill_(context)
+    buffers.positions.fill_(context)
+    hidden, dtype = get_draft_recurrent_hidden_state_spec(runner)
+    hidden_states = torch.zeros((max(batches), hidden), dtype=dtype, device=device)
+    sync = torch.get_device_module(device).synchronize
+
+    def forward(n: int) -> None:
+        spec = EagleDraftInput(topk_p=torch.ones((n, 1), dtype=torch.float32, device=device),
+                               topk_index=buffers.input_ids[:n, None], hidden_states=hidden_states[:n],
+                               capture_hidden_mode=CaptureHiddenMode.LAST)
+        batch = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=n, input_ids=buffers.input_ids[:n],
+                             req_pool_indices=buffers.req_pool_indices[:n], seq_lens=buffers.seq_lens[:n],
+                             seq_lens_cpu=buffers.seq_lens_cpu[:n], orig_seq_lens=buffers.seq_lens[:n],
+                             out_cache_loc=buffers.out_cache_loc[:n * steps], seq_lens_sum=n * context,
+                             return_logprob=False, positions=buffers.positions[:n],
+                             spec_algorithm=runner.spec_algorithm,
+                             spec_info=spec, capture_hidden_mode=CaptureHiddenMode.LAST)
+        runner.kv_index_translator.bind_runner_slots(batch)
+        backend.init_forward_metadata(batch)
+        batch.mark_forward_metadata_ready()
+        batch.out_cache_loc = buffers.out_cache_loc[:n]
+        with forward_context(ForwardContext(attn_backend=backend.attn_backends[0]), forward_batch=batch):
+            runner.forward(batch)
+
+    meta = {"source": "measured at start (sglang_hybrid.sglang_plugin.startup_costs)",
+            "forward": "one EAGLE draft decode forward (top-k 1), eager, its step plan included",
+            "what": "one EAGLE draft forward by batch", "batch_sizes": list(batches), "context_tokens": context,
+            "device": str(device)}
+    table = profile_interleaved(forward, batches, rounds=ROUNDS, sync=sync, meta=meta, monotone=True)
     table.meta["seconds_spent"] = round(time.perf_counter() - started, 3)
     return table

@@ -409,29 +409,51 @@ class HybridWorkerV2(EAGLEWorkerV2):
             self.counters.target_verify_graphs = "captured" if captured else "none"
 
     def _measure_cost_table(self) -> None:
-        """Without a ``cost_table``, time the target verify now and price with that table (setting
-        ``measure_cost_table``; ``startup_costs``). Before the runtime states are built, so the probes' buffers are
-        freed before the states take their memory."""
+        """Without a ``cost_table``, time the target verify now and price with that table; without a
+        ``draft_cost_table``, where the depths are adaptive, time one EAGLE draft forward and price the depths with
+        that (setting ``measure_cost_table``; ``startup_costs``). Before the runtime states are built, so the probes'
+        buffers are freed before the states take their memory."""
         step, settings = self.hybrid_step, self.settings
-        if step is None or not settings.measures_cost_table(step.device.type):
+        if step is None:
             return
         if self._fixed_shapes:
-            logger.info("HYBRID: cost table not measured (DP attention fixes the verify width; no price)")
+            if settings.measures_cost_table(step.device.type):
+                logger.info("HYBRID: cost tables not measured (DP attention fixes the verify width and the depth; no "
+                            "price)")
             return
-        runner = self.target_worker.model_runner
+        if settings.measures_cost_table(step.device.type):
+            runner = self.target_worker.model_runner
+            table = self._measured("target verify's cost table", f"{ENV_PREFIX}COST_TABLE",
+                                   lambda: startup_costs.measure_verify_costs(
+                                       runner, width=self.speculative_num_draft_tokens,
+                                       max_batch=int(runner.max_running_requests),
+                                       context_len=int(runner.model_config.context_len)))
+            step.set_cost(table, "measured")
+            self._log_measured("cost table", "measure_cost_table", table)
+        if len(step.depths) > 1 and step.draft_cost is None:
+            runner = self.target_worker.model_runner
+            table = self._measured("draft forward's cost table", f"{ENV_PREFIX}DRAFT_COST_TABLE",
+                                   lambda: startup_costs.measure_draft_costs(
+                                       self._draft_worker, max_batch=int(runner.max_running_requests),
+                                       context_len=int(runner.model_config.context_len)))
+            step.set_draft_cost(table, "measured")
+            self._log_measured(f"draft cost table (EAGLE depths {list(step.depths)})", "measure_cost_table", table)
+
+    @staticmethod
+    def _measured(what: str, setting: str, measure):
+        """``measure()``, any failure stopping the start with the settings that avoid it."""
         try:
-            table = startup_costs.measure_verify_costs(
-                runner, width=self.speculative_num_draft_tokens, max_batch=int(runner.max_running_requests),
-                context_len=int(runner.model_config.context_len))
+            return measure()
         except Exception as e:  # noqa: BLE001 -- any failure stops the start, with the settings that avoid it
             raise RuntimeError(
-                f"HYBRID: measuring the target verify's cost table at start failed ({type(e).__name__}: {e}); give "
-                f"a table instead ({ENV_PREFIX}COST_TABLE, see docs/sglang.md 'Fitting for a deployment') or set "
-                f"{ENV_PREFIX}MEASURE_COST_TABLE=off (no price: every step verifies the full tree)") from e
-        step.set_cost(table, "measured")
-        logger.info("HYBRID: cost table measured at start in %.1f s (setting measure_cost_table; %s at %d context "
-                    "tokens per request): %s", table.meta["seconds_spent"], table.meta["forward"],
-                    table.meta["context_tokens"],
+                f"HYBRID: measuring the {what} at start failed ({type(e).__name__}: {e}); give a table instead "
+                f"({setting}, see docs/sglang.md 'Fitting for a deployment') or set "
+                f"{ENV_PREFIX}MEASURE_COST_TABLE=off (no price: every step verifies the full tree at one depth)") from e
+
+    @staticmethod
+    def _log_measured(what: str, setting: str, table) -> None:
+        logger.info("HYBRID: %s measured at start in %.1f s (setting %s; %s at %d context tokens per request): %s",
+                    what, table.meta["seconds_spent"], setting, table.meta["forward"], table.meta["context_tokens"],
                     ", ".join(f"T({n})={1e3 * t:.2f} ms" for n, t in zip(table.sizes, table.seconds)))
 
     def _ragged_wanted(self) -> bool:
