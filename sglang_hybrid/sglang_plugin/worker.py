@@ -421,23 +421,19 @@ class HybridWorkerV2(EAGLEWorkerV2):
                 logger.info("HYBRID: cost tables not measured (DP attention fixes the verify width and the depth; no "
                             "price)")
             return
+        runner = self.target_worker.model_runner
+        sizes = dict(max_batch=int(runner.max_running_requests), context_len=int(runner.model_config.context_len))
         if settings.measures_cost_table(step.device.type):
-            runner = self.target_worker.model_runner
             table = self._measured("target verify's cost table", f"{ENV_PREFIX}COST_TABLE",
                                    lambda: startup_costs.measure_verify_costs(
-                                       runner, width=self.speculative_num_draft_tokens,
-                                       max_batch=int(runner.max_running_requests),
-                                       context_len=int(runner.model_config.context_len)))
+                                       runner, width=self.speculative_num_draft_tokens, **sizes))
             step.set_cost(table, "measured")
-            self._log_measured("cost table", "measure_cost_table", table)
+            self._log_measured("cost table", table)
         if len(step.depths) > 1 and step.draft_cost is None:
-            runner = self.target_worker.model_runner
             table = self._measured("draft forward's cost table", f"{ENV_PREFIX}DRAFT_COST_TABLE",
-                                   lambda: startup_costs.measure_draft_costs(
-                                       self._draft_worker, max_batch=int(runner.max_running_requests),
-                                       context_len=int(runner.model_config.context_len)))
+                                   lambda: startup_costs.measure_draft_costs(self._draft_worker, **sizes))
             step.set_draft_cost(table, "measured")
-            self._log_measured(f"draft cost table (EAGLE depths {list(step.depths)})", "measure_cost_table", table)
+            self._log_measured(f"draft cost table (EAGLE depths {list(step.depths)})", table)
 
     @staticmethod
     def _measured(what: str, setting: str, measure):
@@ -451,9 +447,10 @@ class HybridWorkerV2(EAGLEWorkerV2):
                 f"{ENV_PREFIX}MEASURE_COST_TABLE=off (no price: every step verifies the full tree at one depth)") from e
 
     @staticmethod
-    def _log_measured(what: str, setting: str, table) -> None:
-        logger.info("HYBRID: %s measured at start in %.1f s (setting %s; %s at %d context tokens per request): %s",
-                    what, table.meta["seconds_spent"], setting, table.meta["forward"], table.meta["context_tokens"],
+    def _log_measured(what: str, table) -> None:
+        logger.info("HYBRID: %s measured at start in %.1f s (setting measure_cost_table; %s at %d context tokens per "
+                    "request): %s", what, table.meta["seconds_spent"], table.meta["forward"],
+                    table.meta["context_tokens"],
                     ", ".join(f"T({n})={1e3 * t:.2f} ms" for n, t in zip(table.sizes, table.seconds)))
 
     def _ragged_wanted(self) -> bool:
