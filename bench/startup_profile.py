@@ -12,10 +12,13 @@ which also turns on adaptive drafting and so builds the shallower depths' runtim
 per setting, their ratio and the target of issue 25: start-up grows by at most 10 % with the measurement (MET /
 MISSED).
 
-Both run extend attention with the torch twin of SGLang's Triton kernel (``HYBRID_CPU_ENGINE_TORCH_ATTENTION``): in
-Triton's interpreter, the CPU engine's default, one probe forward at this context takes longer than the whole start
-(the reason ``measure_cost_table = auto`` does not measure on the CPU engine). Start-up times on a shared 2-core
-machine swing by several seconds: compare the medians of one run, interleaved, not single starts.
+Both run extend and decode attention with the torch twins of SGLang's Triton kernels
+(``HYBRID_CPU_ENGINE_TORCH_ATTENTION``): in Triton's interpreter, the CPU engine's default, one verify probe forward at
+this context takes longer than the whole start (the reason ``measure_cost_table = auto`` does not measure on the CPU
+engine), and the draft probe, all decode attention, took 5.2-5.6 s of a 26-28 s start with the decode kernel
+interpreted (2026-12-05), 0.5-0.7 s with its twin. Start-up times on a shared 2-core machine swing by several
+seconds: compare the medians of one run, interleaved, not single starts; the line "the measurements themselves" (the
+tables' own ``seconds_spent``) is the part of the growth that noise does not move.
 """
 from __future__ import annotations
 
@@ -76,8 +79,9 @@ def main(argv=None) -> int:
         ap.error("--rounds must be >= 1")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_HYBRID_")}
     runs: dict = {"on": [], "off": []}
-    print("HYBRID start-up on SGLang's CPU engine (SmolLM2-135M, torch-twin attention), measure_cost_table on vs off, "
-          f"{args.rounds} alternating starts each; MEASURED wall time of sglang.Engine(...)", flush=True)
+    print("HYBRID start-up on SGLang's CPU engine (SmolLM2-135M, torch-twin extend and decode attention), "
+          f"measure_cost_table on vs off, {args.rounds} alternating starts each; MEASURED wall time of "
+          "sglang.Engine(...)", flush=True)
     for r in range(args.rounds):
         for measure in (("on", "off") if r % 2 == 0 else ("off", "on")):
             proc = subprocess.run([sys.executable, "-m", "bench.startup_profile", "--one", measure], cwd=ROOT,

@@ -11,8 +11,9 @@ environment set before ``sglang`` is imported, so never inside the pytest proces
     python tests/live_sglang_driver.py eagle3 PROMPTS.jsonl     # HYBRID with an EAGLE-3 head (reduced draft
                                                                 # vocabulary, auxiliary hidden states)
 
-The engines' extend attention is SGLang's Triton kernel (interpreter) unless ``HYBRID_CPU_ENGINE_TORCH_ATTENTION`` is
-set in the environment (``sglang_hybrid/cpu_engine/torch_attention.py``; ``test_sglang_live.py`` chooses per case).
+The engines' extend and decode attention are SGLang's Triton kernels (interpreter) unless
+``HYBRID_CPU_ENGINE_TORCH_ATTENTION`` is set in the environment (their torch twins,
+``sglang_hybrid/cpu_engine/torch_attention.py``; ``test_sglang_live.py`` chooses per case).
 
 Prints one JSON object on the last line of stdout: the greedy reference (plain decoding, ``torch_native``) and what
 HYBRID produced, so the test compares token ids itself.
@@ -62,13 +63,17 @@ def _hybrid(model: str, env: dict, **overrides):
 
 def _reference(model: str, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
     """Plain greedy decoding of ``prompts`` (no speculation). With ``REFERENCE_CACHE`` set (the live suite sets it to
-    one directory per session) the outputs are kept there by model, prompts and length, so cases that decode the same
-    prompts to the same length start one plain engine between them: greedy decoding is deterministic on one engine
-    build, and the cached ids are the same engine's."""
+    one directory per session) the outputs are kept there by model, prompts, length and attention (SGLang's Triton
+    kernels or their torch twins, ``TORCH_ATTENTION_ENV``), so cases that decode the same prompts to the same length
+    on the same attention start one plain engine between them: greedy decoding is deterministic on one engine build,
+    and the cached ids are the same engine's, whichever case ran first."""
+    from sglang_hybrid.cpu_engine.torch_attention import TORCH_ATTENTION_ENV
+
     cache = os.environ.get(REFERENCE_CACHE)
     path = None
     if cache:
-        key = hashlib.sha256(json.dumps([model, prompts, max_new_tokens]).encode()).hexdigest()[:16]
+        twins = bool(os.environ.get(TORCH_ATTENTION_ENV))
+        key = hashlib.sha256(json.dumps([model, prompts, max_new_tokens, twins]).encode()).hexdigest()[:16]
         path = Path(cache) / f"reference_{key}.json"
         if path.exists():
             return json.loads(path.read_text())

@@ -786,11 +786,40 @@ def test_realistic_command_line_defaults_are_the_configs_and_eagle_trees_parse(m
     assert narrow.bank_k == 24 and narrow.pw == 24 > replay_engine.EngineConfig().proposal_width
     assert seen["cfg"].real_trace == replay_realistic.REAL_TRACE
     seen.clear()
+    replay.main(["--realistic", "--ngram-logit-shift", "0.5"])
+    assert seen["cfg"].ngram_logit_shift == 0.5 and seen["cfg"].ngram_calibration is None
+    core = replay_realistic.Runner(dataclasses.replace(seen["cfg"], batches=(4,), sweep=False)).core
+    assert core.ngram_logit_shift == 0.5 and "+0.5 (a what-if" in core.ngram_cal_name
+    with pytest.raises(SystemExit):         # the realistic replay's model side is identity by construction
+        replay.main(["--realistic", "--model-calibration", "model.json"])
+    seen.clear()
     replay.main(["--realistic", "--eagle-trees", "5,4,8", "2,2,7"])
     assert seen["cfg"].eagle_trees == ((5, 4, 8), (2, 2, 7))
     for bad in ("5,4", "5,1,6", "2,2,8", "9,2,6", "a,b,c"):
         with pytest.raises(SystemExit):
             replay.main(["--realistic", "--eagle-trees", bad])
+
+
+def test_ngram_logit_shift_moves_every_cell_and_keeps_the_table_valid(tmp_path):
+    """The replay's what-if n-gram table (``policies.shift_logit``): each cell's logit moves by the shift (so the
+    order of cells, and every sample count, is kept), 0 returns the table itself, the provenance records the shift;
+    a realistic run prices with a file given as ``ngram_calibration`` (the worker's setting), shifted or not."""
+    from sglang_hybrid.calibration import NgramCalibration
+
+    cal = NgramCalibration.load()
+    assert P.shift_logit(cal, 0.0) is cal
+    up, down = P.shift_logit(cal, 1.0), P.shift_logit(cal, -1.0)
+    a = np.clip(cal.table, 1e-6, 1 - 1e-6)
+    logit = np.log(a / (1 - a))
+    assert np.allclose(np.log(up.table / (1 - up.table)), logit + 1.0, atol=1e-9)
+    assert (up.table >= cal.table).all() and (down.table <= cal.table).all() and (up.table > cal.table).any()
+    assert np.array_equal(up.samples, cal.samples) and up.fit_params["replay_logit_shift"] == 1.0
+    path = tmp_path / "ngram.json"
+    up.save(path)
+    core = replay_realistic.Runner(replay_realistic.Config(batches=(4,), sweep=False, decompose=False, plot=None,
+                                                           ngram_calibration=path)).core
+    assert core.ngram_cal_name == str(path)
+    assert np.allclose(core.ngram_cal.table.numpy(), up.table.reshape(-1).astype(np.float32))
 
 
 def test_ragged_token_tiers_by_hand():

@@ -7,10 +7,10 @@ speculation (``--no-speculation``, torch_native), which gives the greedy referen
 equal (text, finish reason, token count). Two runs share them: the load (8 clients, /v1/completions and
 /v1/chat/completions, streaming and not, with malformed requests sent while it is in flight) and, after it, the next
 requests, with ``/metrics`` scraped around both. Outputs are short (4 and 8 new tokens): SGLang's CPU engine runs
-HYBRID's speculative kernels in Triton's interpreter, seconds per decode step; the HYBRID server runs extend attention
-through the torch twin of SGLang's Triton kernel (``sglang_hybrid/cpu_engine/torch_attention.py``), which takes most
-of that time off. Timeouts are hang guards, never speed checks. In the live suite (marker ``live_sglang``, CI runs
-it); ``pytest -k server`` selects these.
+HYBRID's speculative kernels in Triton's interpreter, seconds per decode step; the HYBRID server runs extend and
+decode attention through the torch twins of SGLang's Triton kernels (``sglang_hybrid/cpu_engine/torch_attention.py``),
+which take most of that time off. Timeouts are hang guards, never speed checks. In the live suite (marker
+``live_sglang``, CI runs it); ``pytest -k server`` selects these.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ PROMPTS = [json.loads(line) for line in (ROOT / "sglang_hybrid" / "data" / "chec
 CODE = next(i for i, p in enumerate(PROMPTS) if "prompt" in p)         # a code edit, raw text: /v1/completions
 CHAT = next(i for i, p in enumerate(PROMPTS) if "messages" in p)       # the chat: /v1/chat/completions
 
-from sglang_hybrid.cpu_engine.torch_attention import SWAP_LOG, TORCH_ATTENTION_ENV  # noqa: E402
+from sglang_hybrid.cpu_engine.torch_attention import DECODE_SWAP_LOG, SWAP_LOG, TORCH_ATTENTION_ENV  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.live_sglang]
 #: hang guards (seconds), not speed checks: a server start (about 45 s alone on a 2-core machine), one request, a run
@@ -118,8 +118,8 @@ def servers():
         ensure_converted()            # convert once here, not twice inside the servers
     except ModelPackageMissing as e:
         pytest.skip(str(e))
-    # extend attention through the torch twin of SGLang's Triton kernel (cpu_engine/torch_attention.py): what runs
-    # here is the server around HYBRID, and the kernel in Triton's interpreter would take most of the time
+    # extend and decode attention through the torch twins of SGLang's Triton kernels (cpu_engine/torch_attention.py):
+    # what runs here is the server around HYBRID, and the kernels in Triton's interpreter would take most of the time
     hybrid = Server("hybrid", ["--enable-metrics", "--max-running-requests", str(CLIENTS)],
                     {TORCH_ATTENTION_ENV: "1"})
     plain = Server("plain", ["--no-speculation"], {})
@@ -394,7 +394,8 @@ def test_server_load_with_disconnects_equal_plain_server(servers, load_run, refe
     /v1/chat/completions, each streaming and not), 3 clients dropping their stream after its first text: every
     completed response equals the plain server's greedy answer, and speculation ran on each."""
     hybrid, _ = servers
-    assert SWAP_LOG in hybrid.log.read_text(errors="replace")           # the twin ran, as asked
+    log = hybrid.log.read_text(errors="replace")
+    assert SWAP_LOG in log and DECODE_SWAP_LOG in log                   # the twins ran, as asked
     completed, kinds = 0, set()
     for c, (reqs, res) in enumerate(zip(load_run["plan"], load_run["results"])):
         assert not isinstance(res, Exception), f"client {c}: {res!r}\n{hybrid.tail()}"

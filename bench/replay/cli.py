@@ -124,6 +124,10 @@ def main(argv=None) -> int:
     rg.add_argument("--model-bias-eta", type=_eta_or_none, default=EngineConfig.model_bias_eta, metavar="ETA",
                     help="learning rate of HYBRID's online EAGLE offset (the worker's setting model_bias_eta; "
                          "default: as shipped, off)")
+    rg.add_argument("--ngram-logit-shift", type=float, default=0.0, metavar="X",
+                    help="a what-if: move every cell of the n-gram calibration (--ngram-calibration, default the "
+                         "shipped table) by X on the logit, as a stand-in for a table fit closer to the workload "
+                         "(bench.replay.policies.shift_logit; default 0: the table as it is)")
     rg.add_argument("--ragged-sync-us", type=_positive_or_zero, default=RAGGED_SYNC_US, metavar="US",
                     help="realistic, the decomposition's ragged verify with a blocking read of the node counts: how "
                          "long the device idles per step (the read, measured on an H200, plus the host dispatch of "
@@ -162,6 +166,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     launch = LaunchCost(host_us=args.launch_host_us, gpu_us=args.launch_gpu_us)
     if args.realistic:
+        if args.model_calibration is not None:
+            ap.error("--model-calibration: the realistic replay prices the model side with the identity calibration "
+                     "(its simulated drafter is calibrated by construction); leave it out")
         for opt, ks in (("--hybrid-ngram-ks", args.hybrid_ngram_ks), ("--ngram-ks", args.ngram_ks)):
             if any(not 1 <= k <= 32 for k in ks):
                 ap.error(f"{opt} {ks}: each n-gram chain length must be in [1, 32] (the worker's ngram_k range)")
@@ -177,6 +184,7 @@ def main(argv=None) -> int:
                         hybrid_ngram_ks=tuple(args.hybrid_ngram_ks), ngram_ks=tuple(args.ngram_ks),
                         eagle_trees=tuple(args.eagle_trees),
                         model_bias_eta=args.model_bias_eta, gpu_context=args.gpu_context, real_trace=args.real_trace,
+                        ngram_calibration=args.ngram_calibration, ngram_logit_shift=args.ngram_logit_shift,
                         launch=launch, ragged_sync_us=args.ragged_sync_us, ragged_mode=not args.no_ragged_mode,
                         measured_table=None if args.measured_table == "none" else Path(args.measured_table),
                         sweep=not args.no_sweep,
@@ -202,7 +210,7 @@ def main(argv=None) -> int:
              for s in replay_costs.cost_specs(args.cost + args.cost_table, args.batches, args.gpu_context)]
 
     def core_factory():
-        return P._Core(args.model_calibration, args.ngram_calibration)
+        return P._Core(args.model_calibration, args.ngram_calibration, ngram_logit_shift=args.ngram_logit_shift)
 
     pols = P.build_policies(args.policies, k, args.eagle_k, merge_nodes, core_factory, args.ngram_tree)
     engine = None
@@ -230,7 +238,7 @@ def main(argv=None) -> int:
               + ("  [SYNTHETIC: mechanics only, not a result]" if args.synthetic else ""))
     core = next((p.core for p in pols if hasattr(p, "core")), None)
     if core is not None:
-        print(f"calibration: n-gram {args.ngram_calibration or 'shipped default'}, model {core.model_cal_name}")
+        print(f"calibration: n-gram {core.ngram_cal_name}, model {core.model_cal_name}")
     for s in specs:
         print(f"\ncost model {s.name} ({s.kind}):")
         for a in s.assumptions:

@@ -175,6 +175,11 @@ class Config:
     adaptive_depth: bool = True
     #: HYBRID's online EAGLE offset (``EngineConfig.model_bias_eta``; None: off)
     model_bias_eta: Optional[float] = EngineConfig.model_bias_eta
+    #: the n-gram calibration every core-decided policy prices with (the worker's setting ``ngram_calibration``;
+    #: None: the shipped table)
+    ngram_calibration: Optional[Path] = None
+    #: a what-if: that table's every cell moved by this much on the logit (``policies.shift_logit``; 0: as it is)
+    ngram_logit_shift: float = 0.0
     gpu_context: int = 2048
     #: what one eagerly launched kernel of an engine's own per-step work costs (bench.replay.host)
     launch: LaunchCost = LaunchCost()
@@ -225,7 +230,7 @@ class Runner:
         if cfg.ragged_mode:
             self.engines[RAGGED] = dataclasses.replace(self.engines["as built"], verify="ragged_sync",
                                                        sync_us=cfg.ragged_sync_us)
-        self.core = P._Core()
+        self.core = P._Core(None, cfg.ngram_calibration, ngram_logit_shift=cfg.ngram_logit_shift)
         self.free = [P.NoSpeculation()]
         self.suffix_note = self._suffix_available()
         for k in cfg.ngram_ks:
@@ -880,7 +885,7 @@ def run(cfg: Config, log=print) -> int:
         "seed, as each baseline's k is tuned (S<n>/K<k> in the per-policy tables; the sweep points reuse the headline "
         f"point's n-gram chain length per cell); model-free n-gram baselines tuned over k in {list(cfg.ngram_ks)}")
     log("calibration: model side identity for HYBRID and model-only alike (the simulated drafter is calibrated by "
-        "construction); n-gram side: the shipped NgramCalibration")
+        f"construction); n-gram side: {runner.core.ngram_cal_name}")
 
     banks, groups = {}, {}
     t0 = time.perf_counter()

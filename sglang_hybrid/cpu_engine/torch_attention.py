@@ -1,4 +1,5 @@
-"""A torch twin of SGLang's Triton extend-attention kernel for the CPU engine (a test switch, not a deployment one).
+"""Torch twins of SGLang's Triton extend- and decode-attention kernels for the CPU engine (a test switch, not a
+deployment one).
 
 Why: on a CPU the engine runs SGLang's Triton attention in Triton's interpreter, which is most of the live suite's
 time (a profile of a live HYBRID run: 80 % of the scheduler's samples inside ``extend_attention_fwd``: prompt
@@ -6,16 +7,21 @@ prefills, verify forwards and draft extends). Every HYBRID live case needs the T
 a tree mask are Triton and FlashInfer), but only some cases need the Triton *kernel* itself; the others test what
 HYBRID does around it (its trees, ragged layout, KV, counters, the server). With ``TORCH_ATTENTION_ENV`` set, the
 stand-in ``sgl_kernel`` (imported by every CPU engine process) calls ``install_when_imported``, which replaces
-``extend_attention_fwd`` in SGLang's ``extend_attention`` module, before any backend reads it (``TritonAttnBackend``
-imports it in its constructor), with ``extend_attention_torch`` below. The backend's metadata -- HYBRID's ragged
-``qo_indptr``, packed tree mask and ``mask_indptr`` included -- is computed exactly as before and handed to the twin
-unchanged. Decode attention (1.6 % of that profile) stays SGLang's kernel.
+``extend_attention_fwd`` in SGLang's ``extend_attention`` module and ``decode_attention_fwd`` in its
+``decode_attention`` module, before any backend reads them (``TritonAttnBackend`` imports both in its constructor),
+with ``extend_attention_torch`` and ``decode_attention_torch`` below. The backend's metadata -- HYBRID's ragged
+``qo_indptr``, packed tree mask and ``mask_indptr`` included -- is computed exactly as before and handed to the twins
+unchanged. Decode attention was 1.6 % of that profile, but it is all of the draft forward the start-up measurement
+times (``startup_costs.measure_draft_costs``): in the interpreter each probe forward takes about half a second, in the
+twin a few milliseconds, so the start-up benchmark (``bench.startup_profile``) runs both twins.
 
-The twin is checked against SGLang's kernel (interpreter) on every batch of ``tests/test_ragged_verify.py``: ragged
-trees, GQA, causal and not, prefix mask columns skipped and read, requests longer than a query tile. It refuses, by
-name, every feature of the kernel it does not implement (sliding windows, sinks, logit caps, score mods, LSE output,
-split prefix/extend stages, paged KV, fp8 scales), and a ``max_len_extend`` shorter than a request (the kernel's
-grid would leave that request's later rows unwritten). Nothing in the plugin imports this module.
+The extend twin is checked against SGLang's kernel (interpreter) on every batch of ``tests/test_ragged_verify.py``:
+ragged trees, GQA, causal and not, prefix mask columns skipped and read, requests longer than a query tile; the
+decode twin on ragged decode batches, GQA and not, with KV slots scattered through the pool
+(``tests/test_torch_attention.py``). Each refuses, by name, every feature of its kernel it does not implement (sliding
+windows, sinks, logit caps, score mods, LSE output, split prefix/extend stages, paged KV, fp8 scales, MLA), and the
+extend twin a ``max_len_extend`` shorter than a request (the kernel's grid would leave that request's later rows
+unwritten). Nothing in the plugin imports this module.
 """
 from __future__ import annotations
 
@@ -31,17 +37,21 @@ from .import_hook import patch_after_import
 #: set (to any non-empty value) in a CPU engine's environment to run extend attention with the torch twin
 TORCH_ATTENTION_ENV = "HYBRID_CPU_ENGINE_TORCH_ATTENTION"
 EXTEND_ATTENTION = "sglang.kernels.ops.attention.extend_attention"
-#: logged once per process when the twin replaces the kernel
+DECODE_ATTENTION = "sglang.kernels.ops.attention.decode_attention"
+#: logged once per process when the twin replaces the extend kernel
 SWAP_LOG = (f"CPU engine: extend attention runs the torch twin of SGLang's Triton kernel ({TORCH_ATTENTION_ENV} is "
             "set; sglang_hybrid/cpu_engine/torch_attention.py)")
+#: logged once per process when the twin replaces the decode kernel
+DECODE_SWAP_LOG = (f"CPU engine: decode attention runs the torch twin of SGLang's Triton kernel ({TORCH_ATTENTION_ENV} "
+                   "is set; sglang_hybrid/cpu_engine/torch_attention.py)")
 logger = logging.getLogger(__name__)
 
 
-def _refuse(**features) -> None:
-    """Raise naming the first kernel feature in use that the twin does not implement."""
+def _refuse(twin: str = "extend", **features) -> None:
+    """Raise naming the first kernel feature in use that the ``twin`` (``extend`` or ``decode``) does not implement."""
     for name, used in features.items():
         if used:
-            raise NotImplementedError(f"extend_attention_torch (the CPU engine's torch twin of SGLang's Triton extend "
+            raise NotImplementedError(f"{twin}_attention_torch (the CPU engine's torch twin of SGLang's Triton {twin} "
                                       f"attention) does not implement {name}; unset {TORCH_ATTENTION_ENV} to run "
                                       "SGLang's kernel")
 
@@ -117,6 +127,39 @@ def _extend_attention(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer
         o_extend[q0:q0 + n] = out.to(o_extend.dtype)
 
 
+def decode_attention_torch(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
+                           max_kv_splits, sm_scale, k_scale, v_scale, logit_cap=0.0, sinks=None,
+                           xai_temperature_len=-1, has_mla=False, use_pdl=False, page_size: int = 1, score_mod=None,
+                           aux_tensors=None, enable_lean=None, lean_Mp=None, lean_Lp=None, lean_Op=None,
+                           lean_locks=None, uneven_batch=None) -> None:
+    """SGLang's ``decode_attention_fwd`` contract, in torch, writing ``o`` in place.
+
+    Row ``b`` of ``q`` (one query token per request, ``q.shape[0]`` requests) attends to the KV pool rows
+    ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``, all visible (its own token's KV is already in the pool). Query head
+    ``h`` reads KV head ``h // (heads / kv_heads)``; scores are ``q . k * sm_scale * k_scale``, softmax in float32 as
+    the kernel accumulates, the output times ``v_scale``. ``attn_logits`` and ``attn_lse`` are the kernel's split-KV
+    scratch (its per-split partial outputs): the twin does not split, so it leaves them as they are (SGLang reads
+    ``attn_lse`` back only in its decode-context-parallel path, which needs several GPUs). A request with no KV rows
+    has no output (the kernel divides by a zero sum there); the twin refuses it. Stands in for one launch, as
+    ``extend_attention_torch`` does."""
+    with kernel_launch("decode_attention_torch", kwargs=dict(locals())):
+        _refuse("decode", sinks=sinks is not None, logit_cap=bool(logit_cap and logit_cap > 0),
+                xai_temperature=xai_temperature_len is not None and xai_temperature_len > 0, mla=bool(has_mla),
+                paged_kv=page_size != 1, score_mod=score_mod is not None or aux_tensors is not None)
+        group = q.shape[1] // k_buffer.shape[-2]
+        scale = float(sm_scale) * float(k_scale)
+        kvp = kv_indptr[:q.shape[0] + 1].tolist()
+        for b in range(q.shape[0]):
+            idx = kv_indices[kvp[b]:kvp[b + 1]].long()
+            if idx.numel() == 0:
+                raise ValueError(f"decode_attention_torch: request {b} has no KV rows (kv_indptr {kvp[b]} to "
+                                 f"{kvp[b + 1]}); a decode step always reads at least its own token")
+            keys = k_buffer[idx].float().repeat_interleave(group, dim=1)
+            vals = v_buffer[idx].float().repeat_interleave(group, dim=1)
+            probs = (torch.einsum("hd,shd->hs", q[b].float(), keys) * scale).softmax(-1)
+            o[b] = (torch.einsum("hs,shd->hd", probs, vals) * float(v_scale)).to(o.dtype)
+
+
 def swap_kernel(module) -> None:
     """Replace ``extend_attention_fwd`` in SGLang's ``extend_attention`` module with the torch twin, and say so in the
     process's log (``SWAP_LOG``): a run can show which attention it used."""
@@ -124,14 +167,23 @@ def swap_kernel(module) -> None:
     logger.warning(SWAP_LOG)
 
 
+def swap_decode_kernel(module) -> None:
+    """Replace ``decode_attention_fwd`` in SGLang's ``decode_attention`` module with the torch twin, and say so in the
+    process's log (``DECODE_SWAP_LOG``)."""
+    module.decode_attention_fwd = decode_attention_torch
+    logger.warning(DECODE_SWAP_LOG)
+
+
 def install_when_imported() -> bool:
-    """If ``TORCH_ATTENTION_ENV`` is set in this process: swap the kernel now (module imported) or right after its
+    """If ``TORCH_ATTENTION_ENV`` is set in this process: swap both kernels now (module imported) or right after its
     import. Returns whether it is set. Called by the stand-in ``sgl_kernel`` at import."""
     if not os.environ.get(TORCH_ATTENTION_ENV):
         return False
     patch_after_import(EXTEND_ATTENTION, swap_kernel)
+    patch_after_import(DECODE_ATTENTION, swap_decode_kernel)
     return True
 
 
-__all__ = ["EXTEND_ATTENTION", "SWAP_LOG", "TORCH_ATTENTION_ENV", "extend_attention_torch", "install_when_imported",
+__all__ = ["DECODE_ATTENTION", "DECODE_SWAP_LOG", "EXTEND_ATTENTION", "SWAP_LOG", "TORCH_ATTENTION_ENV",
+           "decode_attention_torch", "extend_attention_torch", "install_when_imported", "swap_decode_kernel",
            "swap_kernel"]
