@@ -88,7 +88,7 @@ def _config(rng: np.random.Generator) -> dict:
     b = 1 if u < 0.15 else (MAX_BATCH if u < 0.25 else int(rng.integers(2, 41)))
     return dict(mode=mode, s=s, k=k, depths=depths, n_nodes=n_nodes, widths=widths,
                 width=int(rng.choice(widths)), cost=cost, draft_cost=draft_cost, temps=temps,
-                bias=rng.random() < 0.4, b=b)
+                bias=rng.random() < 0.4, ngram_bias=rng.random() < 0.4, b=b)
 
 
 def _data(rng: np.random.Generator, cfg: dict) -> dict:
@@ -119,10 +119,12 @@ def _data(rng: np.random.Generator, cfg: dict) -> dict:
             a[...] = a[:1]
     depth = np.broadcast_to(np.arange(1, k + 1), (b, k)).copy()
     bias = rng.normal(0, 1.5, size=b).astype(np.float32) if cfg["bias"] else None
+    ngram_bias = rng.normal(0, 1.5, size=b).astype(np.float32) if cfg["ngram_bias"] else None
     t = lambda x, dt=torch.int64: torch.as_tensor(np.ascontiguousarray(x), dtype=dt)  # noqa: E731
     return dict(root=t(root), mt=t(mt), conf=t(conf, torch.float32), nt=t(nt), ng_len=t(ng_len), match=t(match),
                 count=t(count), total=t(total), depth=t(depth), source=t(source),
-                bias=None if bias is None else t(bias, torch.float32))
+                bias=None if bias is None else t(bias, torch.float32),
+                ngram_bias=None if ngram_bias is None else t(ngram_bias, torch.float32))
 
 
 def _progress(n: int, desc: str, unit: str, show: bool):
@@ -145,7 +147,7 @@ def _compare(ref, got) -> list[str]:
     for f in ("b_star", "next_width", "next_depth"):
         if not torch.equal(getattr(ref, f), getattr(got, f)):
             bad.append(f)
-    for f in ("lam", "model_survival", "ngram_survival", "model_acceptance", "model_rate"):
+    for f in ("lam", "model_survival", "ngram_survival", "model_acceptance", "ngram_acceptance", "model_rate"):
         a, c = getattr(ref, f), getattr(got, f)
         tol = RTOL if f == "lam" else VALUE_RTOL
         if (a is None) != (c is None) or (a is not None and not torch.allclose(a, c, rtol=tol, atol=1e-9)):
@@ -180,9 +182,10 @@ def run(batches: int, seed: int = 0, control: bool = False, progress: bool = Tru
         cost = cfg["cost"].to("cpu") if cfg["cost"] is not None else None
         draft_cost = cfg["draft_cost"].to("cpu") if cfg["draft_cost"] is not None else None
         ref = torch_step(x["root"], ModelDraft(x["mt"], x["conf"], torch.full((b,), cfg["s"])), ngram, cost=cost,
-                         draft_cost=draft_cost, width=cfg["width"], model_bias=x["bias"], check_values=False)
+                         draft_cost=draft_cost, width=cfg["width"], model_bias=x["bias"], ngram_bias=x["ngram_bias"],
+                         check_values=False)
         got = fused(x["root"], x["mt"], x["conf"], ngram, cost=cost, draft_cost=draft_cost, width=cfg["width"],
-                    model_bias=x["bias"])
+                    model_bias=x["bias"], ngram_bias=x["ngram_bias"])
         bad = _compare(ref, got)
         if bad:
             failed += 1
@@ -277,6 +280,8 @@ def _step_settings(rng: np.random.Generator, tmp: str):
             CostModel.linear(float(rng.uniform(2e-4, 3e-3)), 1e-5).save(kw["draft_cost_table"])
     if rng.random() < 0.5:
         kw["model_bias_eta"] = 0.1
+    if rng.random() < 0.5:
+        kw["ngram_bias_eta"] = 0.3
     return num_steps, kw
 
 
@@ -296,6 +301,7 @@ def run_steps(episodes: int, steps: int = 6, seed: int = 0, progress: bool = Tru
     rng = np.random.default_rng(seed)
     fields: dict = {}
     failed, first = 0, None
+    learned = 0             # episodes whose n-gram offsets moved (so their comparison is not of zeros)
     with tempfile.TemporaryDirectory() as tmp:
         for ep in _progress(episodes, "fused vs torch steps", "episode", progress):
             num_steps, kw = _step_settings(rng, tmp)
@@ -368,13 +374,15 @@ def run_steps(episodes: int, steps: int = 6, seed: int = 0, progress: bool = Tru
                 for r, sl in enumerate(slots):
                     committed[sl] = committed[sl] + [int(x) for x in emitted[r, :int(acc[r])]]
                 bad_ep += bad
+            learned += int(pair[0].ngram_bias is not None and bool((pair[0].ngram_bias != 0).any()))
             if bad_ep:
                 failed += 1
                 for f in set(bad_ep):
                     fields[f] = fields.get(f, 0) + 1
                 if first is None:
                     first = {"episode": ep, "fields": sorted(set(bad_ep)), "settings": kw, "steps": num_steps}
-    return {"batches": episodes * steps, "episodes": episodes, "failed": failed, "fields": fields, "first": first}
+    return {"batches": episodes * steps, "episodes": episodes, "failed": failed, "fields": fields, "first": first,
+            "ngram_offsets_learned": learned}
 
 
 def _links_diff(tree, seq_lens: torch.Tensor, rng: np.random.Generator) -> list[str]:
@@ -410,6 +418,9 @@ def _state_diff(pair) -> list[str]:
     if a.model_bias is not None and not (torch.allclose(a.model_bias, b.model_bias, rtol=VALUE_RTOL, atol=1e-6)
                                          and torch.equal(a.model_bias_gen, b.model_bias_gen)):
         bad.append("model_bias")
+    if a.ngram_bias is not None and not (torch.allclose(a.ngram_bias, b.ngram_bias, rtol=VALUE_RTOL, atol=1e-6)
+                                         and torch.equal(a.ngram_bias_gen, b.ngram_bias_gen)):
+        bad.append("ngram_bias")
     if not torch.allclose(a.counters.totals, b.counters.totals, rtol=VALUE_RTOL, atol=1e-6):
         bad.append("counters")
     return bad

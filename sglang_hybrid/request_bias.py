@@ -1,5 +1,5 @@
-"""A per-request correction of the model drafter's calibrated acceptance, learned online from the request's own
-verify outcomes.
+"""A per-request correction of a drafter's calibrated acceptance, learned online from the request's own verify
+outcomes: the model drafter's (setting ``model_bias_eta``) and, alike, the n-gram drafter's (``ngram_bias_eta``).
 
 Why: the model calibration is one temperature per depth (``calibration.ModelCalibration``), and on held-out requests
 the requests differ more than the depths do (docs/calibration_check.md): a looping chat is accepted far above its
@@ -18,6 +18,11 @@ log loss of the step's tested tokens:
 rate set by ``eta``, and stays where it is on steps that tested nothing. Measured on held-out traces
 (``python -m bench.request_bias``): Brier 0.185 -> 0.174 on 28 unseen requests with ``eta = 0.1``, where the softmax
 features moved it by +0.010 / -0.0001.
+
+The n-gram side uses the same three functions on its chain: the shipped n-gram table is fit on general text and
+under-values a request that copies (docs/calibration_check.md), which a ragged verify, pricing node by node, pays
+for; each verify shows how far the request's own n-gram chain was accepted (docs/sglang.md, "The n-gram side's
+online offset").
 
 Static shapes, no host sync, no data-dependent branching: graph-safe like the rest of the decision step.
 """

@@ -92,7 +92,9 @@ class Decision(NamedTuple):
     from this step's chain (``s_last ** (1 / depth)``) or, when the step drafted nothing (depth 0), the rate passed
     in moved toward 1 by one step of probing; an engine that can skip keeps it per request and passes it back.
     ``model_acceptance`` (``[B, S]`` float32): each model-chain token's conditional acceptance the step priced with
-    (calibrated, then corrected by ``model_bias`` when given), what ``request_bias.update_bias`` learns against."""
+    (calibrated, then corrected by ``model_bias`` when given), what ``request_bias.update_bias`` learns against;
+    ``ngram_acceptance`` (``[B, K]`` float32, None without an n-gram draft): the same for the n-gram draft's nodes
+    (calibrated, then corrected by ``ngram_bias`` when given; 0 past the draft's length)."""
 
     tree: VerifyTree
     b_star: torch.Tensor
@@ -103,6 +105,7 @@ class Decision(NamedTuple):
     next_depth: torch.Tensor
     model_rate: Optional[torch.Tensor] = None
     model_acceptance: Optional[torch.Tensor] = None
+    ngram_acceptance: Optional[torch.Tensor] = None
 
 
 class DecisionStep:
@@ -213,11 +216,26 @@ class DecisionStep:
     def model_survival(self, draft: ModelDraft, check_values: Optional[bool] = None) -> torch.Tensor:
         return chain_survival(self.model_acceptance(draft, check_values), draft.length, check_values=check_values)
 
-    def ngram_survival(self, draft: NgramDraft, check_values: Optional[bool] = None) -> torch.Tensor:
+    def ngram_acceptance(self, draft: NgramDraft, check_values: Optional[bool] = None,
+                         bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Each n-gram node's conditional acceptance ``[B, K]``: the calibration of its features, shifted by the
+        request's online offset ``bias [B]`` when given (``request_bias.corrected_acceptance``), 0 past the draft's
+        length."""
         if self.ngram_cal is None:
             raise ValueError("this DecisionStep has no n-gram calibration; pass ngram_calibration to use n-gram drafts")
         a = self.ngram_cal.acceptance(draft.match_len, draft.count, draft.total, draft.depth, draft.source,
                                       check_values=check_values)
+        if bias is not None:
+            a = corrected_acceptance(a, bias)
+        j = torch.arange(a.shape[1], device=a.device)
+        return torch.where(j[None, :] < draft.length[:, None], a.to(torch.float32), 0.0)
+
+    def ngram_survival(self, draft: NgramDraft, check_values: Optional[bool] = None,
+                       bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self._ngram_survival(draft, self.ngram_acceptance(draft, check_values, bias), check_values)
+
+    @staticmethod
+    def _ngram_survival(draft: NgramDraft, a: torch.Tensor, check_values: Optional[bool]) -> torch.Tensor:
         if draft.tree:
             return tree_survival(a, draft.parents, draft.length, check_values=check_values)
         return chain_survival(a, draft.length, check_values=check_values)
@@ -226,7 +244,8 @@ class DecisionStep:
                  ngram: Optional[NgramDraft] = None, *, cost: Optional[CostTables] = None,
                  batch: Union[int, torch.Tensor, None] = None, check_values: Optional[bool] = None,
                  width: Optional[int] = None, draft_cost: Optional[CostTables] = None,
-                 model_rate: Optional[torch.Tensor] = None, model_bias: Optional[torch.Tensor] = None) -> Decision:
+                 model_rate: Optional[torch.Tensor] = None, model_bias: Optional[torch.Tensor] = None,
+                 ngram_bias: Optional[torch.Tensor] = None) -> Decision:
         """Decide the verify tree for one decode step.
 
         ``root_tokens [B]``: each request's last committed token. ``cost``: the batch's step-time tables (None: price
@@ -237,7 +256,7 @@ class DecisionStep:
         (depth 0: the engine skipped the model draft) needs ``model_rate [B]``, each request's per-position model
         acceptance carried from the previous step (``Decision.model_rate``); it is ignored when a chain was drafted.
         ``model_bias [B]``: each request's online offset on the model side's calibrated logit (``request_bias``; None:
-        the calibration alone).
+        the calibration alone); ``ngram_bias [B]``: the same on the n-gram side's.
         """
         if width is not None:
             if self.widths is None:
@@ -246,9 +265,9 @@ class DecisionStep:
                 raise ValueError(f"width {width!r} is not one of the verify width buckets {self.widths}")
         b = root_tokens.shape[0]
         dev = root_tokens.device
-        if model_bias is not None and tuple(model_bias.shape) != (b,):
-            raise ValueError(f"model_bias must have shape ({b},) (one offset per request), got "
-                             f"{tuple(model_bias.shape)}")
+        for name, bias in (("model_bias", model_bias), ("ngram_bias", ngram_bias)):
+            if bias is not None and tuple(bias.shape) != (b,):
+                raise ValueError(f"{name} must have shape ({b},) (one offset per request), got {tuple(bias.shape)}")
         if model is not None:
             a_m = self.model_acceptance(model, check_values, model_bias)
             s_m = chain_survival(a_m, model.length, check_values=check_values)
@@ -256,8 +275,10 @@ class DecisionStep:
         else:
             model_c = Candidates.empty(b, Source.MODEL, dev)
             s_m = a_m = model_c.survival
+        a_n = None
         if ngram is not None:
-            s_n = self.ngram_survival(ngram, check_values)
+            a_n = self.ngram_acceptance(ngram, check_values, ngram_bias)
+            s_n = self._ngram_survival(ngram, a_n, check_values)
             ngram_c = Candidates(ngram.tokens.to(torch.int64), ngram.parents.to(torch.int64), s_n, ngram.length,
                                  Source.NGRAM)
         else:
@@ -293,18 +314,19 @@ class DecisionStep:
                 choice = choose_plan(full.survival[None], full.valid[None], buckets, cost, r, cur_depth.reshape(1))
             tree = truncate(full, self.max_width if width is None else width)
             return Decision(tree, choice.b_star, choice.lam, s_m, s_n, choice.width, choice.depth,
-                            rate if adaptive else None, a_m)
+                            rate if adaptive else None, a_m, a_n)
         next_width = torch.full((), self.max_width, dtype=torch.int64, device=dev)
         if adaptive:
             return self._ragged_adaptive(root, model_s, ngram_s, dt, k, r, cost, draft_cost, s_m, s_n, next_width,
-                                         check_values)._replace(model_rate=rate, model_acceptance=a_m)
+                                         check_values)._replace(model_rate=rate, model_acceptance=a_m,
+                                                                ngram_acceptance=a_n)
         if cost is not None:
             b_star, lam = price_device(torch.cat([s_m, s_n], 1), r, cost, check_values=check_values)
         else:
             b_star = torch.full((), b * (s_m.shape[1] + s_n.shape[1]), dtype=torch.int64, device=dev)
             lam = torch.zeros((), dtype=torch.float32, device=dev)
         tree = select(root, [model_c, ngram_c], lam, mode=self.mode, n_nodes=self.n_nodes, check_values=check_values)
-        return Decision(tree, b_star, lam, s_m, s_n, next_width, cur_depth, None, a_m)
+        return Decision(tree, b_star, lam, s_m, s_n, next_width, cur_depth, None, a_m, a_n)
 
     def _ragged_adaptive(self, root, model_s: Candidates, ngram_s: Candidates, dt: torch.Tensor, k: int, r, cost,
                          draft_cost, s_m, s_n, next_width, check_values) -> Decision:

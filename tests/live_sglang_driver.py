@@ -103,16 +103,18 @@ def _dear_slots(tmp: Path) -> dict:
 def abort_case(model: str, prompts: list[str]) -> dict:
     """A streaming request aborted after its second chunk; then a code edit and the chat, as one batch of different
     lengths. The engine prices verify slots and draft forwards (``_dear_slots``), so it also switches EAGLE depths and
-    verify widths, and learns each request's online EAGLE offset (``model_bias_eta``, off by default), which a request
-    taking over the aborted one's slot must not inherit. It runs the long n-gram chain recommended with a cost table
-    (``ngram_k = 24``: widths up to 28, 49-token proposals; docs/sglang.md, "The n-gram chain length")."""
+    verify widths, and learns each request's online EAGLE and n-gram offsets (``model_bias_eta``, ``ngram_bias_eta``,
+    off by default), which a request taking over the aborted one's slot must not inherit. It runs the long n-gram
+    chain recommended with a cost table (``ngram_k = 24``: widths up to 28, 49-token proposals; docs/sglang.md, "The
+    n-gram chain length")."""
     from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
 
     n_new = 8
     prompts = prompts[:2]
     reference = _reference(model, prompts, n_new)
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_abort_"))
-    env = {**_dear_slots(tmp), ENV_PREFIX + "MODEL_BIAS_ETA": "0.1", ENV_PREFIX + "NGRAM_K": "24"}
+    env = {**_dear_slots(tmp), ENV_PREFIX + "MODEL_BIAS_ETA": "0.1", ENV_PREFIX + "NGRAM_BIAS_ETA": "0.3",
+           ENV_PREFIX + "NGRAM_K": "24"}
     with _hybrid(model, env) as eng:
         async def stream_then_abort():
             chunks, last = 0, None

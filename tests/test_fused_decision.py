@@ -53,10 +53,12 @@ def test_fused_decision_equals_torch_on_random_and_adversarial_batches(exactness
 
 def test_fused_worker_step_equals_torch_step(exactness):
     """select (alignment, prompt lookup, decision, counters), the verify input and after_verify (ring, context
-    table, online offsets, counters): 240 steps of 40 evolving batches."""
+    table, online offsets of both sides, counters): 240 steps of 40 evolving batches, in some of which the n-gram
+    offsets were learned (so they are compared moving, not at zero)."""
     res = exactness["steps"]
     assert res["batches"] == 240
     assert res["failed"] == 0, res
+    assert res["ngram_offsets_learned"] >= 5, res
 
 
 @pytest.mark.real_model

@@ -125,10 +125,11 @@ _PROBE = """
     CostModel.linear(0.01, 1e-4).save(tmp + "/c.json")
     CostModel.linear(1e-3, 1e-5).save(tmp + "/d.json")
     st = HybridStep(HybridSettings(mode="merge", ngram_k=3, cost_table=tmp + "/c.json",
-                                   draft_cost_table=tmp + "/d.json", model_bias_eta=0.1, log_interval=0),
+                                   draft_cost_table=tmp + "/d.json", model_bias_eta=0.1, ngram_bias_eta=0.3,
+                                   log_interval=0),
                     num_steps=3, pool_size=4, device="cpu", max_context_len=32)
     out["hybrid_fixed"] = storage_bytes([list(st.buffers), list(st.context), st._chain, st.model_bias,
-                                         st.model_bias_gen])
+                                         st.model_bias_gen, st.ngram_bias, st.ngram_bias_gen])
     b = 3
     slots, seq, gen = torch.arange(b), torch.full((b,), 10), torch.zeros(b, dtype=torch.int64)
     pw = st.proposal_width
@@ -260,11 +261,13 @@ def test_memory_budget_formulas_match_sglang_objects(measured):
 
 
 def test_memory_budget_hybrid_buffers_match_hybrid_step(measured):
-    """(c) HYBRID's own buffers: a real ``HybridStep`` (pool 4, context 32, 3 steps, ngram_k 3, online offsets) and
+    """(c) HYBRID's own buffers: a real ``HybridStep`` (pool 4, context 32, 3 steps, ngram_k 3, online offsets on
+    both sides) and
     the fused step's workspace after one step at the full width under Triton's interpreter, tensor by tensor."""
     sh = measured["hybrid_shape"]
     own = mb.hybrid_buffer_bytes(pool_size=4, num_steps=3, ngram_k=sh["k"], proposal_width=sh["pw"], context_cols=32,
-                                 model_bias=True, fused=True, max_bs=sh["b"], width=sh["width"], depths=sh["depths"],
+                                 model_bias=True, ngram_bias=True, fused=True, max_bs=sh["b"], width=sh["width"],
+                                 depths=sh["depths"],
                                  mask_entries=sh["seq_sum"] * sh["width"] + sh["width"] ** 2 * sh["b"])
     assert own.fixed == measured["hybrid_fixed"]
     assert own.workspace == measured["hybrid_workspace"]

@@ -719,27 +719,84 @@ def test_hybrid_learns_the_workers_online_model_offset(eagle_right):
     assert baseline.bias_eta is None
 
 
+def test_hybrid_learns_the_workers_online_ngram_offset():
+    """HYBRID's online n-gram offset in the replay (``ngram_bias_eta``), against a plain-Python oracle as the model
+    side's: each step of a continuing request prices its n-gram chain with the offset the previous step left,
+    ``b + eta * sum (hit - a')`` over the chain's tokens up to the first that differs from the trace's committed ones
+    (within the chain's length); a request admitted again starts at 0; the n-gram acceptances priced are the table's,
+    shifted by that offset."""
+    import torch
+
+    from sglang_hybrid.request_bias import corrected_acceptance
+
+    core = _core_or_skip()
+    trace = one_request_trace(L=24, k=4, eagle_right=False)
+    eng = replay_engine.EngineConfig.ideal(num_steps=4, ngram_k=4, n_nodes=8, ngram_bias_eta=0.3)
+    bank = replay_drafts.DraftBank(trace, k=4, ngram_width=eng.proposal_width)
+    pol = replay_engine.EnginePolicy("h", "merge", 4, 8, core, eng)
+    assert pol.ngram_bias_eta == 0.3 and pol.bias_eta is None
+    seen = []                  # per step: (position, chain, length, offset priced with, acceptances, table's)
+    decide, propose, current = pol.decide, pol.propose, {}
+
+    def decide_recording(root, model, ngram, **kw):
+        d = decide(root, model, ngram, **kw)
+        table = core.ngram_cal.acceptance(ngram.match_len, ngram.count, ngram.total, ngram.depth, ngram.source)
+        seen.append((int(current["view"].pos[0]), ngram.tokens[0].tolist(), int(ngram.length[0]),
+                     float(kw["ngram_bias"][0]), d.ngram_acceptance[0].tolist(), table[0]))
+        return d
+
+    def propose_recording(view):
+        current["view"] = view
+        return propose(view)
+
+    pol.decide, pol.propose = decide_recording, propose_recording
+    replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05))
+    out = trace[0].output.tolist()
+    assert seen[0][3] == 0.0
+    moved = 0
+    for (pos, chain, length, bias, acc, table), (pos_next, _, _, bias_next, _, _) in zip(seen, seen[1:]):
+        want = corrected_acceptance(table[None], torch.tensor([bias]))[0]
+        assert acc[:length] == pytest.approx(want[:length].tolist(), abs=1e-6) and not any(acc[length:])
+        if pos_next <= pos:
+            assert bias_next == 0.0
+            continue
+        committed = out[pos:pos_next]
+        g = 0.0
+        for j, tok in enumerate(chain[:length]):
+            if j >= len(committed):
+                break
+            g += (tok == committed[j]) - acc[j]
+            if tok != committed[j]:
+                break
+        assert bias_next == pytest.approx(bias + 0.3 * g, abs=1e-6)
+        moved += bias_next != bias
+    assert moved >= 3
+
+
 def test_model_offset_option_reaches_both_engines_and_bad_values_are_refused(monkeypatch):
-    """``--model-bias-eta`` sets the offset's learning rate of both realistic engines ('none': off; default: the
-    worker's shipped setting); anything not > 0 is a usage error before any work."""
+    """``--model-bias-eta`` (and ``--ngram-bias-eta``) sets the offset's learning rate of both realistic engines
+    ('none': off; default: the worker's shipped setting); anything not > 0 is a usage error before any work."""
     from bench.replay import cli as replay
     from sglang_hybrid.sglang_plugin.config import HybridSettings
 
     assert replay_engine.EngineConfig().model_bias_eta == HybridSettings().model_bias_eta   # what the worker ships
+    assert replay_engine.EngineConfig().ngram_bias_eta == HybridSettings().ngram_bias_eta
     seen = {}
     monkeypatch.setattr(replay_realistic, "run", lambda cfg: seen.setdefault("cfg", cfg) and 0)
     for value, want in (("none", None), ("0.3", 0.3)):
-        seen.clear()
-        replay.main(["--realistic", "--model-bias-eta", value])
-        runner = replay_realistic.Runner(seen["cfg"])
-        assert {e.model_bias_eta for e in runner.engines.values()} == {want}
+        for flag, field in (("--model-bias-eta", "model_bias_eta"), ("--ngram-bias-eta", "ngram_bias_eta")):
+            seen.clear()
+            replay.main(["--realistic", flag, value])
+            runner = replay_realistic.Runner(seen["cfg"])
+            assert {getattr(e, field) for e in runner.engines.values()} == {want}, flag
     seen.clear()
     replay.main(["--realistic"])
     assert seen["cfg"].model_bias_eta is None
     assert seen["cfg"].jobs == len(os.sched_getaffinity(0))      # the cells run on every usable core by default
     for bad in ("0", "-1", "fast"):
-        with pytest.raises(SystemExit):
-            replay.main(["--realistic", "--model-bias-eta", bad])
+        for flag in ("--model-bias-eta", "--ngram-bias-eta"):
+            with pytest.raises(SystemExit):
+                replay.main(["--realistic", flag, bad])
     with pytest.raises(SystemExit):
         replay.main(["--realistic", "--jobs", "0"])
 

@@ -8,7 +8,8 @@ import torch
 
 from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
 from sglang_hybrid.request_bias import corrected_acceptance, chain_outcome, update_bias
-from sglang_hybrid.step import DecisionStep, ModelDraft
+from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
+from sglang_hybrid.survival import chain_parents
 
 
 def _brute(model, length, committed, n):
@@ -69,6 +70,33 @@ def test_decision_step_prices_the_model_chain_with_the_corrected_acceptance():
     assert torch.allclose(d.model_survival, torch.cumprod(a, 1) * torch.tensor([[1, 1, 1], [1, 1, 0]]))
     with pytest.raises(ValueError, match=r"model_bias must have shape \(2,\)"):
         step(root, model, model_bias=torch.zeros(3))
+
+
+def test_decision_step_prices_the_ngram_chain_with_the_corrected_acceptance():
+    """``ngram_bias``: the n-gram nodes are priced with the calibrated acceptance shifted on the logit (0 past the
+    draft's length), so a positive offset raises every survival of the chain; a zero offset is the table itself."""
+    cal = dict(model_calibration=ModelCalibration.identity().to(), ngram_calibration=NgramCalibration.load().to())
+    step = DecisionStep(mode="merge", n_nodes=8, **cal)
+    k = 4
+    feats = torch.tensor([[12, 9, 3, 1], [2, 2, 0, 0]])
+    ngram = NgramDraft(torch.tensor([[1, 2, 3, 4], [5, 6, -1, -1]]), chain_parents(2, k), torch.tensor([4, 2]),
+                       feats, feats, feats + 1, torch.arange(1, k + 1).expand(2, k),
+                       torch.zeros(2, k, dtype=torch.int64))
+    root = torch.tensor([0, 0])
+    plain = step(root, None, ngram)
+    table = step.ngram_cal.acceptance(ngram.match_len, ngram.count, ngram.total, ngram.depth, ngram.source)
+    valid = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    assert torch.allclose(plain.ngram_acceptance, torch.where(valid, table, 0.0))
+    bias = torch.tensor([1.5, -1.0])
+    d = step(root, None, ngram, ngram_bias=bias)
+    a = torch.where(valid, corrected_acceptance(table, bias), 0.0)
+    assert torch.allclose(d.ngram_acceptance, a)
+    assert torch.allclose(d.ngram_survival, torch.cumprod(a, 1))
+    assert (d.ngram_survival[0] > plain.ngram_survival[0]).all()
+    assert (d.ngram_survival[1, :2] < plain.ngram_survival[1, :2]).all()
+    assert torch.allclose(step(root, None, ngram, ngram_bias=torch.zeros(2)).ngram_survival, plain.ngram_survival)
+    with pytest.raises(ValueError, match=r"ngram_bias must have shape \(2,\)"):
+        step(root, None, ngram, ngram_bias=torch.zeros(3))
 
 
 def test_the_update_compiles_fullgraph():

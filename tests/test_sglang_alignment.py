@@ -378,16 +378,17 @@ def test_proposals_survive_a_step_that_accepted_everything():
 
 def test_decode_step_compiles_fullgraph(tmp_path):
     """The whole per-step device path (align, the device prompt lookup over the span the host chose, calibrate with
-    the online EAGLE offset, price with a cost table, select, counters, mask, ring and context updates, the offset's
-    update) traces as one graph: no host sync or data-dependent Python branching."""
+    the online EAGLE and n-gram offsets, price with a cost table, select, counters, mask, ring and context updates,
+    the offsets' updates) traces as one graph: no host sync or data-dependent Python branching."""
     from sglang_hybrid.cost import CostModel
     from sglang_hybrid.sglang_plugin import context_lookup
     from sglang_hybrid.sglang_plugin.verify_input import full_mask, tree_links_torch
 
     cost = tmp_path / "cost.json"
     CostModel.linear(0.01, 0.0001).save(cost)
-    step = HybridStep(HybridSettings(mode="merge", ngram_k=K, cost_table=str(cost), model_bias_eta=0.1), num_steps=3,
-                      pool_size=8, device="cpu", max_context_len=4096)
+    step = HybridStep(HybridSettings(mode="merge", ngram_k=K, cost_table=str(cost), model_bias_eta=0.1,
+                                     ngram_bias_eta=0.3), num_steps=3, pool_size=8, device="cpu",
+                      max_context_len=4096)
     _publish(step.buffers, 3, [5, 6, 7], at=9, gen=0)
     context_lookup.write_context(step.context, torch.ones(5, dtype=torch.int64), torch.arange(5),
                                  torch.tensor([4, 7, 2, 3, 9]), torch.tensor([1]), torch.tensor([0]))
@@ -408,6 +409,7 @@ def test_decode_step_compiles_fullgraph(tmp_path):
     got = compiled(*args)
     assert (got[0][1] >= 0).sum() > 3          # the n-gram proposal made it into request 1's tree
     assert 9 in got[0][0].tolist()             # request 0 (no aligned proposal) copied 2 3 9 after its root 7
+    assert (step.ngram_bias[torch.tensor([1, 3])] != 0).all()        # both requests' n-gram chains were tested
 
 
 def test_hybrid_step_drafts_adaptively_with_a_draft_cost_table(tmp_path):
@@ -535,6 +537,53 @@ def test_model_offset_is_learned_per_request_and_reset_with_the_slot():
     assert torch.equal(off.select(torch.tensor([14, 99]), chain, conf, slots, gen, seq + 1).model_acceptance,
                        calibrated)
     assert off.counters.snapshot()["model_tested"] == 4  # counted with the correction off too
+
+
+def test_ngram_offset_is_learned_per_request_and_reset_with_the_slot():
+    """``ngram_bias_eta``: each request's online offset on the n-gram side is learned on the device from how its own
+    n-gram chain fared against the committed tokens, by exactly ``request_bias.update_bias`` over
+    ``request_bias.chain_outcome`` of the chain it priced: a request that copied its whole chain is priced higher next
+    step, one whose first n-gram token missed lower; a new request in a reused slot starts from the calibration
+    alone; off (None), every step prices with the calibration alone."""
+    from sglang_hybrid.request_bias import update_bias
+
+    eta = 0.5
+    on, off = (HybridStep(HybridSettings(mode="merge", ngram_k=K, ngram_bias_eta=e), num_steps=3, pool_size=4,
+                          device="cpu") for e in (eta, None))
+    assert off.ngram_bias is None and on.ngram_bias is not None
+    chain, conf = torch.tensor([[11, 12, 13], [21, 22, 23]]), torch.full((2, 3), 0.6)
+    proposals = {0: list(range(31, 40)), 2: list(range(41, 50))}
+
+    def select(slots, gen, seq, root):
+        out = []
+        for st in (on, off):
+            for r, sl in enumerate(slots.tolist()):
+                _publish(st.buffers, sl, proposals[sl], int(seq[r]) + 1, int(gen[r]))
+            out.append(st.select(root, chain[:len(slots)], conf[:len(slots)], slots, gen, seq))
+        return out
+
+    slots, gen, seq = torch.tensor([0, 2]), torch.tensor([0, 0]), torch.tensor([5, 5])
+    d, d_off = select(slots, gen, seq, torch.tensor([7, 8]))
+    calibrated = d_off.ngram_acceptance
+    assert (calibrated > 0).all() and torch.equal(d.ngram_acceptance, calibrated)     # new requests: the table
+    # request 0 committed its n-gram chain's 4 tokens (3 drafts + bonus); request 1's first n-gram token missed
+    emitted, acc = torch.tensor([[31, 32, 33, 34, -1], [99, -1, -1, -1, -1]]), torch.tensor([4, 1])
+    for st, dd in ((on, d), (off, d_off)):
+        st.after_verify(dd.tree, slots, seq, emitted, acc)
+    tested = torch.tensor([[True, True, True, True], [True, False, False, False]])
+    hit = torch.tensor([[True, True, True, True], [False, False, False, False]])
+    want = update_bias(torch.zeros(2), calibrated, tested, hit, eta)
+    assert want[0] > 0 > want[1]
+    assert torch.allclose(on.ngram_bias[slots], want) and on.ngram_bias_gen[slots].tolist() == [0, 0]
+    d2, d2_off = select(slots, gen, seq + acc, torch.tensor([34, 99]))
+    assert torch.equal(d2_off.ngram_acceptance, calibrated)
+    assert (d2.ngram_acceptance[0] > calibrated[0]).all() and (d2.ngram_acceptance[1] < calibrated[1]).all()
+    assert (d2.ngram_survival[0] > d2_off.ngram_survival[0]).all()          # the longer copy is priced up
+    for st, dd in ((on, d2), (off, d2_off)):
+        st.after_verify(dd.tree, slots, seq + acc, emitted, acc)
+    # slot 2 taken over by a new request (generation 1): its offset is not inherited
+    d3, d3_off = select(torch.tensor([2]), torch.tensor([1]), torch.tensor([3]), torch.tensor([8]))
+    assert torch.equal(d3.ngram_acceptance, d3_off.ngram_acceptance)
 
 
 def test_graph_outputs_poisoned_after_select_change_nothing_after_verify():

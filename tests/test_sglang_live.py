@@ -202,8 +202,9 @@ def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
     that make verify slots and draft forwards dear, so it switches EAGLE depths (one SGLang runtime state each) and
     width buckets (under ragged verify a cap on each step's trees), both chosen on the device and applied one step
     late: the counters show steps at more than one width and more than one depth, every step verified ragged. The
-    online EAGLE offset is on (``model_bias_eta = 0.1``), and the n-gram chain is the long one recommended with a
-    cost table (``ngram_k = 24``)."""
+    online offsets are on (EAGLE side ``model_bias_eta = 0.1``, n-gram side ``ngram_bias_eta = 0.3``: they change
+    what is verified, never what is emitted), and the n-gram chain is the long one recommended with a cost table
+    (``ngram_k = 24``)."""
     proc = _run([sys.executable, str(DRIVER), "abort", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert SWAP_LOG not in proc.stderr and DECODE_SWAP_LOG not in proc.stderr   # SGLang's Triton kernels ran

@@ -224,6 +224,10 @@ def test_settings_validation_names_the_setting(tmp_path):
                                                 "MEASURE_COST_TABLE=on"):
         HybridSettings(draft_depths=[1]).resolved_draft_depths(4, "cpu")
     assert HybridSettings().model_bias_eta is None                              # off unless asked for
+    assert HybridSettings().ngram_bias_eta is None
+    assert load_settings({"SGLANG_HYBRID_NGRAM_BIAS_ETA": "0.3"}).ngram_bias_eta == 0.3
+    with pytest.raises(HybridConfigError, match="'ngram_bias_eta' .*SGLANG_HYBRID_NGRAM_BIAS_ETA"):
+        load_settings({"SGLANG_HYBRID_NGRAM_BIAS_ETA": "0"})
     assert load_settings({"SGLANG_HYBRID_MODEL_BIAS_ETA": "none"}).model_bias_eta is None
     assert load_settings({"SGLANG_HYBRID_MODEL_BIAS_ETA": "0.3"}).model_bias_eta == 0.3
     for bad in ("0", "true", "fast"):

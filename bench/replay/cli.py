@@ -22,7 +22,7 @@ from bench.replay.sim import RunResult, request_stream, simulate
 
 
 def _eta_or_none(value: str):
-    """``--model-bias-eta``: a learning rate > 0, or 'none' (the online offset off)."""
+    """``--model-bias-eta`` / ``--ngram-bias-eta``: a learning rate > 0, or 'none' (the online offset off)."""
     try:
         return positive_or_none(value)
     except ValueError:
@@ -124,6 +124,9 @@ def main(argv=None) -> int:
     rg.add_argument("--model-bias-eta", type=_eta_or_none, default=EngineConfig.model_bias_eta, metavar="ETA",
                     help="learning rate of HYBRID's online EAGLE offset (the worker's setting model_bias_eta; "
                          "default: as shipped, off)")
+    rg.add_argument("--ngram-bias-eta", type=_eta_or_none, default=EngineConfig.ngram_bias_eta, metavar="ETA",
+                    help="learning rate of HYBRID's online n-gram offset (the worker's setting ngram_bias_eta; "
+                         "default: as shipped, off)")
     rg.add_argument("--ngram-logit-shift", type=float, default=0.0, metavar="X",
                     help="a what-if: move every cell of the n-gram calibration (--ngram-calibration, default the "
                          "shipped table) by X on the logit, as a stand-in for a table fit closer to the workload "
@@ -183,7 +186,8 @@ def main(argv=None) -> int:
                         adaptive_depth=not args.fixed_depth, hybrid_steps=tuple(args.hybrid_steps),
                         hybrid_ngram_ks=tuple(args.hybrid_ngram_ks), ngram_ks=tuple(args.ngram_ks),
                         eagle_trees=tuple(args.eagle_trees),
-                        model_bias_eta=args.model_bias_eta, gpu_context=args.gpu_context, real_trace=args.real_trace,
+                        model_bias_eta=args.model_bias_eta, ngram_bias_eta=args.ngram_bias_eta,
+                        gpu_context=args.gpu_context, real_trace=args.real_trace,
                         ngram_calibration=args.ngram_calibration, ngram_logit_shift=args.ngram_logit_shift,
                         launch=launch, ragged_sync_us=args.ragged_sync_us, ragged_mode=not args.no_ragged_mode,
                         measured_table=None if args.measured_table == "none" else Path(args.measured_table),
@@ -221,7 +225,7 @@ def main(argv=None) -> int:
 
         engine = EngineConfig(width_lag=args.width_lag, ngram_lag=args.ngram_lag, num_steps=k, ngram_k=k,
                               n_nodes=merge_nodes, adaptive_depth=not args.fixed_depth,
-                              model_bias_eta=args.model_bias_eta)
+                              model_bias_eta=args.model_bias_eta, ngram_bias_eta=args.ngram_bias_eta)
         for i, pol in enumerate(pols):
             if pol.name in ("model_adaptive", "hybrid_choose", "hybrid_merge"):
                 mode = "merge" if pol.name == "hybrid_merge" else "choose"

@@ -46,6 +46,9 @@ model offset       each HYBRID request's online offset on the EAGLE       same
                    its chain against the tokens committed since, before
                    the next decision (the worker updates it after each
                    verify, on the device)
+n-gram offset      the same on the n-gram side (the worker's setting       same
+                   ``ngram_bias_eta``), learned from the request's last
+                   n-gram chain
 =================  =====================================================  ============================================
 
 Host time and launches: what each costs, and where it was measured, is in ``bench.replay.host``. The worker runs its
@@ -136,6 +139,9 @@ class EngineConfig:
     #: HYBRID's online offset on the EAGLE side's calibrated logit: the worker's setting ``model_bias_eta`` and its
     #: default (None: off); the model-only baselines run without it, as the reference loop's do
     model_bias_eta: Optional[float] = None
+    #: HYBRID's online offset on the n-gram side's calibrated logit: the worker's setting ``ngram_bias_eta`` and its
+    #: default (None: off)
+    ngram_bias_eta: Optional[float] = None
     #: kernel launches of the decision per step; None: counted from the worker's code for the policy's configuration
     #: and batch size (``bench.step_launches``)
     launches: Optional[int] = None
@@ -268,6 +274,8 @@ class EngineConfig:
     def _depth_text(self) -> str:
         bias = ("; HYBRID's online EAGLE offset off" if self.model_bias_eta is None
                 else f"; HYBRID's online EAGLE offset eta={self.model_bias_eta:g}")
+        bias += ("; n-gram offset off" if self.ngram_bias_eta is None
+                 else f"; n-gram offset eta={self.ngram_bias_eta:g}")
         if self.depths is None:
             return f"EAGLE depth fixed at {self.num_steps}{bias}"
         return (f"EAGLE depth chosen by DecisionStep among {self.depths}, applied {self.depth_lag} step(s) later "
@@ -412,6 +420,7 @@ class EnginePolicy(P.Policy):
                                              widths=self.widths, depths=self.depths)
         self._draft_tables: dict = {}
         self.bias_eta = engine.model_bias_eta if ngram else None
+        self.ngram_bias_eta = engine.ngram_bias_eta if ngram else None
         self.late = LateNgram(engine.proposal_width, engine.ngram_k, engine.ngram_lag, engine.context_lookup) if (
             ngram and engine.as_built) else None
         self.stats: dict = {}
@@ -466,22 +475,35 @@ class EnginePolicy(P.Policy):
         #: per batch slot: the request's online model offset, and what the last step drafted (to learn from)
         self.model_bias = self.core.torch.zeros(batch, dtype=self.core.torch.float32)
         self._last_model = None
+        #: the same for the n-gram side (``ngram_bias_eta``)
+        self.ngram_bias = self.core.torch.zeros(batch, dtype=self.core.torch.float32)
+        self._last_ngram = None
 
     def _learn_model_bias(self, view) -> None:
         """Move each continuing request's offset by its last chain's outcome against the tokens committed since (the
         trace's, ``view.pos - pos_then`` of them, bonus included); a slot holding a new request starts at 0."""
+        if self._last_model is not None:
+            self.model_bias = self._learned(self._last_model, view, self.bias_eta)
+
+    def _learn_ngram_bias(self, view) -> None:
+        """`_learn_model_bias` for the n-gram side: each continuing request's n-gram offset moves by how its last
+        n-gram chain fared (``ngram_bias_eta``)."""
+        if self._last_ngram is not None:
+            self.ngram_bias = self._learned(self._last_ngram, view, self.ngram_bias_eta)
+
+    def _learned(self, last: tuple, view, eta: float):
+        """The offsets after one ``request_bias.update_bias`` step on ``last`` = (requests, positions, the chain
+        drafted, its acceptances, the offsets used) against the trace tokens committed since; 0 for a slot that
+        holds a new request."""
         from sglang_hybrid.request_bias import chain_outcome, update_bias
 
-        if self._last_model is None:
-            return
         t = self.core.torch
-        req0, pos0, model, acceptance, bias = self._last_model
+        req0, pos0, draft, acceptance, bias = last
         cont = (np.asarray(view.req) == req0) & (np.asarray(view.pos) > pos0)
         n = t.as_tensor(np.where(cont, np.asarray(view.pos) - pos0, 0), dtype=t.int64)
-        committed = t.as_tensor(view.drafts.targets(req0, pos0, max(1, model.tokens.shape[1])), dtype=t.int64)
-        tested, hit = chain_outcome(model.tokens, model.length, committed, n)
-        new = update_bias(bias, acceptance, tested, hit, self.bias_eta)
-        self.model_bias = t.where(t.as_tensor(cont), new, 0.0)
+        committed = t.as_tensor(view.drafts.targets(req0, pos0, max(1, draft.tokens.shape[1])), dtype=t.int64)
+        tested, hit = chain_outcome(draft.tokens, draft.length, committed, n)
+        return t.where(t.as_tensor(cont), update_bias(bias, acceptance, tested, hit, eta), 0.0)
 
     def _draft_cost(self, seconds: float):
         """One EAGLE draft forward at this batch size as the core's cost tables (constant in the batch: the replay
@@ -538,13 +560,16 @@ class EnginePolicy(P.Policy):
         root = c.torch.as_tensor(view.root)
         model = c.model_draft(etoks, eprobs)
         b = len(view.req)
-        bias = None
+        bias = ngram_bias = None
         if self.bias_eta is not None:
             self._learn_model_bias(view)
             bias = self.model_bias
+        if self.ngram_bias_eta is not None and ngram is not None:
+            self._learn_ngram_bias(view)
+            ngram_bias = self.ngram_bias
         if self.widths is None:
             d = self.decide(root, model, ngram, cost=view.cost, check_values=False, draft_cost=draft_cost,
-                            model_bias=bias)
+                            model_bias=bias, ngram_bias=ngram_bias)
             prop = P._tree_to_proposal(d.tree, P.draft_forwards(depth))
             if self.engine.as_built:
                 self._lay_out_ragged(prop, d.tree.valid.sum(1).numpy(), view)
@@ -552,10 +577,10 @@ class EnginePolicy(P.Policy):
             width = self.pending.popleft() if self.engine.width_lag > 0 else None
             if width is None:   # lag 0 (a what-if): decide at full width, verify the chosen bucket this step
                 full = self.decide(root, model, ngram, cost=view.cost, check_values=False, draft_cost=draft_cost,
-                                   model_bias=bias)
+                                   model_bias=bias, ngram_bias=ngram_bias)
                 width = int(full.next_width)
             d = self.decide(root, model, ngram, cost=view.cost, check_values=False, width=width,
-                            draft_cost=draft_cost, model_bias=bias)
+                            draft_cost=draft_cost, model_bias=bias, ngram_bias=ngram_bias)
             if self.engine.width_lag > 0:
                 self.pending.append(int(d.next_width))
             self.width_counts[width] += 1
@@ -573,6 +598,8 @@ class EnginePolicy(P.Policy):
             self.depth_pending.append(int(d.next_depth))
         if bias is not None:
             self._last_model = (np.array(view.req), np.array(view.pos), model, d.model_acceptance, bias)
+        if ngram_bias is not None:
+            self._last_ngram = (np.array(view.req), np.array(view.pos), ngram, d.ngram_acceptance, ngram_bias)
         self.last_lambda = float(d.lam)
         st = dict(self.late.stats) if self.late is not None else {}
         st["width_counts"] = dict(self.width_counts)

@@ -175,6 +175,8 @@ class Config:
     adaptive_depth: bool = True
     #: HYBRID's online EAGLE offset (``EngineConfig.model_bias_eta``; None: off)
     model_bias_eta: Optional[float] = EngineConfig.model_bias_eta
+    #: HYBRID's online n-gram offset (``EngineConfig.ngram_bias_eta``; None: off)
+    ngram_bias_eta: Optional[float] = EngineConfig.ngram_bias_eta
     #: the n-gram calibration every core-decided policy prices with (the worker's setting ``ngram_calibration``;
     #: None: the shipped table)
     ngram_calibration: Optional[Path] = None
@@ -224,9 +226,11 @@ class Runner:
         self.best: dict = {}      # (source, mode, workload, batch, what) -> the choice tuned for it (policy name, ...)
         self.engines = {"as built": EngineConfig(width_lag=cfg.width_lag, ngram_lag=cfg.ngram_lag,
                                                  cost_tables=cfg.cost_tables, adaptive_depth=cfg.adaptive_depth,
-                                                 model_bias_eta=cfg.model_bias_eta),
+                                                 model_bias_eta=cfg.model_bias_eta,
+                                                 ngram_bias_eta=cfg.ngram_bias_eta),
                         "ideal": EngineConfig.ideal(adaptive_depth=cfg.adaptive_depth,
-                                                    model_bias_eta=cfg.model_bias_eta)}
+                                                    model_bias_eta=cfg.model_bias_eta,
+                                                    ngram_bias_eta=cfg.ngram_bias_eta)}
         if cfg.ragged_mode:
             self.engines[RAGGED] = dataclasses.replace(self.engines["as built"], verify="ragged_sync",
                                                        sync_us=cfg.ragged_sync_us)

@@ -100,13 +100,14 @@ class FusedDecisionStep:
 
     def __call__(self, root_tokens: torch.Tensor, model_tokens: torch.Tensor, model_conf: torch.Tensor,
                  ngram: NgramDraft, *, cost: Optional[CostTables] = None, draft_cost: Optional[CostTables] = None,
-                 width: Optional[int] = None, model_bias: Optional[torch.Tensor] = None, counters=None,
+                 width: Optional[int] = None, model_bias: Optional[torch.Tensor] = None,
+                 ngram_bias: Optional[torch.Tensor] = None, counters=None,
                  from_lookup: Optional[torch.Tensor] = None, chain_out: Optional[torch.Tensor] = None,
                  workspace: Optional[Workspace] = None) -> Decision:
         """The ``Decision`` of ``DecisionStep.__call__(root_tokens, ModelDraft(model_tokens, model_conf, S), ngram,
-        cost=cost, draft_cost=draft_cost, width=width, model_bias=model_bias)``. With ``counters``
-        (``HybridCounters``) the step is also counted on the device as ``HybridCounters.on_select`` counts it
-        (``from_lookup``: the rows the prompt lookup supplied); the caller counts the host share
+        cost=cost, draft_cost=draft_cost, width=width, model_bias=model_bias, ngram_bias=ngram_bias)``. With
+        ``counters`` (``HybridCounters``) the step is also counted on the device as ``HybridCounters.on_select``
+        counts it (``from_lookup``: the rows the prompt lookup supplied); the caller counts the host share
         (``on_select_host``). ``chain_out`` (``[B, S]``, unit column stride): where to copy ``model_tokens``.
         ``workspace``: where the decision's tensors live (valid until the next call with it; None: fresh tensors)."""
         from . import decision
@@ -131,8 +132,9 @@ class FusedDecisionStep:
                 raise ValueError(f"ngram.{name} must have shape {want}, got {tuple(t.shape)}")
         if not ngram.length.is_contiguous() or not root_tokens.is_contiguous():
             raise ValueError("ngram.length and root_tokens must be contiguous")
-        if model_bias is not None and tuple(model_bias.shape) != (b,):
-            raise ValueError(f"model_bias must have shape ({b},), got {tuple(model_bias.shape)}")
+        for name, bias in (("model_bias", model_bias), ("ngram_bias", ngram_bias)):
+            if bias is not None and tuple(bias.shape) != (b,):
+                raise ValueError(f"{name} must have shape ({b},), got {tuple(bias.shape)}")
         adaptive = d.depths is not None
         if adaptive and s not in d.depths:
             raise ValueError(f"the model chain has {s} tokens but the draft depths are {d.depths}")
@@ -142,6 +144,7 @@ class FusedDecisionStep:
         return decision.launch(
             root=root_tokens, model_tokens=model_tokens, model_conf=model_conf,
             bias=None if model_bias is None else model_bias.to(torch.float32),
+            ngram_bias=None if ngram_bias is None else ngram_bias.to(torch.float32),
             ng_tokens=ngram.tokens, ng_len=ngram.length, ng_match_len=ngram.match_len, ng_count=ngram.count,
             ng_total=ngram.total, ng_depth=ngram.depth, ng_source=ngram.source,
             temps=d.model_cal.temperatures, ngram_tables=d.ngram_cal, buckets=self._buckets, depths=depths,
@@ -152,15 +155,17 @@ class FusedDecisionStep:
 
 def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor, seq_lens: torch.Tensor,
                     root_tokens: torch.Tensor, span: Optional[int], model_bias: Optional[torch.Tensor] = None,
-                    model_bias_gen: Optional[torch.Tensor] = None, workspace: Optional[Workspace] = None):
+                    model_bias_gen: Optional[torch.Tensor] = None, ngram_bias: Optional[torch.Tensor] = None,
+                    ngram_bias_gen: Optional[torch.Tensor] = None, workspace: Optional[Workspace] = None):
     """``HybridStep``'s n-gram side before the decision in one or two launches (``kernels.proposals``): records the
     root in the ring (``buffers``, ``alignment.ProposalBuffers``) and the context table (``context``,
     ``context_lookup.ContextTable`` or None), aligns the host's proposals and, with a context table, fills rows left
     without one from the prompt lookup over the first ``span`` positions (None: the whole table).
 
-    Returns ``(proposals, from_lookup, bias)``: ``alignment.AlignedProposals`` (``[B, K]``, ``K`` the buffers'
-    width), the rows the lookup supplied (bool ``[B]``, None without a context table) and each row's online EAGLE
-    offset gathered from ``model_bias``/``model_bias_gen`` (None without them). ``workspace``: where they live (valid
+    Returns ``(proposals, from_lookup, bias, ngram_bias)``: ``alignment.AlignedProposals`` (``[B, K]``, ``K`` the
+    buffers' width), the rows the lookup supplied (bool ``[B]``, None without a context table) and each row's online
+    EAGLE and n-gram offsets gathered from ``model_bias``/``model_bias_gen`` and ``ngram_bias``/``ngram_bias_gen``
+    (0 where the slot's generation is not the row's; None without them). ``workspace``: where they live (valid
     until the next call with it; None: fresh tensors)."""
     from sglang_hybrid.sglang_plugin import context_lookup
     from sglang_hybrid.sglang_plugin.alignment import AlignedProposals
@@ -180,6 +185,7 @@ def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor
     length = alloc(ws, "proposal_length", (b,), i64, dev)
     shift = alloc(ws, "proposal_shift", (b,), i64, dev)
     bias = alloc(ws, "bias", (b,), torch.float32, dev) if model_bias is not None else None
+    nbias = alloc(ws, "ngram_bias", (b,), torch.float32, dev) if ngram_bias is not None else None
     ctx_len = context.tokens.shape[1] - 1 if context is not None else 1
     block = _block_rows(dev)
     kp._prepare_kernel[(triton.cdiv(b, block),)](
@@ -187,9 +193,11 @@ def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor
         buffers.match_len, buffers.count, buffers.total, buffers.source, buffers.ring,
         context.tokens if context is not None else buffers.ring,
         model_bias if model_bias is not None else length, model_bias_gen if model_bias is not None else length,
+        ngram_bias if ngram_bias is not None else length, ngram_bias_gen if ngram_bias is not None else length,
         out[0], length, out[1], out[2], out[3], out[4], out[5], shift, bias if bias is not None else length,
+        nbias if nbias is not None else length,
         b, PW=pw, PW2=pow2(pw), R=r, L=ctx_len, HAS_CTX=context is not None, HAS_BIAS=model_bias is not None,
-        BB=block)
+        NG_BIAS=ngram_bias is not None, BB=block)
     from_lookup = None
     if context is not None:
         if span is None:
@@ -204,7 +212,7 @@ def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor
             CH=LOOKUP_CHUNK)
     props = AlignedProposals(tokens=out[0], length=length, depth=out[1], match_len=out[2], count=out[3],
                              total=out[4], source=out[5], shift=shift)
-    return props, from_lookup, bias
+    return props, from_lookup, bias, nbias
 
 
 def fused_links_and_mask(tokens: torch.Tensor, valid: torch.Tensor, ancestors: torch.Tensor, seq_lens: torch.Tensor,
@@ -236,9 +244,11 @@ def fused_links_and_mask(tokens: torch.Tensor, valid: torch.Tensor, ancestors: t
 
 
 def fused_after_verify(step, tree, slots: torch.Tensor, seq_lens_before: torch.Tensor, emitted: torch.Tensor,
-                       accept_lens: torch.Tensor, model_step) -> None:
-    """``HybridStep.after_verify``'s device work in one launch (``kernels.outcome``); ``model_step``: what the step's
-    ``select`` kept for it (``HybridStep._model_step``) or None."""
+                       accept_lens: torch.Tensor, model_step, ngram_step=None) -> None:
+    """``HybridStep.after_verify``'s device work in one launch (``kernels.outcome``); ``model_step`` and
+    ``ngram_step``: what the step's ``select`` kept for it (``HybridStep._model_step``, ``HybridStep._ngram_step``)
+    or None. The n-gram offset is learned only with the model step's slot generations (both come from one
+    ``select``)."""
     from sglang_hybrid.sglang_plugin import metrics as m
 
     from . import outcome as ko
@@ -249,6 +259,8 @@ def fused_after_verify(step, tree, slots: torch.Tensor, seq_lens_before: torch.T
     if model_step is not None:
         _, gen, chain, bias, acceptance = model_step
     s = chain.shape[1] if chain is not None else 1
+    ng = ngram_step if model_step is not None else None
+    k = ng[0].shape[1] if ng is not None else 1
     ctx = step.context
     dummy = step.counters.totals
     ko._after_verify_kernel[(1,)](
@@ -259,11 +271,14 @@ def fused_after_verify(step, tree, slots: torch.Tensor, seq_lens_before: torch.T
         acceptance if acceptance is not None else dummy,
         step.model_bias if step.model_bias is not None else dummy,
         step.model_bias_gen if step.model_bias_gen is not None else dummy,
+        *((ng[0], ng[0].stride(0), ng[1], ng[3], ng[2], step.ngram_bias, step.ngram_bias_gen) if ng is not None
+          else (dummy, 0, dummy, dummy, dummy, dummy, dummy)),
         tree.valid, tree.source, step.counters.totals,
         b,
         C=c, D_EMIT=min(c, step.max_depth + 1), C2=pow2(c), R=step.buffers.ring.shape[1] - 1,
         L=ctx.tokens.shape[1] - 1 if ctx is not None else 1, HAS_CTX=ctx is not None, MODEL=chain is not None,
-        S=s, S2=pow2(s), HAS_BIAS=bias is not None, ETA=float(step.model_bias_eta or 0.0), W=w, W2=pow2(w),
+        S=s, S2=pow2(s), HAS_BIAS=bias is not None, ETA=float(step.model_bias_eta or 0.0), NGRAM=ng is not None,
+        K=k, K2=pow2(k), NG_ETA=float(step.ngram_bias_eta or 0.0), W=w, W2=pow2(w),
         BB=_block_rows(slots.device, GPU_LOOP_ROWS),
         C_ACC=m.ACC["none"], C_TESTED=m.MODEL_TESTED, C_PRED=m.MODEL_PRED, C_HIT=m.MODEL_HIT)
 

@@ -75,18 +75,19 @@ def _bucket(x, edges_ptr, N_EDGES: tl.constexpr, E2: tl.constexpr):
 def _survivals_kernel(
         conf_ptr, conf_s0, conf_s1, temps_ptr, bias_ptr,
         ml_ptr, ml_s0, ml_s1, ct_ptr, ct_s0, ct_s1, tt_ptr, tt_s0, tt_s1, dp_ptr, dp_s0, dp_s1, sr_ptr, sr_s0, sr_s1,
-        ng_len_ptr,
+        ng_len_ptr, ng_bias_ptr,
         de_ptr, me_ptr, re_ptr, ce_ptr, table_ptr,
-        a_m_ptr, s_m_ptr, s_n_ptr, ext_ptr, rate_ptr,
+        a_m_ptr, s_m_ptr, a_n_ptr, s_n_ptr, ext_ptr, rate_ptr,
         mtok_ptr, mtok_s0, mtok_s1, chain_ptr, chain_s0,
         B,
         COPY_CHAIN: tl.constexpr, S: tl.constexpr, K: tl.constexpr, DM: tl.constexpr, NT: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
+        HAS_BIAS: tl.constexpr, NG_HAS_BIAS: tl.constexpr,
         ADAPTIVE: tl.constexpr, BB: tl.constexpr, C2: tl.constexpr,
         N_DE: tl.constexpr, N_ME: tl.constexpr, N_RE: tl.constexpr, N_CE: tl.constexpr, E2: tl.constexpr,
         SH1: tl.constexpr, SH2: tl.constexpr, SH3: tl.constexpr, SH4: tl.constexpr,
         CAL_EPS_C: tl.constexpr, BIAS_EPS_C: tl.constexpr):
-    """Fuses ``DecisionStep.model_acceptance`` (with the request offset), ``DecisionStep.ngram_survival`` for a chain,
+    """Fuses ``DecisionStep.model_acceptance`` (with the request offset), ``DecisionStep.ngram_acceptance`` (with the
+    request's n-gram offset) and ``DecisionStep.ngram_survival`` for a chain,
     ``chain_survival`` of both chains and the per-request rate of ``_depth_candidates``; with ``COPY_CHAIN``, the copy
     of the EAGLE chain that must outlive the draft graph's next replay (``HybridStep._chain``)."""
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
@@ -149,7 +150,12 @@ def _survivals_kernel(
     idx = idx * SH3 + _bucket(ratio, re_ptr, N_RE, E2)
     idx = idx * SH4 + _bucket(cf, ce_ptr, N_CE, E2)
     a_n = tl.load(table_ptr + idx, mask=fmask, other=0.0)
+    if NG_HAS_BIAS:
+        nb = tl.load(ng_bias_ptr + rows, mask=rmask, other=0.0)
+        ac = tl.minimum(tl.maximum(a_n, BIAS_EPS_C), 1.0 - BIAS_EPS_C)
+        a_n = _sigmoid(tl.log(ac / (1.0 - ac)) + nb[:, None])
     a_n = tl.where(valid, a_n, 0.0)
+    tl.store(a_n_ptr + r64[:, None] * K + cols[None, :], a_n, mask=fmask)
     s_n = tl.cumprod(a_n, 1)
     tl.store(s_n_ptr + r64[:, None] * K + cols[None, :], tl.where(valid, s_n, 0.0), mask=fmask)
 
@@ -433,11 +439,12 @@ def _counter_slots() -> dict:
 _COUNTER_SLOTS = _counter_slots()
 
 
-def launch(*, root, model_tokens, model_conf, bias, ng_tokens, ng_len, ng_match_len, ng_count, ng_total, ng_depth,
-           ng_source, temps, ngram_tables, buckets, depths: tuple, depths_t, cost, draft_cost, mode: str, n_nodes: int,
-           width: int, block_rows: int, counters=None, from_lookup=None, chain_out=None,
+def launch(*, root, model_tokens, model_conf, bias, ngram_bias, ng_tokens, ng_len, ng_match_len, ng_count, ng_total,
+           ng_depth, ng_source, temps, ngram_tables, buckets, depths: tuple, depths_t, cost, draft_cost, mode: str,
+           n_nodes: int, width: int, block_rows: int, counters=None, from_lookup=None, chain_out=None,
            workspace=None) -> Decision:
     """Run the three kernels; every argument already validated by ``FusedDecisionStep`` (shapes, devices, dtypes).
+    ``bias`` / ``ngram_bias``: the requests' online offsets on the model / n-gram side (``[B]`` float32, or None).
     ``depths``: the candidate depths as host ints (one entry when the engine does not draft adaptively).
     ``counters``: a ``HybridCounters`` whose device totals the plan kernel adds the step to (``from_lookup``: the rows
     the prompt lookup supplied, or None). ``chain_out``: ``[B, S]`` (row stride free) to copy the EAGLE chain into.
@@ -454,6 +461,7 @@ def launch(*, root, model_tokens, model_conf, bias, ng_tokens, ng_len, ng_match_
     a_m = alloc(ws, "a_m", (b, s), f32, dev)
     s_m = alloc(ws, "s_m", (b, s), f32, dev)
     s_n = alloc(ws, "s_n", (b, k), f32, dev)
+    a_n = alloc(ws, "a_n", (b, k), f32, dev)
     ext = alloc(ws, "ext", (b, dm), f32, dev) if adaptive else s_m
     rate = alloc(ws, "rate", (b,), f32, dev) if adaptive else None
     nt = ngram_tables
@@ -463,13 +471,14 @@ def launch(*, root, model_tokens, model_conf, bias, ng_tokens, ng_len, ng_match_
         model_conf, *model_conf.stride(), temps, bias if bias is not None else a_m,
         ng_match_len, *ng_match_len.stride(), ng_count, *ng_count.stride(), ng_total, *ng_total.stride(),
         ng_depth, *ng_depth.stride(), ng_source, *ng_source.stride(), ng_len,
+        ngram_bias if ngram_bias is not None else a_m,
         nt.depth_edges, nt.match_edges, nt.ratio_edges, nt.count_edges, nt.table,
-        a_m, s_m, s_n, ext, rate if rate is not None else a_m,
+        a_m, s_m, a_n, s_n, ext, rate if rate is not None else a_m,
         model_tokens, *model_tokens.stride(), chain_out if chain_out is not None else model_tokens,
         chain_out.stride(0) if chain_out is not None else 0,
         b,
         COPY_CHAIN=chain_out is not None, S=s, K=k, DM=dm, NT=temps.numel(), HAS_BIAS=bias is not None,
-        ADAPTIVE=adaptive, BB=block_rows, C2=pow2(k),
+        NG_HAS_BIAS=ngram_bias is not None, ADAPTIVE=adaptive, BB=block_rows, C2=pow2(k),
         N_DE=nt.depth_edges.numel(), N_ME=nt.match_edges.numel(), N_RE=nt.ratio_edges.numel(),
         N_CE=nt.count_edges.numel(), E2=e2, SH1=nt.shape[1], SH2=nt.shape[2], SH3=nt.shape[3], SH4=nt.shape[4],
         CAL_EPS_C=CAL_EPS, BIAS_EPS_C=BIAS_EPS)
@@ -512,4 +521,4 @@ def launch(*, root, model_tokens, model_conf, bias, ng_tokens, ng_len, ng_match_
         COUNT=counters is not None, HAS_LOOKUP=from_lookup is not None, WIDTH=width, W2=pow2(width), **_COUNTER_SLOTS)
     tree = VerifyTree(tokens=tokens, parents=parents, ancestors=ancestors, depth=depth, valid=valid, source=source,
                       survival=survival, expected_accepted=expected)
-    return Decision(tree, b_star, lam, s_m, s_n, out_width, next_depth, rate, a_m)
+    return Decision(tree, b_star, lam, s_m, s_n, out_width, next_depth, rate, a_m, a_n)

@@ -9,7 +9,8 @@ order) fuses
   path writes it to the trash column, which nothing reads);
 * ``HybridCounters.on_accept`` (accepted drafts per tree class) and ``HybridCounters.on_model_outcome``;
 * ``request_bias.chain_outcome`` (which EAGLE chain tokens the verify tested, which hit) and
-  ``request_bias.update_bias`` (each request's online offset, stored with its slot generation).
+  ``request_bias.update_bias`` (each request's online offset, stored with its slot generation); the same for the
+  n-gram chain the step priced, when the n-gram side learns an offset too.
 
 Exact: copies, integer counts and float sums of the same terms in the same roles (the float64 counter sums and the
 offset's float32 sum over chain positions may round in another order than torch's; both are within 1e-6).
@@ -26,11 +27,13 @@ from .decision import tree_class
 def _after_verify_kernel(
         slots_ptr, seq_ptr, emit_ptr, emit_s0, emit_s1, acc_ptr, ring_ptr, ctx_ptr,
         chain_ptr, chain_s0, gen_ptr, bias_ptr, accept_ptr, mb_ptr, mb_gen_ptr,
+        ng_tok_ptr, ng_tok_s0, ng_len_ptr, ng_acc_ptr, ng_used_ptr, nb_ptr, nb_gen_ptr,
         t_val_ptr, t_src_ptr, totals_ptr,
         B,
         C: tl.constexpr, D_EMIT: tl.constexpr, C2: tl.constexpr, R: tl.constexpr, L: tl.constexpr,
         HAS_CTX: tl.constexpr, MODEL: tl.constexpr, S: tl.constexpr, S2: tl.constexpr, HAS_BIAS: tl.constexpr,
-        ETA: tl.constexpr, W: tl.constexpr, W2: tl.constexpr, BB: tl.constexpr,
+        ETA: tl.constexpr, NGRAM: tl.constexpr, K: tl.constexpr, K2: tl.constexpr, NG_ETA: tl.constexpr,
+        W: tl.constexpr, W2: tl.constexpr, BB: tl.constexpr,
         C_ACC: tl.constexpr, C_TESTED: tl.constexpr, C_PRED: tl.constexpr, C_HIT: tl.constexpr):
     j = tl.arange(0, C2)
     s = tl.arange(0, S2)
@@ -78,6 +81,22 @@ def _after_verify_kernel(
                 new = tl.load(bias_ptr + rows, mask=rm, other=0.0) + ETA * g
                 tl.store(mb_ptr + slot, new, mask=rm)
                 tl.store(mb_gen_ptr + slot, tl.load(gen_ptr + rows, mask=rm, other=0).to(tl.int64), mask=rm)
+        # ---- how the n-gram chain fared (request_bias.chain_outcome over its length), learned from ----
+        if NGRAM:
+            kk = tl.arange(0, K2)
+            km = rm[:, None] & (kk[None, :] < K)
+            ntok = tl.load(ng_tok_ptr + r64[:, None] * ng_tok_s0 + kk[None, :], mask=km, other=-2).to(tl.int64)
+            nlen = tl.minimum(tl.load(ng_len_ptr + rows, mask=rm, other=0).to(tl.int64), K)
+            committed_n = tl.load(emit_ptr + r64[:, None] * emit_s0 + kk[None, :] * emit_s1,
+                                  mask=km & (kk[None, :] < C), other=-1).to(tl.int64)
+            hit_k = (ntok == committed_n) & (kk[None, :] < n[:, None]) & km
+            first_miss = tl.min(tl.where(hit_k, K2, kk[None, :]), 1)
+            tested_k = ((kk[None, :] <= first_miss[:, None]) & (kk[None, :] < n[:, None])
+                        & (kk[None, :] < nlen[:, None]) & km)
+            a_k = tl.load(ng_acc_ptr + r64[:, None] * K + kk[None, :], mask=km, other=0.0)
+            g_k = tl.sum(tl.where(tested_k, (hit_k & tested_k).to(tl.float32) - a_k, 0.0), 1)
+            tl.store(nb_ptr + slot, tl.load(ng_used_ptr + rows, mask=rm, other=0.0) + NG_ETA * g_k, mask=rm)
+            tl.store(nb_gen_ptr + slot, tl.load(gen_ptr + rows, mask=rm, other=0).to(tl.int64), mask=rm)
     cp = totals_ptr + C_ACC + c4
     tl.store(cp, tl.load(cp) + acc_by_class)
     if MODEL:

@@ -26,11 +26,12 @@ import triton.language as tl
 def _prepare_kernel(
         slots_ptr, seq_ptr, gen_ptr, root_ptr,
         b_tok_ptr, b_len_ptr, b_at_ptr, b_gen_ptr, b_ml_ptr, b_ct_ptr, b_tt_ptr, b_src_ptr, ring_ptr, ctx_ptr,
-        mb_ptr, mb_gen_ptr,
+        mb_ptr, mb_gen_ptr, nb_ptr, nb_gen_ptr,
         o_tok_ptr, o_len_ptr, o_dep_ptr, o_ml_ptr, o_ct_ptr, o_tt_ptr, o_src_ptr, o_shift_ptr, o_bias_ptr,
+        o_nbias_ptr,
         B,
         PW: tl.constexpr, PW2: tl.constexpr, R: tl.constexpr, L: tl.constexpr, HAS_CTX: tl.constexpr,
-        HAS_BIAS: tl.constexpr, BB: tl.constexpr):
+        HAS_BIAS: tl.constexpr, NG_BIAS: tl.constexpr, BB: tl.constexpr):
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     rmask = rows < B
     slot = tl.load(slots_ptr + rows, mask=rmask, other=0).to(tl.int64)
@@ -73,6 +74,10 @@ def _prepare_kernel(
     if HAS_BIAS:
         same = tl.load(mb_gen_ptr + slot, mask=rmask, other=-1) == gen
         tl.store(o_bias_ptr + rows, tl.where(same, tl.load(mb_ptr + slot, mask=rmask, other=0.0), 0.0), mask=rmask)
+    if NG_BIAS:
+        same_n = tl.load(nb_gen_ptr + slot, mask=rmask, other=-1) == gen
+        tl.store(o_nbias_ptr + rows, tl.where(same_n, tl.load(nb_ptr + slot, mask=rmask, other=0.0), 0.0),
+                 mask=rmask)
 
 
 @triton.jit

@@ -95,6 +95,13 @@ class HybridSettings(BaseModel):
                     "on the device from the request's own verify outcomes (sglang_hybrid.request_bias; 0.03-0.1 "
                     "sensible); default none: the calibration alone (the offset improves calibration but not the "
                     "replay's throughput, see docs/sglang.md)")
+    ngram_bias_eta: Optional[float] = Field(
+        None, gt=0, le=10, strict=True,
+        description="learning rate of each request's online offset on the n-gram side's calibrated acceptance, "
+                    "learned on the device from how the request's own n-gram chains fared (sglang_hybrid."
+                    "request_bias; 0.3 measured): the shipped table is fit on general text and under-values long "
+                    "copies, which a ragged verify pays for node by node (docs/sglang.md, \"The n-gram side's online "
+                    "offset\"); default none: the calibration alone")
     context_lookup: bool = Field(
         True, description="rows whose late n-gram proposal did not align (after an edit point, or a step that accepted "
                           "the model chain) take a prompt lookup over the request's committed tokens, done on the "

@@ -10,9 +10,10 @@ at the verify width the host picked for this step, and the EAGLE depth and width
 The decision itself is the core's ``DecisionStep``, the same one the reference loop and the replay call; this
 module only adds what is specific to the engine: the n-gram proposals arrive one step late and are aligned on the
 device first, a row whose proposal did not align takes the device's prompt lookup over its committed tokens
-(``context_lookup``; setting ``context_lookup``), and each request's online offset on the EAGLE side's calibrated
-acceptance (``request_bias``; setting ``model_bias_eta``) lives in a slot-indexed table, tagged with the slot
-generation it was learned for, so a request that takes over a slot starts from the calibration alone. Kept apart
+(``context_lookup``; setting ``context_lookup``), and each request's online offsets on the EAGLE and n-gram sides'
+calibrated acceptance (``request_bias``; settings ``model_bias_eta``, ``ngram_bias_eta``) live in slot-indexed
+tables, tagged with the slot generation they were learned for, so a request that takes over a slot starts from the
+calibration alone. Kept apart
 from the SGLang worker so it runs (and is tested) on CPU tensors with no SGLang objects. Static shapes, no host
 sync: CUDA-graph and ``torch.compile`` safe.
 
@@ -95,9 +96,18 @@ class HybridStep:
                            if self.model_bias_eta is not None else None)
         self.model_bias_gen = (torch.full((pool_size,), -1, dtype=torch.int64, device=self.device)
                                if self.model_bias_eta is not None else None)
+        #: the same for the n-gram side (setting ``ngram_bias_eta``): each request's offset on the n-gram table's
+        #: calibrated logit, learned from how its n-gram chains fared
+        self.ngram_bias_eta = settings.ngram_bias_eta
+        self.ngram_bias = (torch.zeros(pool_size, dtype=torch.float32, device=self.device)
+                           if self.ngram_bias_eta is not None else None)
+        self.ngram_bias_gen = (torch.full((pool_size,), -1, dtype=torch.int64, device=self.device)
+                               if self.ngram_bias_eta is not None else None)
         #: what ``after_verify`` counts and learns from, kept by ``select``: (slots, generations, model chain, offsets
         #: used or None, acceptances priced)
         self._model_step: Optional[tuple] = None
+        #: the n-gram side's, with ``ngram_bias_eta``: (chain tokens, length, offsets used, acceptances priced)
+        self._ngram_step: Optional[tuple] = None
         #: the step's EAGLE chain, copied by ``select``: the draft's CUDA graph owns the tensor it hands over and
         #: overwrites it at its next replay (SGLang recycles graph outputs through a shared memory pool, and the
         #: draft-extend graph replays before ``after_verify`` reads the chain); static, so the copy is capturable
@@ -156,15 +166,15 @@ class HybridStep:
         dev = model_tokens.device
         k = self.k           # the aligned proposal is up to proposal_width long; the selector sees its first k
         if self.fused is not None:
-            ng, from_lookup, bias = kernels.fused_proposals(
+            ng, from_lookup, bias, ngram_bias = kernels.fused_proposals(
                 self.buffers, self.context, slots, cur_gen, seq_lens, root_tokens, lookup_span, self.model_bias,
-                self.model_bias_gen, workspace=self.workspace)
+                self.model_bias_gen, self.ngram_bias, self.ngram_bias_gen, workspace=self.workspace)
             # chains only: the fused decision reads no parents, and clamps the length to the k columns it sees
             ngram = NgramDraft(ng.tokens[:, :k], None, ng.length, ng.match_len[:, :k], ng.count[:, :k],
                                ng.total[:, :k], ng.depth[:, :k], ng.source[:, :k])
             chain = self._chain[:b, :s]
             d = self.fused(root_tokens, model_tokens, model_conf, ngram, cost=self.cost, width=width,
-                           draft_cost=self.draft_cost, model_bias=bias, counters=self.counters,
+                           draft_cost=self.draft_cost, model_bias=bias, ngram_bias=ngram_bias, counters=self.counters,
                            from_lookup=from_lookup, chain_out=chain, workspace=self.workspace)
             self.counters.on_select_host(d.tree.tokens.shape[1], depth=s, decision="fused")
         else:
@@ -177,17 +187,21 @@ class HybridStep:
             ngram = NgramDraft(ng.tokens[:, :k], chain_parents(b, k, dev), ng.length.clamp(max=k),
                                ng.match_len[:, :k], ng.count[:, :k], ng.total[:, :k], ng.depth[:, :k],
                                ng.source[:, :k])
-            bias = None
+            gen = cur_gen.to(torch.int64)
+            bias = ngram_bias = None
             if self.model_bias is not None:
-                gen = cur_gen.to(torch.int64)
                 bias = torch.where(self.model_bias_gen[slots] == gen, self.model_bias[slots], 0.0)
+            if self.ngram_bias is not None:
+                ngram_bias = torch.where(self.ngram_bias_gen[slots] == gen, self.ngram_bias[slots], 0.0)
             d = self.decide(root_tokens, model, ngram, cost=self.cost, check_values=False, width=width,
-                            draft_cost=self.draft_cost, model_bias=bias)
+                            draft_cost=self.draft_cost, model_bias=bias, ngram_bias=ngram_bias)
             self.counters.on_select(d.tree, ngram.length, d.lam, d.b_star, depth=s, from_lookup=from_lookup,
                                     decision="torch")
             chain = self._chain[:b, :s]
             chain.copy_(model_tokens)
         self._model_step = (slots, cur_gen, chain, bias, d.model_acceptance)
+        self._ngram_step = ((ngram.tokens, ngram.length, ngram_bias, d.ngram_acceptance) if ngram_bias is not None
+                            else None)
         return d
 
     def lookup_span(self, longest_context: Optional[int]) -> Optional[int]:
@@ -215,13 +229,15 @@ class HybridStep:
                      emitted: torch.Tensor, accept_lens: torch.Tensor) -> None:
         """Record emitted tokens (``emitted[b, :accept_lens[b]]``, bonus included) in the ring and the context table;
         count acceptance; see how each request's EAGLE chain fared against them (``request_bias.chain_outcome``:
-        known whatever tree was verified), count it, and learn the request's online model offset from it."""
+        known whatever tree was verified), count it, and learn the request's online model offset from it; with
+        ``ngram_bias_eta``, learn its n-gram offset from how its n-gram chain fared, alike."""
         model_step, self._model_step = self._model_step, None
+        ngram_step, self._ngram_step = self._ngram_step, None
         if model_step is not None and model_step[0].shape != slots.shape:
             raise ValueError(f"after_verify got {slots.shape[0]} requests but the step selected for "
                              f"{model_step[0].shape[0]}: call it once per select, with the same batch")
         if self.fused is not None:
-            kernels.fused_after_verify(self, tree, slots, seq_lens_before, emitted, accept_lens, model_step)
+            kernels.fused_after_verify(self, tree, slots, seq_lens_before, emitted, accept_lens, model_step, ngram_step)
             return
         d = min(emitted.shape[1], self.max_depth + 1)
         alignment.ring_write_emitted(self.buffers, slots, seq_lens_before, emitted[:, :d], accept_lens)
@@ -238,6 +254,13 @@ class HybridStep:
             if bias is not None:
                 self.model_bias.index_copy_(0, slots_m, update_bias(bias, acceptance, tested, hit, self.model_bias_eta))
                 self.model_bias_gen.index_copy_(0, slots_m, gen)
+            if ngram_step is not None:
+                tokens, length, ngram_bias, ngram_acceptance = ngram_step
+                tested, hit = chain_outcome(tokens, length.to(torch.int64).clamp(max=tokens.shape[1]), emitted,
+                                            accept_lens.to(torch.int64))
+                self.ngram_bias.index_copy_(0, slots_m, update_bias(ngram_bias, ngram_acceptance, tested, hit,
+                                                                    self.ngram_bias_eta))
+                self.ngram_bias_gen.index_copy_(0, slots_m, gen)
 
 
 def _fused_decision(choice: str, decide: DecisionStep, device: torch.device):
