@@ -660,6 +660,26 @@ def test_realistic_step_times_cover_every_policys_widest_verify():
     assert int(old.for_batch(32).model.sizes[-1]) < 32 * widest
 
 
+def _record_steps(pol, bank, record) -> list:
+    """Replay request 0 of ``bank`` alone through ``pol`` and return ``record(position, model, ngram, decide's
+    keywords, Decision)`` of every decision it made."""
+    seen = []
+    decide, propose, current = pol.decide, pol.propose, {}
+
+    def decide_recording(root, model, ngram, **kw):
+        d = decide(root, model, ngram, **kw)
+        seen.append(record(int(current["view"].pos[0]), model, ngram, kw, d))
+        return d
+
+    def propose_recording(view):
+        current["view"] = view
+        return propose(view)
+
+    pol.decide, pol.propose = decide_recording, propose_recording
+    replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05))
+    return seen
+
+
 @pytest.mark.parametrize("eagle_right", [True, False])
 def test_hybrid_learns_the_workers_online_model_offset(eagle_right):
     """HYBRID's online EAGLE offset in the replay, against a plain-Python oracle: each step of a continuing request
@@ -678,21 +698,9 @@ def test_hybrid_learns_the_workers_online_model_offset(eagle_right):
     bank = replay_drafts.DraftBank(trace, k=4, ngram_width=eng.proposal_width)
     pol = replay_engine.EnginePolicy("h", "merge", 4, 8, core, eng)
     assert pol.bias_eta == 0.1
-    seen = []                  # per step: (output position, chain, offset priced with, acceptances priced)
-    decide, propose, current = pol.decide, pol.propose, {}
-
-    def decide_recording(root, model, ngram, **kw):
-        d = decide(root, model, ngram, **kw)
-        seen.append((int(current["view"].pos[0]), model.tokens[0].tolist(), float(kw["model_bias"][0]),
-                     d.model_acceptance[0].tolist()))
-        return d
-
-    def propose_recording(view):
-        current["view"] = view
-        return propose(view)
-
-    pol.decide, pol.propose = decide_recording, propose_recording
-    replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05))
+    # per step: (output position, chain, offset priced with, acceptances priced)
+    seen = _record_steps(pol, bank, lambda pos, model, ngram, kw, d: (
+        pos, model.tokens[0].tolist(), float(kw["model_bias"][0]), d.model_acceptance[0].tolist()))
     out = trace[0].output.tolist()
     calibrated = core.model_cal.acceptance
     assert seen[0][2] == 0.0
@@ -735,22 +743,11 @@ def test_hybrid_learns_the_workers_online_ngram_offset():
     bank = replay_drafts.DraftBank(trace, k=4, ngram_width=eng.proposal_width)
     pol = replay_engine.EnginePolicy("h", "merge", 4, 8, core, eng)
     assert pol.ngram_bias_eta == 0.3 and pol.bias_eta is None
-    seen = []                  # per step: (position, chain, length, offset priced with, acceptances, table's)
-    decide, propose, current = pol.decide, pol.propose, {}
-
-    def decide_recording(root, model, ngram, **kw):
-        d = decide(root, model, ngram, **kw)
-        table = core.ngram_cal.acceptance(ngram.match_len, ngram.count, ngram.total, ngram.depth, ngram.source)
-        seen.append((int(current["view"].pos[0]), ngram.tokens[0].tolist(), int(ngram.length[0]),
-                     float(kw["ngram_bias"][0]), d.ngram_acceptance[0].tolist(), table[0]))
-        return d
-
-    def propose_recording(view):
-        current["view"] = view
-        return propose(view)
-
-    pol.decide, pol.propose = decide_recording, propose_recording
-    replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05))
+    # per step: (output position, chain, its length, offset priced with, acceptances priced, the table's)
+    seen = _record_steps(pol, bank, lambda pos, model, ngram, kw, d: (
+        pos, ngram.tokens[0].tolist(), int(ngram.length[0]), float(kw["ngram_bias"][0]),
+        d.ngram_acceptance[0].tolist(),
+        core.ngram_cal.acceptance(ngram.match_len, ngram.count, ngram.total, ngram.depth, ngram.source)[0]))
     out = trace[0].output.tolist()
     assert seen[0][3] == 0.0
     moved = 0

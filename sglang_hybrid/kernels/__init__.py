@@ -261,6 +261,8 @@ def fused_after_verify(step, tree, slots: torch.Tensor, seq_lens_before: torch.T
     s = chain.shape[1] if chain is not None else 1
     ng = ngram_step if model_step is not None else None
     k = ng[0].shape[1] if ng is not None else 1
+    if ng is not None and ng[0].stride(1) != 1:
+        raise ValueError(f"the n-gram chain's tokens must have unit column stride, got strides {ng[0].stride()}")
     ctx = step.context
     dummy = step.counters.totals
     ko._after_verify_kernel[(1,)](
