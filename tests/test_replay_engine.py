@@ -680,6 +680,19 @@ def _record_steps(pol, bank, record) -> list:
     return seen
 
 
+def _oracle_gradient(chain: list, committed: list, acc: list) -> float:
+    """``sum (hit_j - acc_j)`` over the chain's tokens the verify tested, in plain Python: token ``j`` is tested while
+    ``j`` is within the tokens committed and every earlier token hit."""
+    g = 0.0
+    for j, tok in enumerate(chain):
+        if j >= len(committed):
+            break
+        g += (tok == committed[j]) - acc[j]
+        if tok != committed[j]:
+            break
+    return g
+
+
 @pytest.mark.parametrize("eagle_right", [True, False])
 def test_hybrid_learns_the_workers_online_model_offset(eagle_right):
     """HYBRID's online EAGLE offset in the replay, against a plain-Python oracle: each step of a continuing request
@@ -708,14 +721,7 @@ def test_hybrid_learns_the_workers_online_model_offset(eagle_right):
         if pos_next <= pos:                            # the request was admitted again: a fresh offset
             assert bias_next == 0.0
             continue
-        committed = out[pos:pos_next]
-        g = 0.0
-        for j, tok in enumerate(chain):
-            if j >= len(committed):
-                break
-            g += (tok == committed[j]) - acc[j]
-            if tok != committed[j]:
-                break
+        g = _oracle_gradient(chain, out[pos:pos_next], acc)
         assert bias_next == pytest.approx(bias + 0.1 * g, abs=1e-6)
         conf = torch.full((1, len(chain)), 0.3)
         depth = torch.arange(1, len(chain) + 1)[None]
@@ -757,14 +763,7 @@ def test_hybrid_learns_the_workers_online_ngram_offset():
         if pos_next <= pos:
             assert bias_next == 0.0
             continue
-        committed = out[pos:pos_next]
-        g = 0.0
-        for j, tok in enumerate(chain[:length]):
-            if j >= len(committed):
-                break
-            g += (tok == committed[j]) - acc[j]
-            if tok != committed[j]:
-                break
+        g = _oracle_gradient(chain[:length], out[pos:pos_next], acc)
         assert bias_next == pytest.approx(bias + 0.3 * g, abs=1e-6)
         moved += bias_next != bias
     assert moved >= 3

@@ -187,12 +187,8 @@ class HybridStep:
             ngram = NgramDraft(ng.tokens[:, :k], chain_parents(b, k, dev), ng.length.clamp(max=k),
                                ng.match_len[:, :k], ng.count[:, :k], ng.total[:, :k], ng.depth[:, :k],
                                ng.source[:, :k])
-            gen = cur_gen.to(torch.int64)
-            bias = ngram_bias = None
-            if self.model_bias is not None:
-                bias = torch.where(self.model_bias_gen[slots] == gen, self.model_bias[slots], 0.0)
-            if self.ngram_bias is not None:
-                ngram_bias = torch.where(self.ngram_bias_gen[slots] == gen, self.ngram_bias[slots], 0.0)
+            bias = _slot_offsets(self.model_bias, self.model_bias_gen, slots, cur_gen)
+            ngram_bias = _slot_offsets(self.ngram_bias, self.ngram_bias_gen, slots, cur_gen)
             d = self.decide(root_tokens, model, ngram, cost=self.cost, check_values=False, width=width,
                             draft_cost=self.draft_cost, model_bias=bias, ngram_bias=ngram_bias)
             self.counters.on_select(d.tree, ngram.length, d.lam, d.b_star, depth=s, from_lookup=from_lookup,
@@ -252,15 +248,31 @@ class HybridStep:
             tested, hit = chain_outcome(chain, length, emitted, accept_lens.to(torch.int64))
             self.counters.on_model_outcome(tested, hit, acceptance)
             if bias is not None:
-                self.model_bias.index_copy_(0, slots_m, update_bias(bias, acceptance, tested, hit, self.model_bias_eta))
-                self.model_bias_gen.index_copy_(0, slots_m, gen)
+                _learn_offsets(self.model_bias, self.model_bias_gen, slots_m, gen,
+                               update_bias(bias, acceptance, tested, hit, self.model_bias_eta))
             if ngram_step is not None:
                 tokens, length, ngram_bias, ngram_acceptance = ngram_step
                 tested, hit = chain_outcome(tokens, length.to(torch.int64).clamp(max=tokens.shape[1]), emitted,
                                             accept_lens.to(torch.int64))
-                self.ngram_bias.index_copy_(0, slots_m, update_bias(ngram_bias, ngram_acceptance, tested, hit,
-                                                                    self.ngram_bias_eta))
-                self.ngram_bias_gen.index_copy_(0, slots_m, gen)
+                _learn_offsets(self.ngram_bias, self.ngram_bias_gen, slots_m, gen,
+                               update_bias(ngram_bias, ngram_acceptance, tested, hit, self.ngram_bias_eta))
+
+
+def _slot_offsets(table: Optional[torch.Tensor], gens: Optional[torch.Tensor], slots: torch.Tensor,
+                  cur_gen: torch.Tensor) -> Optional[torch.Tensor]:
+    """Each row's online offset from a slot-indexed ``table`` (one side's), 0 where the slot's offset was learned for
+    another generation (a new request in the slot); None when that side learns none (``table`` None)."""
+    if table is None:
+        return None
+    return torch.where(gens[slots] == cur_gen.to(torch.int64), table[slots], 0.0)
+
+
+def _learn_offsets(table: torch.Tensor, gens: torch.Tensor, slots: torch.Tensor, gen: torch.Tensor,
+                   updated: torch.Tensor) -> None:
+    """Store one side's ``updated`` offsets in its slot-indexed ``table``, tagged with the generation ``gen`` of the
+    request each slot holds."""
+    table.index_copy_(0, slots, updated)
+    gens.index_copy_(0, slots, gen)
 
 
 def _fused_decision(choice: str, decide: DecisionStep, device: torch.device):
