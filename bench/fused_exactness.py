@@ -302,6 +302,7 @@ def run_steps(episodes: int, steps: int = 6, seed: int = 0, progress: bool = Tru
     fields: dict = {}
     failed, first = 0, None
     learned = 0             # episodes whose n-gram offsets moved (so their comparison is not of zeros)
+    ngram_tested = 0        # n-gram chain tokens the fused path counted as tested (so that counter is not of zeros)
     with tempfile.TemporaryDirectory() as tmp:
         for ep in _progress(episodes, "fused vs torch steps", "episode", progress):
             num_steps, kw = _step_settings(rng, tmp)
@@ -375,6 +376,7 @@ def run_steps(episodes: int, steps: int = 6, seed: int = 0, progress: bool = Tru
                     committed[sl] = committed[sl] + [int(x) for x in emitted[r, :int(acc[r])]]
                 bad_ep += bad
             learned += int(pair[0].ngram_bias is not None and bool((pair[0].ngram_bias != 0).any()))
+            ngram_tested += pair[0].counters.snapshot()["ngram_tested"]
             if bad_ep:
                 failed += 1
                 for f in set(bad_ep):
@@ -382,7 +384,7 @@ def run_steps(episodes: int, steps: int = 6, seed: int = 0, progress: bool = Tru
                 if first is None:
                     first = {"episode": ep, "fields": sorted(set(bad_ep)), "settings": kw, "steps": num_steps}
     return {"batches": episodes * steps, "episodes": episodes, "failed": failed, "fields": fields, "first": first,
-            "ngram_offsets_learned": learned}
+            "ngram_offsets_learned": learned, "ngram_tokens_tested": ngram_tested}
 
 
 def _links_diff(tree, seq_lens: torch.Tensor, rng: np.random.Generator) -> list[str]:

@@ -19,10 +19,10 @@ rate set by ``eta``, and stays where it is on steps that tested nothing. Measure
 (``python -m bench.request_bias``): Brier 0.185 -> 0.174 on 28 unseen requests with ``eta = 0.1``, where the softmax
 features moved it by +0.010 / -0.0001.
 
-The n-gram side uses the same three functions on its chain: the shipped n-gram table is fit on general text and
-under-values a request that copies (docs/calibration_check.md), which a ragged verify, pricing node by node, pays
-for; each verify shows how far the request's own n-gram chain was accepted (docs/sglang.md, "The n-gram side's
-online offset").
+The n-gram side uses the same functions on its chain (``tree_outcome`` where its draft is a tree): the shipped
+n-gram table is fit on general text and under-values a request that copies (docs/calibration_check.md), which a
+ragged verify, pricing node by node, pays for; each verify shows how far the request's own n-gram chain was accepted
+(docs/sglang.md, "The n-gram side's online offset").
 
 Static shapes, no host sync, no data-dependent branching: graph-safe like the rest of the decision step.
 """
@@ -60,6 +60,38 @@ def chain_outcome(model_tokens: torch.Tensor, model_length: torch.Tensor, commit
     return tested, hit & tested
 
 
+def tree_outcome(tokens: torch.Tensor, parents: torch.Tensor, length: torch.Tensor, committed: torch.Tensor,
+                 n_committed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``chain_outcome`` for a draft tree: which nodes a step tested and whether each hit, ``(tested [B, K] bool,
+    hit [B, K] bool)``.
+
+    ``parents [B, K]``: each node's parent (an earlier index, ``-1`` = the root), as ``step.NgramDraft`` holds them.
+    Node ``j`` at depth ``d`` (1 under the root) is tested when ``j < length``, ``d <= n_committed`` and its parent is
+    the root or hit; it hits when it also equals ``committed[d - 1]``. Siblings are all tested once their parent hit
+    (the target's token there is known; at most one of them equals it). A chain (``parents = j - 1``) gives
+    ``chain_outcome``'s answer. Why a tree: the CPU reference loop drafts the n-gram side as one in merge mode; the
+    worker's n-gram drafts are chains."""
+    b, k = tokens.shape
+    dev = tokens.device
+    c = committed.shape[1]
+    tested = torch.zeros((b, k), dtype=torch.bool, device=dev)
+    hit = torch.zeros((b, k), dtype=torch.bool, device=dev)
+    depth = torch.zeros((b, k), dtype=torch.int64, device=dev)
+    tokens, committed = tokens.to(torch.int64), committed.to(torch.int64)
+    for j in range(k):
+        p = parents[:, j].to(torch.int64)
+        under_root = p < 0
+        at = p.clamp(0, k - 1)[:, None]
+        parent_hit = under_root | hit.gather(1, at)[:, 0]
+        d = torch.where(under_root, 0, depth.gather(1, at)[:, 0]) + 1
+        t = parent_hit & (j < length) & (d <= n_committed) & (under_root | (p < j))
+        target = committed.gather(1, (d - 1).clamp(0, max(c - 1, 0))[:, None])[:, 0] if c else torch.full_like(d, -1)
+        depth[:, j] = d
+        tested[:, j] = t
+        hit[:, j] = t & (d <= c) & (tokens[:, j] == target)
+    return tested, hit
+
+
 def update_bias(bias: torch.Tensor, acceptance: torch.Tensor, tested: torch.Tensor, hit: torch.Tensor,
                 eta: float) -> torch.Tensor:
     """One online step: ``bias + eta * sum_j tested_j (hit_j - acceptance_j)`` per request. ``acceptance [B, S]``:
@@ -68,4 +100,4 @@ def update_bias(bias: torch.Tensor, acceptance: torch.Tensor, tested: torch.Tens
     return bias.to(torch.float32) + float(eta) * g
 
 
-__all__ = ["EPS", "corrected_acceptance", "chain_outcome", "update_bias"]
+__all__ = ["EPS", "corrected_acceptance", "chain_outcome", "tree_outcome", "update_bias"]

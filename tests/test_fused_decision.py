@@ -59,6 +59,7 @@ def test_fused_worker_step_equals_torch_step(exactness):
     assert res["batches"] == 240
     assert res["failed"] == 0, res
     assert res["ngram_offsets_learned"] >= 5, res
+    assert res["ngram_tokens_tested"] > 0, res          # both sides' chain outcomes were counted, and compared
 
 
 @pytest.mark.real_model

@@ -73,6 +73,31 @@ def test_adaptive_drafting_is_lossless_and_changes_the_depth(pair, mode):
                       draft_cost=CostModel.linear(0.004, 0.0005))
 
 
+def test_ngram_offset_is_lossless_and_moves_the_n_gram_price(pair):
+    """``ngram_bias_eta``: each request's n-gram offset starts at 0 (the first step prices as without it) and is
+    learned from its own n-gram tree's outcome (``request_bias.tree_outcome``), so later steps price differently;
+    greedy output stays equal to plain decoding, and a bad rate names the setting."""
+    model, head = pair
+    prompts = _prompts()
+    ref = [plain_greedy(model, p, 40, eos_token_id=-1) for p in prompts]
+    runs = {}
+    for eta in (None, 2.0):
+        loop = ReferenceLoop(model, mode="merge", head=head, cost=COST, eos_token_id=-1, n_nodes=10,
+                             ngram_bias_eta=eta)
+        assert loop.ngram_bias_eta == eta
+        runs[eta] = loop.generate(prompts, 40)
+        assert [r.output for r in runs[eta]] == ref
+    # sigmoid(logit(a) + 0) rounds to within 1e-6 of a
+    for off, on in zip(runs[None], runs[2.0]):
+        assert on.steps[0].n_nodes == off.steps[0].n_nodes
+        assert on.steps[0].expected == pytest.approx(off.steps[0].expected, rel=1e-5)
+    expected = {eta: [s.expected for r in res for s in r.steps] for eta, res in runs.items()}
+    assert len(expected[None]) != len(expected[2.0]) or expected[None] != pytest.approx(expected[2.0], rel=1e-3)
+    with pytest.raises(ValueError, match="ngram_bias_eta must be a learning rate > 0 or None"):
+        ReferenceLoop(model, mode="merge", head=head, cost=COST, ngram_bias_eta=-1.0)
+    assert ReferenceLoop(model, mode="ngram", cost=COST, ngram_bias_eta=0.3).ngram_bias_eta is None  # unpriced
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_skipping_the_model_draft_is_lossless(pair, temperature):
     """Depth 0: when a model chain cannot pay for its draft forwards (the random head, drafting priced at a third of

@@ -114,3 +114,40 @@ def test_the_update_compiles_fullgraph():
     assert torch.allclose(want, torch.tensor([0.1 * (0.5 + 0.5 - 0.5), 0.5 + 0.1 * (
         1 - float(corrected_acceptance(torch.tensor([[0.7]]), torch.tensor([0.5]))) - float(
             corrected_acceptance(torch.tensor([[0.6]]), torch.tensor([0.5]))))]))
+
+
+def _brute_tree(tokens, parents, length, committed, n):
+    """Node j is tested when its whole path from the root, but itself, equals the committed tokens (and fits in
+    ``n``); it hits when the node equals the committed token at its depth too."""
+    tested, hit = [], []
+    for j in range(len(tokens)):
+        path = [j]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        path.reverse()
+        d = len(path)
+        ok = j < length and d <= n and all(tokens[q] == committed[i] for i, q in enumerate(path[:-1]))
+        tested.append(ok)
+        hit.append(ok and tokens[j] == committed[d - 1])
+    return tested, hit
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_tree_outcome_matches_a_brute_force_and_chain_outcome_on_chains(seed):
+    from sglang_hybrid.request_bias import tree_outcome
+
+    rng = random.Random(seed)
+    b, k, c = 7, 6, 5
+    parents = [[-1] + [rng.randint(-1, j - 1) for j in range(1, k)] for _ in range(b)]
+    tokens = [[rng.randint(0, 2) for _ in range(k)] for _ in range(b)]
+    length = [rng.randint(0, k) for _ in range(b)]
+    n = [rng.randint(1, c) for _ in range(b)]
+    committed = [[rng.randint(0, 2) if j < n[i] else -1 for j in range(c)] for i in range(b)]
+    args = (torch.tensor(length), torch.tensor(committed), torch.tensor(n))
+    tested, hit = tree_outcome(torch.tensor(tokens), torch.tensor(parents), *args)
+    for i in range(b):
+        want_t, want_h = _brute_tree(tokens[i], parents[i], length[i], committed[i] + [-1] * k, n[i])
+        assert tested[i].tolist() == want_t and hit[i].tolist() == want_h, (tokens[i], parents[i], committed[i])
+    chain = tree_outcome(torch.tensor(tokens), chain_parents(b, k), *args)
+    want = chain_outcome(torch.tensor(tokens), *args)
+    assert torch.equal(chain[0], want[0]) and torch.equal(chain[1], want[1])

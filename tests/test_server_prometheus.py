@@ -10,13 +10,16 @@ pytest.importorskip("prometheus_client", reason="prometheus-client comes with SG
 
 from prometheus_client import CollectorRegistry  # noqa: E402
 
+import torch  # noqa: E402
+
 from sglang_hybrid.sglang_plugin.metrics import ACC, REQ, HybridCounters  # noqa: E402
 from sglang_hybrid.sglang_plugin.prometheus import COUNTERS, PREFIX, PrometheusExport, series  # noqa: E402
 
 
 def _counted(counters: HybridCounters) -> None:
     """One step's worth of counts through the counters' own host API, plus device-side totals as on_select /
-    on_accept add them (two ngram requests accepting 3 and 1 drafts, one model request accepting 0)."""
+    on_accept add them (two ngram requests accepting 3 and 1 drafts, one model request accepting 0), and each
+    drafter's chain outcome (EAGLE: 3 tokens tested, 1 accepted; n-gram: 4 tested, 3 accepted)."""
     counters.on_select_host(12, depth=3, decision="fused")
     counters.on_ragged([5, 9, 2], 12, 16)
     counters.on_fallback("no_host_view", 2)
@@ -24,6 +27,11 @@ def _counted(counters: HybridCounters) -> None:
     counters.totals[REQ["ngram"]] += 2
     counters.totals[REQ["model"]] += 1
     counters.totals[ACC["ngram"]] += 4
+    tested = torch.tensor([[True, True, False], [True, False, False]])
+    counters.on_chain_outcome("model", tested, torch.tensor([[True, False, False], [False, False, False]]),
+                              torch.tensor([[0.5, 0.25, 0.9], [0.75, 0.1, 0.1]]))
+    counters.on_chain_outcome("ngram", torch.tensor([[True, True, True, True]]),
+                              torch.tensor([[True, True, True, False]]), torch.full((1, 4), 0.5))
 
 
 def _value(registry, name, **labels):
@@ -52,6 +60,12 @@ def test_server_prometheus_export_equals_the_counters_summary():
     assert _value(registry, f"{PREFIX}_fallbacks_total", cause="no_host_view") == 4
     assert _value(registry, f"{PREFIX}_fallbacks_total", cause="plan_missing") == 0
     assert _value(registry, f"{PREFIX}_padded_slot_fraction") == total["padded_fraction"]
+    assert _value(registry, f"{PREFIX}_chain_tokens_tested_total", side="model") == total["model_tested"] == 6
+    assert _value(registry, f"{PREFIX}_chain_tokens_accepted_total", side="model") == 2
+    assert _value(registry, f"{PREFIX}_chain_tokens_priced_total", side="model") == pytest.approx(3.0)
+    assert _value(registry, f"{PREFIX}_chain_tokens_tested_total", side="ngram") == total["ngram_tested"] == 8
+    assert _value(registry, f"{PREFIX}_chain_tokens_accepted_total", side="ngram") == 6
+    assert _value(registry, f"{PREFIX}_chain_tokens_priced_total", side="ngram") == pytest.approx(4.0)
 
 
 def test_server_prometheus_export_grows_by_difference_only():

@@ -575,6 +575,10 @@ def test_ngram_offset_is_learned_per_request_and_reset_with_the_slot():
     want = update_bias(torch.zeros(2), calibrated, tested, hit, eta)
     assert want[0] > 0 > want[1]
     assert torch.allclose(on.ngram_bias[slots], want) and on.ngram_bias_gen[slots].tolist() == [0, 0]
+    for st in (on, off):                    # the n-gram table seen live: 5 tested tokens, 4 accepted, learning or not
+        snap = st.counters.snapshot()
+        assert snap["ngram_tested"] == 5 and snap["ngram_accepted"] == pytest.approx(0.8)
+        assert snap["ngram_predicted"] == pytest.approx(float(calibrated[tested].mean()))
     d2, d2_off = select(slots, gen, seq + acc, torch.tensor([34, 99]))
     assert torch.equal(d2_off.ngram_acceptance, calibrated)
     assert (d2.ngram_acceptance[0] > calibrated[0]).all() and (d2.ngram_acceptance[1] < calibrated[1]).all()

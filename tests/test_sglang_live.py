@@ -177,6 +177,9 @@ def test_self_check_choose_and_merge_ragged_equal_plain_greedy():
         # every verify tested EAGLE chain tokens against the emitted ones (what the online offset learns from)
         assert counters["model_tested"] > 0 and 0 < counters["model_predicted"] < 1, counters
         assert 0 < counters["model_accepted"] < 1, counters
+        # and n-gram chain tokens alike (what the n-gram side's online offset learns from)
+        assert counters["ngram_tested"] > 0 and 0 < counters["ngram_predicted"] < 1, counters
+        assert 0 < counters["ngram_accepted"] <= 1, counters
     code = [i for i, pid in enumerate(_prompt_ids()) if pid.startswith("code")]
     by_mode = {(r["mode"], r["prompt_index"]): r for r in recs}
     assert max(by_mode[("choose", i)]["accept_length"] for i in code) > 1.5

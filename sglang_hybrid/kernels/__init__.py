@@ -247,8 +247,8 @@ def fused_after_verify(step, tree, slots: torch.Tensor, seq_lens_before: torch.T
                        accept_lens: torch.Tensor, model_step, ngram_step=None) -> None:
     """``HybridStep.after_verify``'s device work in one launch (``kernels.outcome``); ``model_step`` and
     ``ngram_step``: what the step's ``select`` kept for it (``HybridStep._model_step``, ``HybridStep._ngram_step``)
-    or None. The n-gram offset is learned only with the model step's slot generations (both come from one
-    ``select``)."""
+    or None. The n-gram chain's outcome is counted, and its offset learned (``ngram_bias_eta``), only with the model
+    step's slot generations (both come from one ``select``)."""
     from sglang_hybrid.sglang_plugin import metrics as m
 
     from . import outcome as ko
@@ -273,16 +273,19 @@ def fused_after_verify(step, tree, slots: torch.Tensor, seq_lens_before: torch.T
         acceptance if acceptance is not None else dummy,
         step.model_bias if step.model_bias is not None else dummy,
         step.model_bias_gen if step.model_bias_gen is not None else dummy,
-        *((ng[0], ng[0].stride(0), ng[1], ng[3], ng[2], step.ngram_bias, step.ngram_bias_gen) if ng is not None
-          else (dummy, 0, dummy, dummy, dummy, dummy, dummy)),
+        *((ng[0], ng[0].stride(0), ng[1], ng[3]) if ng is not None else (dummy, 0, dummy, dummy)),
+        *((ng[2], step.ngram_bias, step.ngram_bias_gen) if ng is not None and ng[2] is not None
+          else (dummy, dummy, dummy)),
         tree.valid, tree.source, step.counters.totals,
         b,
         C=c, D_EMIT=min(c, step.max_depth + 1), C2=pow2(c), R=step.buffers.ring.shape[1] - 1,
         L=ctx.tokens.shape[1] - 1 if ctx is not None else 1, HAS_CTX=ctx is not None, MODEL=chain is not None,
         S=s, S2=pow2(s), HAS_BIAS=bias is not None, ETA=float(step.model_bias_eta or 0.0), NGRAM=ng is not None,
-        K=k, K2=pow2(k), NG_ETA=float(step.ngram_bias_eta or 0.0), W=w, W2=pow2(w),
+        K=k, K2=pow2(k), NG_BIAS=ng is not None and ng[2] is not None, NG_ETA=float(step.ngram_bias_eta or 0.0),
+        W=w, W2=pow2(w),
         BB=_block_rows(slots.device, GPU_LOOP_ROWS),
-        C_ACC=m.ACC["none"], C_TESTED=m.MODEL_TESTED, C_PRED=m.MODEL_PRED, C_HIT=m.MODEL_HIT)
+        C_ACC=m.ACC["none"], C_TESTED=m.MODEL_TESTED, C_PRED=m.MODEL_PRED, C_HIT=m.MODEL_HIT,
+        C_NTESTED=m.NGRAM_TESTED, C_NPRED=m.NGRAM_PRED, C_NHIT=m.NGRAM_HIT)
 
 
 __all__ = ["FusedDecisionStep", "Workspace", "available", "fused_after_verify", "fused_links_and_mask",

@@ -7,10 +7,11 @@ order) fuses
 * ``alignment.ring_write_emitted`` and ``context_lookup.write_rows`` of the emitted tokens (the alignment ring and the
   prompt lookup's context table; a position past the table or past the emitted length is skipped, where the torch
   path writes it to the trash column, which nothing reads);
-* ``HybridCounters.on_accept`` (accepted drafts per tree class) and ``HybridCounters.on_model_outcome``;
+* ``HybridCounters.on_accept`` (accepted drafts per tree class) and ``HybridCounters.on_chain_outcome`` of both
+  sides;
 * ``request_bias.chain_outcome`` (which EAGLE chain tokens the verify tested, which hit) and
   ``request_bias.update_bias`` (each request's online offset, stored with its slot generation); the same for the
-  n-gram chain the step priced, when the n-gram side learns an offset too.
+  n-gram chain the step priced (counted always, learned from when the n-gram side learns an offset).
 
 Exact: copies, integer counts and float sums of the same terms in the same roles (the float64 counter sums and the
 offset's float32 sum over chain positions may round in another order than torch's; both are within 1e-6).
@@ -32,9 +33,10 @@ def _after_verify_kernel(
         B,
         C: tl.constexpr, D_EMIT: tl.constexpr, C2: tl.constexpr, R: tl.constexpr, L: tl.constexpr,
         HAS_CTX: tl.constexpr, MODEL: tl.constexpr, S: tl.constexpr, S2: tl.constexpr, HAS_BIAS: tl.constexpr,
-        ETA: tl.constexpr, NGRAM: tl.constexpr, K: tl.constexpr, K2: tl.constexpr, NG_ETA: tl.constexpr,
-        W: tl.constexpr, W2: tl.constexpr, BB: tl.constexpr,
-        C_ACC: tl.constexpr, C_TESTED: tl.constexpr, C_PRED: tl.constexpr, C_HIT: tl.constexpr):
+        ETA: tl.constexpr, NGRAM: tl.constexpr, K: tl.constexpr, K2: tl.constexpr, NG_BIAS: tl.constexpr,
+        NG_ETA: tl.constexpr, W: tl.constexpr, W2: tl.constexpr, BB: tl.constexpr,
+        C_ACC: tl.constexpr, C_TESTED: tl.constexpr, C_PRED: tl.constexpr, C_HIT: tl.constexpr,
+        C_NTESTED: tl.constexpr, C_NPRED: tl.constexpr, C_NHIT: tl.constexpr):
     j = tl.arange(0, C2)
     s = tl.arange(0, S2)
     o = tl.arange(0, W2)
@@ -43,6 +45,9 @@ def _after_verify_kernel(
     tested_n = tl.zeros((), tl.float64)
     pred_sum = tl.zeros((), tl.float64)
     hit_n = tl.zeros((), tl.float64)
+    ng_tested_n = tl.zeros((), tl.float64)
+    ng_pred_sum = tl.zeros((), tl.float64)
+    ng_hit_n = tl.zeros((), tl.float64)
     for b0 in range(0, B, BB):
         rows = b0 + tl.arange(0, BB)
         rm = rows < B
@@ -81,7 +86,7 @@ def _after_verify_kernel(
                 new = tl.load(bias_ptr + rows, mask=rm, other=0.0) + ETA * g
                 tl.store(mb_ptr + slot, new, mask=rm)
                 tl.store(mb_gen_ptr + slot, tl.load(gen_ptr + rows, mask=rm, other=0).to(tl.int64), mask=rm)
-        # ---- how the n-gram chain fared (request_bias.chain_outcome over its length), learned from ----
+        # ---- how the n-gram chain fared (request_bias.chain_outcome over its length), counted and learned from ----
         if NGRAM:
             kk = tl.arange(0, K2)
             km = rm[:, None] & (kk[None, :] < K)
@@ -93,13 +98,22 @@ def _after_verify_kernel(
             first_miss = tl.min(tl.where(hit_k, K2, kk[None, :]), 1)
             tested_k = ((kk[None, :] <= first_miss[:, None]) & (kk[None, :] < n[:, None])
                         & (kk[None, :] < nlen[:, None]) & km)
+            hit_k = hit_k & tested_k
             a_k = tl.load(ng_acc_ptr + r64[:, None] * K + kk[None, :], mask=km, other=0.0)
-            g_k = tl.sum(tl.where(tested_k, (hit_k & tested_k).to(tl.float32) - a_k, 0.0), 1)
-            tl.store(nb_ptr + slot, tl.load(ng_used_ptr + rows, mask=rm, other=0.0) + NG_ETA * g_k, mask=rm)
-            tl.store(nb_gen_ptr + slot, tl.load(gen_ptr + rows, mask=rm, other=0).to(tl.int64), mask=rm)
+            ng_tested_n += tl.sum(tl.sum(tested_k.to(tl.float64), 1), 0)
+            ng_pred_sum += tl.sum(tl.sum(tl.where(tested_k, a_k.to(tl.float64), 0.0), 1), 0)
+            ng_hit_n += tl.sum(tl.sum(hit_k.to(tl.float64), 1), 0)
+            if NG_BIAS:
+                g_k = tl.sum(tl.where(tested_k, hit_k.to(tl.float32) - a_k, 0.0), 1)
+                tl.store(nb_ptr + slot, tl.load(ng_used_ptr + rows, mask=rm, other=0.0) + NG_ETA * g_k, mask=rm)
+                tl.store(nb_gen_ptr + slot, tl.load(gen_ptr + rows, mask=rm, other=0).to(tl.int64), mask=rm)
     cp = totals_ptr + C_ACC + c4
     tl.store(cp, tl.load(cp) + acc_by_class)
     if MODEL:
         tl.store(totals_ptr + C_TESTED, tl.load(totals_ptr + C_TESTED) + tested_n)
         tl.store(totals_ptr + C_PRED, tl.load(totals_ptr + C_PRED) + pred_sum)
         tl.store(totals_ptr + C_HIT, tl.load(totals_ptr + C_HIT) + hit_n)
+    if NGRAM:
+        tl.store(totals_ptr + C_NTESTED, tl.load(totals_ptr + C_NTESTED) + ng_tested_n)
+        tl.store(totals_ptr + C_NPRED, tl.load(totals_ptr + C_NPRED) + ng_pred_sum)
+        tl.store(totals_ptr + C_NHIT, tl.load(totals_ptr + C_NHIT) + ng_hit_n)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang_hybrid.reference.drafters import EagleDrafter, NgramSource
-from sglang_hybrid.request_bias import chain_outcome, update_bias
+from sglang_hybrid.request_bias import chain_outcome, tree_outcome, update_bias
 from sglang_hybrid.selector import Source
 from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
 from sglang_hybrid.widths import default_depths
@@ -128,6 +128,9 @@ class ReferenceLoop:
     it is drafted, and measured, again (docs/core.md, "Depth 0"; None: never re-drafted unless the price changes).
     `model_bias_eta` (HYBRID modes): learning rate of each request's online offset on the EAGLE side's calibrated
     logit, learned from the request's own verify outcomes (`sglang_hybrid.request_bias`; None: the calibration alone).
+    `ngram_bias_eta` (HYBRID modes): the same on the n-gram side's calibrated acceptance, learned from how the
+    request's own n-gram draft (chain or tree: `request_bias.tree_outcome`) fared; None (the default, as the worker's
+    `ngram_bias_eta`): the table alone.
     """
 
     def __init__(self, target, mode: str = "merge", head=None, eagle_k: int = 8, ngram_k: int = 8,
@@ -135,7 +138,8 @@ class ReferenceLoop:
                  ngram_tree: bool | None = None, seed: int = 0, eos_token_id: int | None = None,
                  ngram_kwargs: dict | None = None, price_single: bool = False, draft_dtype=None,
                  eagle_min_survival: float = 0.0, draft_cost=None, draft_depths=None,
-                 probe_half_life: float | None = 8.0, model_bias_eta: float | None = 0.1):
+                 probe_half_life: float | None = 8.0, model_bias_eta: float | None = 0.1,
+                 ngram_bias_eta: float | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mode in ("eagle", "choose", "merge") and head is None:
@@ -157,11 +161,12 @@ class ReferenceLoop:
         self.ngram_kwargs = ngram_kwargs or {}
         self.draft_dtype = draft_dtype
         self.eagle_min_survival = eagle_min_survival
-        if model_bias_eta is not None and not (isinstance(model_bias_eta, (int, float))
-                                               and not isinstance(model_bias_eta, bool) and model_bias_eta > 0):
-            raise ValueError(f"model_bias_eta must be a learning rate > 0 or None, got {model_bias_eta!r}")
-        #: online per-request offset on the EAGLE side's calibrated logit (HYBRID modes, which price the chain)
+        for name, eta in (("model_bias_eta", model_bias_eta), ("ngram_bias_eta", ngram_bias_eta)):
+            if eta is not None and not (isinstance(eta, (int, float)) and not isinstance(eta, bool) and eta > 0):
+                raise ValueError(f"{name} must be a learning rate > 0 or None, got {eta!r}")
+        #: online per-request offsets on each side's calibrated logit (HYBRID modes, which price the drafts)
         self.model_bias_eta = model_bias_eta if mode in ("choose", "merge") and eagle_k else None
+        self.ngram_bias_eta = ngram_bias_eta if mode in ("choose", "merge") and ngram_k else None
         from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
 
         self.ngram_cal = (ngram_cal or NgramCalibration.load()).to("cpu") if self.ngram_k else None
@@ -254,6 +259,7 @@ class ReferenceLoop:
         model_rate = torch.zeros(len(prompts), dtype=torch.float32)
         # per request: the online offset on the EAGLE side's calibrated logit (request_bias), 0 at admission
         model_bias = torch.zeros(len(prompts), dtype=torch.float32) if self.model_bias_eta else None
+        ngram_bias = torch.zeros(len(prompts), dtype=torch.float32) if self.ngram_bias_eta else None
         bar = None
         if progress:
             from tqdm import tqdm
@@ -287,7 +293,8 @@ class ReferenceLoop:
             rid_index = torch.tensor(rids, dtype=torch.int64)
             decision = self.decide(root, model, ngram_draft, cost=self._batch_cost(R) if priced else None,
                                    draft_cost=self.draft_cost, model_rate=model_rate[rid_index],
-                                   model_bias=None if model_bias is None else model_bias[rid_index])
+                                   model_bias=None if model_bias is None else model_bias[rid_index],
+                                   ngram_bias=None if ngram_bias is None else ngram_bias[rid_index])
             tree, lam = decision.tree, decision.lam
             if self.depths is not None:
                 depth = int(decision.next_depth)          # the host reads it: the loop drafts the next step itself
@@ -312,14 +319,20 @@ class ReferenceLoop:
             lam_f = float(lam)
             # per request, the tokens this step commits after the root: the accepted drafts, then the bonus token
             emitted_all = [tree.tokens[b, acc_nodes[b][1:1 + acc_len[b]]].tolist() + [bonus[b]] for b in range(R)]
+            # the request's own outcomes: each side's draft against the tokens this step commits
+            committed = torch.full((R, max(acc_len) + 1), -1, dtype=torch.int64)
+            for b, e in enumerate(emitted_all):
+                committed[b, :len(e)] = torch.tensor(e, dtype=torch.int64)
+            n_committed = torch.tensor(acc_len) + 1
             if model_bias is not None and m_tok.shape[1] > 0:
-                # the request's own outcome: its chain against the tokens this step commits
-                committed = torch.full((R, max(acc_len) + 1), -1, dtype=torch.int64)
-                for b, e in enumerate(emitted_all):
-                    committed[b, :len(e)] = torch.tensor(e, dtype=torch.int64)
-                tested, hit = chain_outcome(m_tok, m_len, committed, torch.tensor(acc_len) + 1)
+                tested, hit = chain_outcome(m_tok, m_len, committed, n_committed)
                 model_bias[rid_index] = update_bias(model_bias[rid_index], decision.model_acceptance, tested, hit,
                                                     self.model_bias_eta)
+            if ngram_bias is not None:
+                tested, hit = tree_outcome(ngram_draft.tokens, ngram_draft.parents, ngram_draft.length, committed,
+                                           n_committed)
+                ngram_bias[rid_index] = update_bias(ngram_bias[rid_index], decision.ngram_acceptance, tested, hit,
+                                                    self.ngram_bias_eta)
             for b, r in enumerate(active):
                 m = acc_len[b]
                 path = acc_nodes[b][:1 + m]

@@ -196,8 +196,8 @@ class HybridStep:
             chain = self._chain[:b, :s]
             chain.copy_(model_tokens)
         self._model_step = (slots, cur_gen, chain, bias, d.model_acceptance)
-        self._ngram_step = ((ngram.tokens, ngram.length, ngram_bias, d.ngram_acceptance) if ngram_bias is not None
-                            else None)
+        self._ngram_step = ((ngram.tokens, ngram.length, ngram_bias, d.ngram_acceptance)
+                            if d.ngram_acceptance is not None else None)
         return d
 
     def lookup_span(self, longest_context: Optional[int]) -> Optional[int]:
@@ -224,9 +224,9 @@ class HybridStep:
     def after_verify(self, tree: VerifyTree, slots: torch.Tensor, seq_lens_before: torch.Tensor,
                      emitted: torch.Tensor, accept_lens: torch.Tensor) -> None:
         """Record emitted tokens (``emitted[b, :accept_lens[b]]``, bonus included) in the ring and the context table;
-        count acceptance; see how each request's EAGLE chain fared against them (``request_bias.chain_outcome``:
-        known whatever tree was verified), count it, and learn the request's online model offset from it; with
-        ``ngram_bias_eta``, learn its n-gram offset from how its n-gram chain fared, alike."""
+        count acceptance; see how each request's EAGLE chain and n-gram chain fared against them
+        (``request_bias.chain_outcome``: known whatever tree was verified), count both, and learn the request's online
+        model offset (``model_bias_eta``) and n-gram offset (``ngram_bias_eta``) from them."""
         model_step, self._model_step = self._model_step, None
         ngram_step, self._ngram_step = self._ngram_step, None
         if model_step is not None and model_step[0].shape != slots.shape:
@@ -246,7 +246,7 @@ class HybridStep:
             gen = gen.to(torch.int64)
             length = torch.full_like(accept_lens, chain.shape[1], dtype=torch.int64)
             tested, hit = chain_outcome(chain, length, emitted, accept_lens.to(torch.int64))
-            self.counters.on_model_outcome(tested, hit, acceptance)
+            self.counters.on_chain_outcome("model", tested, hit, acceptance)
             if bias is not None:
                 _learn_offsets(self.model_bias, self.model_bias_gen, slots_m, gen,
                                update_bias(bias, acceptance, tested, hit, self.model_bias_eta))
@@ -254,8 +254,10 @@ class HybridStep:
                 tokens, length, ngram_bias, ngram_acceptance = ngram_step
                 tested, hit = chain_outcome(tokens, length.to(torch.int64).clamp(max=tokens.shape[1]), emitted,
                                             accept_lens.to(torch.int64))
-                _learn_offsets(self.ngram_bias, self.ngram_bias_gen, slots_m, gen,
-                               update_bias(ngram_bias, ngram_acceptance, tested, hit, self.ngram_bias_eta))
+                self.counters.on_chain_outcome("ngram", tested, hit, ngram_acceptance)
+                if ngram_bias is not None:
+                    _learn_offsets(self.ngram_bias, self.ngram_bias_gen, slots_m, gen,
+                                   update_bias(ngram_bias, ngram_acceptance, tested, hit, self.ngram_bias_eta))
 
 
 def _slot_offsets(table: Optional[torch.Tensor], gens: Optional[torch.Tensor], slots: torch.Tensor,

@@ -11,9 +11,11 @@ n-gram proposal existed and how often it came from the device prompt lookup (the
 nodes, the share of verify slots that were padding, how many steps ran at each verify width bucket and EAGLE draft
 depth (host counts: both are chosen on the host), under ragged verify the target tokens verified against what padding
 would have cost and the fewest and most tokens per request of each step (host counts: the worker reads the node
-counts to size the forward), and the EAGLE side's calibration seen live: over the chain tokens
-each verify tested (``request_bias.chain_outcome``), the mean acceptance HYBRID priced them with against the fraction
-the target accepted (two numbers far apart say the model calibration does not fit this deployment).
+counts to size the forward), and each side's calibration seen live: over the EAGLE chain tokens and, apart, the
+n-gram chain tokens each verify tested (``request_bias.chain_outcome``: known whatever tree was verified), the mean
+acceptance HYBRID priced them with against the fraction the target accepted (two numbers far apart say that side's
+calibration does not fit this deployment: the model table, or the n-gram table, whose remedies are the online offsets
+``model_bias_eta`` / ``ngram_bias_eta`` or a table refit on the deployment's verify logs).
 
 Fallbacks (``fallback_<cause>``, see ``FALLBACKS``): every place the worker falls back from what it would normally do
 is counted here (and logged once per worker and cause by ``worker.Fallbacks``), so none is silent. The host decides
@@ -50,7 +52,10 @@ MODEL_TESTED, MODEL_PRED, MODEL_HIT = 16, 17, 18   # EAGLE chain tokens tested; 
 #: ``plan_missing``: steps whose chosen (EAGLE depth, verify width) had no runtime state; the worker kept its shapes
 #: (``HybridWorkerV2._apply_plan``)
 FALLBACKS = {"conf_placeholder": 19, "no_host_view": 20, "lookup_whole_table": 21, "plan_missing": 22}
-SIZE = 23
+NGRAM_TESTED, NGRAM_PRED, NGRAM_HIT = 23, 24, 25   # n-gram chain tokens tested; their priced acceptance; hits
+#: each side's chain outcome in the counter vector: (tested, priced acceptance summed, hits)
+OUTCOME = {"model": (MODEL_TESTED, MODEL_PRED, MODEL_HIT), "ngram": (NGRAM_TESTED, NGRAM_PRED, NGRAM_HIT)}
+SIZE = 26
 
 
 def tree_class(source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -165,11 +170,13 @@ class HybridCounters:
         acc = (accept_lens.to(torch.float64) - 1).clamp(min=0)
         self.totals[10:14] += torch.zeros(4, dtype=torch.float64, device=acc.device).index_add_(0, cls, acc)
 
-    def on_model_outcome(self, tested: torch.Tensor, hit: torch.Tensor, acceptance: torch.Tensor) -> None:
-        """Count the EAGLE chain tokens a verify tested (``tested [B, S]`` bool), how many the target accepted
-        (``hit``), and the acceptance they were priced with (``acceptance [B, S]``)."""
+    def on_chain_outcome(self, side: str, tested: torch.Tensor, hit: torch.Tensor, acceptance: torch.Tensor) -> None:
+        """Count the chain tokens of ``side`` ("model": the EAGLE chain, "ngram": the n-gram chain) a verify tested
+        (``tested [B, S]`` bool), how many the target accepted (``hit``), and the acceptance they were priced with
+        (``acceptance [B, S]``)."""
+        first, _, last = OUTCOME[side]
         t = tested.to(torch.float64)
-        self.totals[MODEL_TESTED:MODEL_HIT + 1] += torch.stack(
+        self.totals[first:last + 1] += torch.stack(
             [t.sum(), (t * acceptance.to(torch.float64)).sum(), (t * hit.to(torch.float64)).sum()])
 
     def on_fallback(self, cause: str, n: int = 1) -> None:
@@ -249,10 +256,11 @@ def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: 
         out[f"mean_accepted_{c}"] = v[ACC[c]] / n if n else 0.0
     # verify slots spent on padding: requests verify at the step's width whatever their trees hold
     out["padded_fraction"] = 1.0 - (v[NODES] + v[REQS]) / v[SLOTS] if v[SLOTS] else 0.0
-    tested = v[MODEL_TESTED]
-    out["model_tested"] = int(tested)
-    out["model_predicted"] = v[MODEL_PRED] / tested if tested else 0.0
-    out["model_accepted"] = v[MODEL_HIT] / tested if tested else 0.0
+    for side, (t, pred, hit) in OUTCOME.items():
+        tested = v[t]
+        out[f"{side}_tested"] = int(tested)
+        out[f"{side}_predicted"] = v[pred] / tested if tested else 0.0
+        out[f"{side}_accepted"] = v[hit] / tested if tested else 0.0
     out["width_steps"] = {str(w): n for w, n in sorted((width_steps or {}).items())}
     out["depth_steps"] = {str(d): n for d, n in sorted((depth_steps or {}).items())}
     out["decision_steps"] = dict(sorted((decision_steps or {}).items()))
@@ -275,6 +283,8 @@ def format_summary(s: dict) -> str:
     parts.append(f"padded={s['padded_fraction']:.2f}")
     if s.get("model_tested"):
         parts.append(f"eagle_priced={s['model_predicted']:.2f} eagle_accepted={s['model_accepted']:.2f}")
+    if s.get("ngram_tested"):
+        parts.append(f"ngram_priced={s['ngram_predicted']:.2f} ngram_accepted={s['ngram_accepted']:.2f}")
     if s.get("width_steps"):
         parts.append("widths=" + ",".join(f"{w}:{n}" for w, n in s["width_steps"].items()))
     if s.get("ragged_steps"):

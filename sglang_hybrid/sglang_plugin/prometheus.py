@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from .metrics import CLASSES, FALLBACKS
+from .metrics import CLASSES, FALLBACKS, OUTCOME
 
 logger = logging.getLogger("sglang_hybrid")
 
@@ -36,6 +36,11 @@ COUNTERS = {
     "ragged_verify_tokens": (None, "target tokens (tree nodes, roots included) the ragged verify steps verified"),
     "ragged_verify_rows": (None, "rows the ragged verify forwards ran: their tokens padded to the token tier"),
     "ragged_padded_tokens": (None, "target tokens the ragged verify steps would have run padded to the step's width"),
+    "chain_tokens_tested": ("side", "chain tokens a verify tested (those before the chain's first miss, within "
+                                    "what the target committed), by drafter: model (EAGLE), ngram"),
+    "chain_tokens_accepted": ("side", "tested chain tokens the target accepted, by drafter"),
+    "chain_tokens_priced": ("side", "the acceptance HYBRID priced the tested chain tokens with, summed, by drafter "
+                                    "(over chain_tokens_accepted: how well that drafter's calibration fits)"),
     "fallbacks": ("cause", "worker fallbacks by cause (docs/sglang.md, 'No silent fallbacks'); should stay 0"),
 }
 PADDED_GAUGE = "padded_slot_fraction"
@@ -57,6 +62,11 @@ def series(total: dict) -> dict:
         out[("width_steps", str(w))] = n
     for d, n in total["depth_steps"].items():
         out[("depth_steps", str(d))] = n
+    for side in OUTCOME:
+        n = total[f"{side}_tested"]
+        out[("chain_tokens_tested", side)] = n
+        out[("chain_tokens_accepted", side)] = round(total[f"{side}_accepted"] * n)
+        out[("chain_tokens_priced", side)] = total[f"{side}_predicted"] * n
     for cause in FALLBACKS:
         out[("fallbacks", cause)] = total[f"fallback_{cause}"]
     return out
@@ -78,7 +88,7 @@ class PrometheusExport:
         self._seen: dict = {}
         # every series with a fixed label set shows from the start, at 0 rather than absent (an alert on a fallback,
         # or a rate per source, needs the series before its first increment)
-        fixed = {"source": CLASSES, "cause": tuple(FALLBACKS), None: (None,)}
+        fixed = {"source": CLASSES, "cause": tuple(FALLBACKS), "side": tuple(OUTCOME), None: (None,)}
         for name, (label, _) in COUNTERS.items():
             for value in fixed.get(label, ()):
                 self.counters[name].labels(*self._labels(value))
