@@ -472,6 +472,15 @@ def test_server_metrics_add_up_to_the_responses(next_run, load_run):
     assert _total(after, "sglang_hybrid_fallbacks_total", "cause") == {
         "conf_placeholder": 0, "no_host_view": 0, "lookup_whole_table": 0, "plan_missing": 0}
     assert 0 <= _total(after, "sglang_hybrid_padded_slot_fraction") < 1
+    # each drafter's chain outcome: every verify tests each request's first EAGLE token (drafted at depth 1 or more,
+    # and the target commits at least one token); of what was tested, no more accepted, nor priced, than tested
+    chain = {k: _delta(after, before, f"sglang_hybrid_chain_tokens_{k}_total", "side")
+             for k in ("tested", "accepted", "priced")}
+    assert all(set(v) == {"model", "ngram"} for v in chain.values()), chain
+    assert chain["tested"]["model"] >= sum(steps.values()), (chain, steps)
+    for side in ("model", "ngram"):
+        assert 0 <= chain["accepted"][side] <= chain["tested"][side], chain
+        assert 0 <= chain["priced"][side] <= chain["tested"][side] + 1e-6, chain
 
     done = [g for reqs, res in zip(load_run["plan"], load_run["results"]) for r, g in zip(reqs, res)
             if not r["disconnect"]]
