@@ -106,7 +106,7 @@ class HybridStep:
         #: what ``after_verify`` counts and learns from, kept by ``select``: (slots, generations, model chain, offsets
         #: used or None, acceptances priced)
         self._model_step: Optional[tuple] = None
-        #: the n-gram side's, with ``ngram_bias_eta``: (chain tokens, length, offsets used, acceptances priced)
+        #: the n-gram side's: (chain tokens, length, offsets used or None, acceptances priced)
         self._ngram_step: Optional[tuple] = None
         #: the step's EAGLE chain, copied by ``select``: the draft's CUDA graph owns the tensor it hands over and
         #: overwrites it at its next replay (SGLang recycles graph outputs through a shared memory pool, and the
