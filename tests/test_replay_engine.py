@@ -1038,7 +1038,8 @@ def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch()
             replay_realistic.DecomposeColumn("code B=4 S2/K8", bank, [0, 1, 2, 3], "code", 4, 1, "t", 2, 8)]
     lines = replay_realistic.decompose(runner, cfg, "title", cols)
     assert lines[0] == "title" and lines[1].split()[1:] == ["code", "B=4", "code", "B=4", "S2/K8"]
-    table = {line[:44].strip(): [float(x.rstrip("x")) for x in line[44:].split()] for line in lines[2:]}
+    table = {name: [float(x.rstrip("x")) for x in vals]
+             for name, *vals in (line.rsplit(maxsplit=len(cols)) for line in lines[2:])}
     rows = {name: v[0] for name, v in table.items()}
     assert list(rows)[0] == "as built" and list(rows)[-1] == "ideal"
     assert {"both cost tables given (does not fit B=128)", "as built, no extra widths (EAGLE's, full)",
@@ -1047,6 +1048,12 @@ def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch()
             "ragged, blocking read (800 us), token tiers", "ragged, own width read late, token tiers"} <= set(rows)
     assert all(v > 0 for v in rows.values())
     assert rows["ragged, blocking read (800 us), token tiers"] < rows["ragged, blocking read (400 us), token tiers"]
+    # the blocking read with its gaps to the ideal engine closed one at a time, then together; without its stall it
+    # makes the same decisions, only faster
+    closed = ("no stall", "depth chosen 1 step ahead", "n-gram proposals fresh", "no n-gram host path",
+              "all four closed")
+    assert {f"blocking read, {what}" for what in closed} <= set(rows)
+    assert rows["blocking read, no stall"] > rows["ragged, blocking read (400 us), token tiers"]
     # the second column runs HYBRID at 2 EAGLE steps: its own node budget (10) and widths, not the deployed 12 and 13
     assert replay_realistic.decompose(runner, cfg, "title", []) == []        # no column: no table
     two = {name: v[1] for name, v in table.items()}
@@ -1060,3 +1067,6 @@ def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch()
     assert variants["as built"].depths == (1, 2)
     assert variants["as built, one EAGLE depth (no draft table)"].depths is None
     assert not variants["ideal"].as_built and variants["ideal"].num_steps == 2
+    closed = variants["blocking read, all four closed"]
+    assert (closed.verify, closed.sync_us, closed.depth_lag, closed.ngram_lag, closed.host_time,
+            closed.host_overlaps) == ("ragged_sync", 0.0, 1, 0, False, True)

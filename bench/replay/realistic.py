@@ -798,6 +798,17 @@ def decompose_variants(runner: Runner, cfg: Config, steps: int, k: int) -> list:
     sync = cfg.ragged_sync_us
     variants += [(f"ragged, blocking read ({us:g} us), token tiers", dataclasses.replace(
         base, verify="ragged_sync", sync_us=us)) for us in (sync, 2 * sync)]
+    # the blocking read's launch with one of its gaps to the ideal engine closed at a time, then all four: what is
+    # left is the token tiers' padding and the n-gram route (proposals through the alignment and the lookup, not the
+    # drafter's own k tokens)
+    ragged = dataclasses.replace(base, verify="ragged_sync", sync_us=sync)
+    closed = {"no stall": dict(sync_us=0.0),
+              "depth chosen 1 step ahead": dict(width_lag=1, host_overlap=True),
+              "n-gram proposals fresh": dict(ngram_lag=0),
+              "no n-gram host path": dict(host_time=False)}
+    variants += [(f"blocking read, {what}", dataclasses.replace(ragged, **kw)) for what, kw in closed.items()]
+    variants.append(("blocking read, all four closed", dataclasses.replace(
+        ragged, **{k: v for kw in closed.values() for k, v in kw.items()})))
     variants += [("ragged, own width read late, token tiers", dataclasses.replace(base, verify="ragged_late")),
                  ("ideal", dataclasses.replace(runner.engines["ideal"], num_steps=steps, ngram_k=k, n_nodes=n))]
     return variants
@@ -817,7 +828,9 @@ def decompose(runner: Runner, cfg: Config, title: str, columns: list) -> list:
     step-time table, the measurement's stand-in). Then the two ragged-verify layouts for a GPU
     (``engine.VERIFY_LAYOUTS``): the node counts read by a blocking read after the decision (the worker's, with
     ``ragged_verify=on``: at ``cfg.ragged_sync_us`` of device idle per step, and at twice that), or each request's
-    own width read late without blocking (a design, not built); both with verify graphs keyed by token tiers.
+    own width read late without blocking (a design, not built); both with verify graphs keyed by token tiers. And the
+    blocking read with one of its gaps to the ideal engine closed at a time (its stall, the depth lag of overlap
+    scheduling, the n-gram proposal's lag, the n-gram host path), then all four.
     docs/sglang.md ("Ragged verify") chooses between them, and between them and the padded verify, with these rows, on
     the simulated drafter's sweep cells and on the real SmolLM2 trace."""
     if not columns:
@@ -840,8 +853,9 @@ def decompose(runner: Runner, cfg: Config, title: str, columns: list) -> list:
     got = iter(runner.in_processes(speedup, [(row, col) for row in range(len(names))
                                              for col in range(len(columns))]))
     width = max(14, *(len(c.title) + 2 for c in columns))
-    lines = [title, f"{'engine':<44}" + "".join(f"{c.title:>{width}}" for c in columns)]
-    lines += [f"{name:<44}" + "".join(f"{next(got):>{width - 1}.2f}x" for _ in columns) for name in names]
+    nw = max(44, *(len(name) + 2 for name in names))
+    lines = [title, f"{'engine':<{nw}}" + "".join(f"{c.title:>{width}}" for c in columns)]
+    lines += [f"{name:<{nw}}" + "".join(f"{next(got):>{width - 1}.2f}x" for _ in columns) for name in names]
     return lines
 
 
