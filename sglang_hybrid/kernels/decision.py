@@ -56,6 +56,14 @@ def _sigmoid(x):
 
 
 @triton.jit
+def _corrected(a, bias, BIAS_EPS_C: tl.constexpr):
+    """``request_bias.corrected_acceptance``: ``sigmoid(logit(a) + bias)``, ``a`` clamped into (EPS, 1 - EPS); the
+    model side's and the n-gram side's offset alike."""
+    ac = tl.minimum(tl.maximum(a, BIAS_EPS_C), 1.0 - BIAS_EPS_C)
+    return _sigmoid(tl.log(ac / (1.0 - ac)) + bias)
+
+
+@triton.jit
 def _pow(x, y):
     """``x ** y`` for ``x >= 0``, ``y > 0`` (``0 ** y = 0``), from exp2 and log2: libdevice's pow has no interpreter
     twin, and one formula everywhere keeps the CPU-checked code the GPU's."""
@@ -106,8 +114,7 @@ def _survivals_kernel(
         a = _sigmoid((tl.log(pc) - tl.log(1.0 - pc)) / t)
         a = tl.where(p <= 0.0, 0.0, tl.where(p >= 1.0, 1.0, a))
         if HAS_BIAS:
-            ac = tl.minimum(tl.maximum(a, BIAS_EPS_C), 1.0 - BIAS_EPS_C)
-            a = _sigmoid(tl.log(ac / (1.0 - ac)) + bias)
+            a = _corrected(a, bias, BIAS_EPS_C)
         surv = surv * a
         if COPY_CHAIN:
             tok = tl.load(mtok_ptr + r64 * mtok_s0 + j * mtok_s1, mask=rmask, other=0)
@@ -151,9 +158,7 @@ def _survivals_kernel(
     idx = idx * SH4 + _bucket(cf, ce_ptr, N_CE, E2)
     a_n = tl.load(table_ptr + idx, mask=fmask, other=0.0)
     if NG_HAS_BIAS:
-        nb = tl.load(ng_bias_ptr + rows, mask=rmask, other=0.0)
-        ac = tl.minimum(tl.maximum(a_n, BIAS_EPS_C), 1.0 - BIAS_EPS_C)
-        a_n = _sigmoid(tl.log(ac / (1.0 - ac)) + nb[:, None])
+        a_n = _corrected(a_n, tl.load(ng_bias_ptr + rows, mask=rmask, other=0.0)[:, None], BIAS_EPS_C)
     a_n = tl.where(valid, a_n, 0.0)
     tl.store(a_n_ptr + r64[:, None] * K + cols[None, :], a_n, mask=fmask)
     s_n = tl.cumprod(a_n, 1)

@@ -25,6 +25,50 @@ from .decision import tree_class
 
 
 @triton.jit
+def _chain_outcome(tok_ptr, tok_s0, length, acc_ptr, emit_ptr, emit_s0, emit_s1, r64, rm, n,
+                   N: tl.constexpr, N2: tl.constexpr, C: tl.constexpr):
+    """``request_bias.chain_outcome`` for a block of rows: ``(tested, hit, acceptance)`` ``[rows, N2]`` of the chain
+    at ``tok_ptr`` (row stride ``tok_s0``, unit column stride; its first ``length`` tokens, a scalar or ``[rows,
+    1]``) against the tokens the step committed (``n`` per row), and the acceptances it was priced with (``acc_ptr``,
+    ``[B, N]`` contiguous). One rule for the EAGLE chain and the n-gram chain."""
+    c = tl.arange(0, N2)
+    m = rm[:, None] & (c[None, :] < N)
+    tok = tl.load(tok_ptr + r64[:, None] * tok_s0 + c[None, :], mask=m, other=-2).to(tl.int64)
+    committed = tl.load(emit_ptr + r64[:, None] * emit_s0 + c[None, :] * emit_s1,
+                        mask=m & (c[None, :] < C), other=-1).to(tl.int64)
+    hit = (tok == committed) & (c[None, :] < n[:, None]) & m
+    first_miss = tl.min(tl.where(hit, N2, c[None, :]), 1)
+    tested = (c[None, :] <= first_miss[:, None]) & (c[None, :] < n[:, None]) & (c[None, :] < length) & m
+    a = tl.load(acc_ptr + r64[:, None] * N + c[None, :], mask=m, other=0.0)
+    return tested, hit & tested, a
+
+
+@triton.jit
+def _count(tested, hit, a, tested_n, pred_sum, hit_n):
+    """``HybridCounters.on_chain_outcome``'s three sums, added to the running ones (float64)."""
+    tested_n += tl.sum(tl.sum(tested.to(tl.float64), 1), 0)
+    pred_sum += tl.sum(tl.sum(tl.where(tested, a.to(tl.float64), 0.0), 1), 0)
+    hit_n += tl.sum(tl.sum(hit.to(tl.float64), 1), 0)
+    return tested_n, pred_sum, hit_n
+
+
+@triton.jit
+def _learn(used_ptr, table_ptr, gen_table_ptr, gen_ptr, rows, rm, slot, tested, hit, a, ETA: tl.constexpr):
+    """``request_bias.update_bias`` of the offsets the step used (``used_ptr``), stored in the slot-indexed table with
+    the slot's request generation (``HybridStep``'s ``_learn_offsets``)."""
+    g = tl.sum(tl.where(tested, hit.to(tl.float32) - a, 0.0), 1)
+    tl.store(table_ptr + slot, tl.load(used_ptr + rows, mask=rm, other=0.0) + ETA * g, mask=rm)
+    tl.store(gen_table_ptr + slot, tl.load(gen_ptr + rows, mask=rm, other=0).to(tl.int64), mask=rm)
+
+
+@triton.jit
+def _add_totals(totals_ptr, C_T: tl.constexpr, C_P: tl.constexpr, C_H: tl.constexpr, tested_n, pred_sum, hit_n):
+    tl.store(totals_ptr + C_T, tl.load(totals_ptr + C_T) + tested_n)
+    tl.store(totals_ptr + C_P, tl.load(totals_ptr + C_P) + pred_sum)
+    tl.store(totals_ptr + C_H, tl.load(totals_ptr + C_H) + hit_n)
+
+
+@triton.jit
 def _after_verify_kernel(
         slots_ptr, seq_ptr, emit_ptr, emit_s0, emit_s1, acc_ptr, ring_ptr, ctx_ptr,
         chain_ptr, chain_s0, gen_ptr, bias_ptr, accept_ptr, mb_ptr, mb_gen_ptr,
@@ -38,7 +82,6 @@ def _after_verify_kernel(
         C_ACC: tl.constexpr, C_TESTED: tl.constexpr, C_PRED: tl.constexpr, C_HIT: tl.constexpr,
         C_NTESTED: tl.constexpr, C_NPRED: tl.constexpr, C_NHIT: tl.constexpr):
     j = tl.arange(0, C2)
-    s = tl.arange(0, S2)
     o = tl.arange(0, W2)
     c4 = tl.arange(0, 4)
     acc_by_class = tl.zeros((4,), tl.float64)
@@ -67,53 +110,23 @@ def _after_verify_kernel(
         _, cls = tree_class(t_val_ptr, t_src_ptr, rows, rm, o, W)
         acc = tl.maximum(n - 1, 0).to(tl.float64)
         acc_by_class += tl.sum(tl.where((cls[:, None] == c4[None, :]) & rm[:, None], acc[:, None], 0.0), 0)
-        # ---- how the EAGLE chain fared (request_bias.chain_outcome), counted and learned from ----
+        # ---- how each chain fared (request_bias.chain_outcome), counted and learned from ----
         if MODEL:
-            sm = rm[:, None] & (s[None, :] < S)
-            chain = tl.load(chain_ptr + r64[:, None] * chain_s0 + s[None, :], mask=sm, other=-2)
-            committed = tl.load(emit_ptr + r64[:, None] * emit_s0 + s[None, :] * emit_s1,
-                                mask=sm & (s[None, :] < C), other=-1).to(tl.int64)
-            hit = (chain.to(tl.int64) == committed) & (s[None, :] < n[:, None]) & sm
-            miss_before = tl.min(tl.where(hit, S2, s[None, :]), 1)               # first position that missed
-            tested = (s[None, :] <= miss_before[:, None]) & (s[None, :] < n[:, None]) & sm
-            hit = hit & tested
-            a = tl.load(accept_ptr + r64[:, None] * S + s[None, :], mask=sm, other=0.0)
-            tested_n += tl.sum(tl.sum(tested.to(tl.float64), 1), 0)
-            pred_sum += tl.sum(tl.sum(tl.where(tested, a.to(tl.float64), 0.0), 1), 0)
-            hit_n += tl.sum(tl.sum(hit.to(tl.float64), 1), 0)
+            tested, hit, a = _chain_outcome(chain_ptr, chain_s0, S, accept_ptr, emit_ptr, emit_s0, emit_s1, r64, rm,
+                                            n, S, S2, C)
+            tested_n, pred_sum, hit_n = _count(tested, hit, a, tested_n, pred_sum, hit_n)
             if HAS_BIAS:
-                g = tl.sum(tl.where(tested, hit.to(tl.float32) - a, 0.0), 1)
-                new = tl.load(bias_ptr + rows, mask=rm, other=0.0) + ETA * g
-                tl.store(mb_ptr + slot, new, mask=rm)
-                tl.store(mb_gen_ptr + slot, tl.load(gen_ptr + rows, mask=rm, other=0).to(tl.int64), mask=rm)
-        # ---- how the n-gram chain fared (request_bias.chain_outcome over its length), counted and learned from ----
+                _learn(bias_ptr, mb_ptr, mb_gen_ptr, gen_ptr, rows, rm, slot, tested, hit, a, ETA)
         if NGRAM:
-            kk = tl.arange(0, K2)
-            km = rm[:, None] & (kk[None, :] < K)
-            ntok = tl.load(ng_tok_ptr + r64[:, None] * ng_tok_s0 + kk[None, :], mask=km, other=-2).to(tl.int64)
-            nlen = tl.minimum(tl.load(ng_len_ptr + rows, mask=rm, other=0).to(tl.int64), K)
-            committed_n = tl.load(emit_ptr + r64[:, None] * emit_s0 + kk[None, :] * emit_s1,
-                                  mask=km & (kk[None, :] < C), other=-1).to(tl.int64)
-            hit_k = (ntok == committed_n) & (kk[None, :] < n[:, None]) & km
-            first_miss = tl.min(tl.where(hit_k, K2, kk[None, :]), 1)
-            tested_k = ((kk[None, :] <= first_miss[:, None]) & (kk[None, :] < n[:, None])
-                        & (kk[None, :] < nlen[:, None]) & km)
-            hit_k = hit_k & tested_k
-            a_k = tl.load(ng_acc_ptr + r64[:, None] * K + kk[None, :], mask=km, other=0.0)
-            ng_tested_n += tl.sum(tl.sum(tested_k.to(tl.float64), 1), 0)
-            ng_pred_sum += tl.sum(tl.sum(tl.where(tested_k, a_k.to(tl.float64), 0.0), 1), 0)
-            ng_hit_n += tl.sum(tl.sum(hit_k.to(tl.float64), 1), 0)
+            nlen = tl.load(ng_len_ptr + rows, mask=rm, other=0).to(tl.int64)
+            tested, hit, a = _chain_outcome(ng_tok_ptr, ng_tok_s0, nlen[:, None], ng_acc_ptr, emit_ptr, emit_s0,
+                                            emit_s1, r64, rm, n, K, K2, C)
+            ng_tested_n, ng_pred_sum, ng_hit_n = _count(tested, hit, a, ng_tested_n, ng_pred_sum, ng_hit_n)
             if NG_BIAS:
-                g_k = tl.sum(tl.where(tested_k, hit_k.to(tl.float32) - a_k, 0.0), 1)
-                tl.store(nb_ptr + slot, tl.load(ng_used_ptr + rows, mask=rm, other=0.0) + NG_ETA * g_k, mask=rm)
-                tl.store(nb_gen_ptr + slot, tl.load(gen_ptr + rows, mask=rm, other=0).to(tl.int64), mask=rm)
+                _learn(ng_used_ptr, nb_ptr, nb_gen_ptr, gen_ptr, rows, rm, slot, tested, hit, a, NG_ETA)
     cp = totals_ptr + C_ACC + c4
     tl.store(cp, tl.load(cp) + acc_by_class)
     if MODEL:
-        tl.store(totals_ptr + C_TESTED, tl.load(totals_ptr + C_TESTED) + tested_n)
-        tl.store(totals_ptr + C_PRED, tl.load(totals_ptr + C_PRED) + pred_sum)
-        tl.store(totals_ptr + C_HIT, tl.load(totals_ptr + C_HIT) + hit_n)
+        _add_totals(totals_ptr, C_TESTED, C_PRED, C_HIT, tested_n, pred_sum, hit_n)
     if NGRAM:
-        tl.store(totals_ptr + C_NTESTED, tl.load(totals_ptr + C_NTESTED) + ng_tested_n)
-        tl.store(totals_ptr + C_NPRED, tl.load(totals_ptr + C_NPRED) + ng_pred_sum)
-        tl.store(totals_ptr + C_NHIT, tl.load(totals_ptr + C_NHIT) + ng_hit_n)
+        _add_totals(totals_ptr, C_NTESTED, C_NPRED, C_NHIT, ng_tested_n, ng_pred_sum, ng_hit_n)
