@@ -51,7 +51,8 @@ def _records(reqs, idx, bank, cal):
             a = cal.acceptance_np(f["match_len"], f["count"], f["total"], f["depth"], f["source"])
             right = f["tokens"] == target
             reached = np.cumprod(np.concatenate([np.ones((len(pos), 1), bool), right[:, :-1]], 1), 1).astype(bool)
-            tested = reached & (np.arange(K)[None, :] < f["lengths"][:, None])
+            # the recorded output ends: a token past it is unknown, not a miss
+            tested = reached & (np.arange(K)[None, :] < np.minimum(f["lengths"], len(r.output) - pos)[:, None])
             out[name][0].append(a[tested])
             out[name][1].append(right[tested])
     return {n: (np.concatenate(p), np.concatenate(y).astype(np.float64)) for n, (p, y) in out.items()}

@@ -9,7 +9,7 @@ from sglang_hybrid.sglang_plugin import context_lookup as CL
 
 
 def _oracle(c, k, n_min, n_max):
-    """The module docstring's rule, by loops: (tokens, match_len feature of token 0, count, total)."""
+    """The module docstring's rule, by loops: (tokens, match_len features, count, total)."""
     t = len(c)
     m = []
     for e in range(t - 1):
@@ -18,17 +18,18 @@ def _oracle(c, k, n_min, n_max):
             n += 1
         m.append(n)
     if not m or max(m) < n_min:
-        return [], 0, 0, 0
+        return [], [], 0, 0
     best = max(m)
     e_star = max(e for e in range(t - 1) if m[e] == best)
-    toks = list(c[e_star + 1:min(e_star + 1 + k, t)])
+    dist = t - 1 - e_star                     # past the root the copy continues over its own tokens
+    toks = [c[e_star + 1 + j % dist] for j in range(k)]
     strong = [e for e in range(t - 1) if m[e] >= best]
     feature = best
     if best >= n_max:                        # the chosen occurrence's whole match, up to N_LONG
         feature = 0
         while feature < CL.N_LONG and e_star - feature >= 0 and c[e_star - feature] == c[t - 1 - feature]:
             feature += 1
-    return toks, feature, sum(c[e + 1] == toks[0] for e in strong), len(strong)
+    return toks, [feature + j % dist for j in range(k)], sum(c[e + 1] == toks[0] for e in strong), len(strong)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -54,7 +55,7 @@ def test_lookup_matches_the_brute_force_rule(seed):
         assert int(got.length[b]) == n
         assert got.tokens[b, :n].tolist() == toks and (got.tokens[b, n:] == -1).all()
         assert got.depth[b].tolist() == list(range(1, n + 1)) + [0] * (k - n)
-        assert got.match_len[b, :n].tolist() == [best + j for j in range(n)]
+        assert got.match_len[b, :n].tolist() == best[:n]
         assert got.count[b, :n].tolist() == [count] * n and got.total[b, :n].tolist() == [total] * n
         assert (got.source[b] == 0).all()
 
@@ -96,12 +97,13 @@ def test_lookup_compiles_without_graph_breaks():
                      torch.as_tensor([0, 1]), torch.as_tensor([0, 0]))
     fn = torch.compile(lambda c, s, L, g: CL.lookup(c, s, L, g, 4), fullgraph=True, backend="eager")
     got = fn(ctx, torch.as_tensor([0, 1]), torch.as_tensor([9, 0]), torch.as_tensor([0, 0]))
-    assert got.tokens[0].tolist() == [2, 3, 1, -1] and int(got.length[1]) == 0
+    assert got.tokens[0].tolist() == [2, 3, 1, 2] and int(got.length[1]) == 0      # the copy wraps at the root
 
 
 def _lookup_before(table, slots, seq_lens, cur_gen, k, n_min=CL.N_MIN, n_max=CL.N_MAX):
-    """The lookup as shipped before it took a span (whole table, unreversed windows, cumulative products), frozen
-    here as the exactness reference for the bounded one: same inputs, same outputs, bit for bit."""
+    """The lookup as shipped before it took a span (whole table, unreversed windows, cumulative products; its copy
+    since given the wrap at the root), kept here as the exactness reference for the bounded one: same inputs, same
+    outputs, bit for bit."""
     ctx = table.tokens
     b, width = slots.shape[0], ctx.shape[1]
     big = width - 1
@@ -125,16 +127,17 @@ def _lookup_before(table, slots, seq_lens, cur_gen, k, n_min=CL.N_MIN, n_max=CL.
                         best)
     ok = fits & (best >= n_min)
     j = torch.arange(k)[None, :]
-    length = torch.where(ok, (tc - 1 - e_star).clamp(min=0, max=k), 0)
+    length = torch.where(ok, k, 0)
     keep = j < length[:, None]
-    tokens = torch.where(keep, torch.gather(rows, 1, (e_star[:, None] + 1 + j).clamp(max=width - 1)).to(torch.int64),
+    jj = j % (tc - 1 - e_star).clamp(min=1)[:, None]
+    tokens = torch.where(keep, torch.gather(rows, 1, (e_star[:, None] + 1 + jj).clamp(max=width - 1)).to(torch.int64),
                          -1)
     nxt = torch.nn.functional.pad(rows[:, 1:], (0, 1), value=-3)
     strong = (m >= best[:, None]) & (m > 0)
     total, count = strong.sum(1), (strong & (nxt == tokens[:, :1])).sum(1)
     return CL.LookupProposals(
         tokens=tokens, length=length, depth=torch.where(keep, j + 1, 0),
-        match_len=torch.where(keep, match[:, None] + j, 0), count=torch.where(keep, count[:, None], 0),
+        match_len=torch.where(keep, match[:, None] + jj, 0), count=torch.where(keep, count[:, None], 0),
         total=torch.where(keep, total[:, None], 0), source=torch.zeros((b, k), dtype=torch.int64))
 
 
@@ -193,9 +196,9 @@ def test_lookup_memory_span_shorter_than_a_row_gives_that_row_nothing():
     CL.write_context(table, z + 1, torch.arange(20), torch.as_tensor([5, 6] * 10), torch.as_tensor([1]), z[:1])
     slots, seq, gens = torch.as_tensor([0, 1]), torch.as_tensor([19, 7]), torch.zeros(2, dtype=torch.int64)
     whole = CL.lookup(table, slots, seq, gens, 3)
-    assert whole.length.tolist() == [3, 2]                  # row 1: only committed tokens are copied
+    assert whole.length.tolist() == [3, 3] and whole.tokens[1].tolist() == [5, 6, 5]   # row 1: the copy wraps
     short = CL.lookup(table, slots, seq, gens, 3, span=12)
-    assert short.length.tolist() == [0, 2] and short.tokens[0].tolist() == [-1, -1, -1]
+    assert short.length.tolist() == [0, 3] and short.tokens[0].tolist() == [-1, -1, -1]
     _assert_same(CL.LookupProposals(*(x[1:] for x in short)), CL.LookupProposals(*(x[1:] for x in whole)))
     with pytest.raises(ValueError, match="span must be in"):
         CL.lookup(table, slots, seq, gens, 3, span=65)
@@ -229,7 +232,7 @@ def test_lookup_memory_span_compiles_without_graph_breaks(backend):
                        backend=backend)
     got = fn(*args)
     _assert_same(got, _lookup_before(*args, 8))
-    assert got.length.tolist() == [8, 8, 8, 2]
+    assert got.length.tolist() == [8, 8, 8, 8]
 
 
 def _bytes_allocated(fn):

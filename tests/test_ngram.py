@@ -51,11 +51,16 @@ def longest_suffix_in(corpus, ctx):
 
 
 def chain(text, pat, k):
-    """[(token, match_len, count, total)] copying after the most recent followed occurrence, step by step."""
+    """[(token, match_len, count, total)] copying after the most recent followed occurrence, step by step; a
+    pattern without one (the copy reached the text's end) first drops leading tokens down to its longest suffix
+    that has one."""
     u = list(pat)
     out = []
     for _ in range(k):
         total, last = followed(text, u)
+        while last is None and len(u) > 1:
+            u = u[1:]
+            total, last = followed(text, u)
         if last is None:
             break
         tok = text[last + 1]

@@ -293,14 +293,15 @@ def test_rows_without_an_aligned_proposal_take_the_device_prompt_lookup():
     """The output repeats a 4-token motif after 10 fresh tokens; the late proposal computed at 0 disagrees with the
     text, so alignment drops it, and the device prompt lookup (``context_lookup.lookup``, as the worker) copies from
     the earlier occurrence: at position 16 the committed tail is motif[0:2] (second occurrence), whose continuation
-    after the first occurrence is out[12:16] (committed tokens only)."""
+    after the first occurrence is out[12:16], the committed tokens, then the same again (the copy wraps at the root:
+    k = 8 tokens)."""
     motif = [500, 501, 502, 503]
     out = np.concatenate([np.arange(100, 110), motif, motif, np.arange(200, 260)]).astype(np.int64)
     bank = _Bank(props={0: (np.full(17, 7), 17)})
     bank.out = out
     bank.requests = [type("R", (), {"prompt": np.zeros(7, np.int32), "output": out})()]
     req = np.array([0])
-    for lookup, want in ((False, []), (True, [502, 503, 500, 501])):
+    for lookup, want in ((False, []), (True, [502, 503, 500, 501] * 2)):
         late = replay_engine.LateNgram(width=17, k=8, lag=1, context_lookup=lookup)
         late.reset(1)
         late.aligned(bank, req, np.array([0]))

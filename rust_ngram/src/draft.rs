@@ -35,11 +35,16 @@ pub struct DraftToken {
 }
 
 /// Appends to `out` a chain of up to `k` tokens that copies, step by step, the token after the **most recent**
-/// occurrence of the matched string, extending the match by each drafted token.
+/// followed occurrence of the matched string, extending the match by each drafted token.
 ///
-/// Stops early when the matched string has no followed occurrence or the next token is [`SEPARATOR`] (end of a
-/// corpus document). With `m` the match of the text's own end (`longest_repeated_suffix`) this is the classic
-/// "copy after the latest earlier occurrence of the longest repeated suffix".
+/// When the matched string has no followed occurrence (the copy reached the end of the text), it first falls back
+/// to its longest suffix that has one, and the copy goes on from there: the drafted tokens count as text, so a copy
+/// of the text's own tail continues as the loop it is instead of stopping after one period. A chain that starts
+/// from [`SuffixAutomaton::longest_repeated_suffix`] never falls back below that match's length (the extended
+/// string still ends with it). Stops early when no non-empty suffix has a followed occurrence or the next token is
+/// [`SEPARATOR`] (end of a corpus document). With `m` the match of the text's own end (`longest_repeated_suffix`)
+/// this is the classic "copy after the latest earlier occurrence of the longest repeated suffix", continued over
+/// its own output.
 ///
 /// ```
 /// use rust_ngram::{chain_draft, Source, SuffixAutomaton};
@@ -51,6 +56,16 @@ pub struct DraftToken {
 /// let toks: Vec<u32> = out.iter().map(|d| d.token).collect();
 /// assert_eq!(toks, vec![9, 5, 6]);
 /// assert_eq!((out[0].match_len, out[0].count, out[0].total), (2, 1, 2));
+///
+/// // A loop: "1 2 3" repeats; the copy of the tail reaches the end after 3 tokens and continues with the loop.
+/// let mut sam = SuffixAutomaton::from_tokens(&[7, 1, 2, 3, 1, 2, 3]);
+/// let m = sam.longest_repeated_suffix();
+/// out.clear();
+/// chain_draft(&mut sam, m, 7, Source::Context, &mut out);
+/// let toks: Vec<u32> = out.iter().map(|d| d.token).collect();
+/// assert_eq!(toks, vec![1, 2, 3, 1, 2, 3, 1]);
+/// let lens: Vec<u32> = out.iter().map(|d| d.match_len).collect();
+/// assert_eq!(lens, vec![3, 4, 5, 3, 4, 5, 3]); // "1 2 3 1 2 3" occurs only at the end: back to "1 2 3"
 /// ```
 pub fn chain_draft(sam: &mut SuffixAutomaton, m: Match, k: usize, source: Source, out: &mut Vec<DraftToken>) {
     let mut c = ChainCursor::new(sam, m);
@@ -76,7 +91,7 @@ pub(crate) fn chain_draft_group(
         let mut cur: Vec<ChainCursor> = chunk.iter_mut().map(|(sam, m, _)| ChainCursor::new(sam, *m)).collect();
         loop {
             let mut longest = 0;
-            for (c, (sam, _, _)) in cur.iter_mut().zip(chunk.iter()) {
+            for (c, (sam, _, _)) in cur.iter_mut().zip(chunk.iter_mut()) {
                 if c.read_run(sam, k) {
                     longest = longest.max(c.got);
                 }
@@ -111,7 +126,8 @@ const RUN: usize = 16;
 /// the run (for `count` and `total`) no longer sit on the dependency chain: they are independent reads that an
 /// out-of-order CPU overlaps, instead of one cache miss after another. The result is exactly that of the
 /// step-by-step definition; only a run that reaches the end of the text falls back to a fresh statistics query
-/// (the next run starts from the next state's own most recent occurrence).
+/// (the next run starts from the next state's own most recent occurrence, or, when it has none, from that of its
+/// nearest suffix-link ancestor that has one).
 struct ChainCursor {
     state: u32,
     len: u32,
@@ -143,14 +159,29 @@ impl ChainCursor {
     }
 
     /// Reads the tokens of the next run; false (and `got == 0`) when the chain is complete.
-    fn read_run(&mut self, sam: &SuffixAutomaton, k: usize) -> bool {
+    fn read_run(&mut self, sam: &mut SuffixAutomaton, k: usize) -> bool {
         self.got = 0;
         if self.done || self.drafted >= k {
             return false;
         }
-        let Some(e) = self.st.last_end else {
-            self.done = true;
-            return false;
+        // A pattern without a followed occurrence (the copy reached the end of the text) falls back to its
+        // longest suffix that has one: the drafted tokens count as context, so a copy of the text's own tail
+        // continues as the loop it is. No suffix at all (the root): the chain is complete.
+        let e = loop {
+            if let Some(e) = self.st.last_end {
+                break e;
+            }
+            match sam.suffix_link(self.state).filter(|&l| sam.state_len(l) > 0) {
+                Some(l) => {
+                    self.state = l;
+                    self.len = sam.state_len(l);
+                    self.st = sam.stats(l);
+                }
+                None => {
+                    self.done = true;
+                    return false;
+                }
+            }
         };
         // Tokens e + 1 ..= e + r are copied; each but the first needs its state to end at e + i < n - 1.
         let r = (k - self.drafted).min(sam.len() - 1 - e).min(RUN);

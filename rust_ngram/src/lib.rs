@@ -42,8 +42,10 @@
 //!   statistics ([`StateStats`], [`SuffixAutomaton::continuation_count`]) are exact counts, kept up to date after
 //!   every appended token (see the invariants of [`SuffixAutomaton`] and [`Match`]).
 //! * **Defined drafts.** A chain ([`chain_draft`]) copies, token by token, what followed the most recent followed
-//!   occurrence of the matched context, extending the match by each drafted token; it stops at the end of a corpus
-//!   document ([`SEPARATOR`]), so no draft spans two documents. A tree ([`tree_draft`]) has distinct siblings and
+//!   occurrence of the matched context, extending the match by each drafted token; where the copy reaches the end
+//!   of the text the match falls back to its longest suffix with a followed occurrence, so a loop in the context is
+//!   drafted as the loop continued; it stops at the end of a corpus document ([`SEPARATOR`]), so no draft spans two
+//!   documents. A tree ([`tree_draft`]) has distinct siblings and
 //!   topological order (`parent < index`). Every [`DraftToken`] of a [`Drafter`] satisfies
 //!   `1 <= count <= total`, `depth >= 1` and `match_len >= min_match`.
 //! * **Source.** A request drafts from its own context unless a corpus automaton matches a strictly longer suffix

@@ -46,12 +46,23 @@ pub fn longest_suffix_in(text: &[u32], ctx: &[u32]) -> usize {
 }
 
 /// Chain draft by definition: from pattern `pat`, repeatedly copy the token after the most recent followed
-/// occurrence of the current pattern and append it to the pattern; stop at no occurrence or a separator.
+/// occurrence of the current pattern and append it to the pattern. A non-empty pattern without a followed
+/// occurrence first drops its leading tokens down to its longest suffix that has one (none: stop); stop also at a
+/// separator.
 pub fn chain(text: &[u32], pat: &[u32], k: usize, source: Source) -> Vec<DraftToken> {
     let mut u = pat.to_vec();
     let mut out = Vec::new();
     for j in 0..k {
-        let (total, last) = followed(text, &u);
+        let (total, last) = loop {
+            let f = followed(text, &u);
+            if f.1.is_some() || u.is_empty() {
+                break f;
+            }
+            u.remove(0);
+            if u.is_empty() {
+                break (0, None);
+            }
+        };
         let Some(e) = last else { break };
         let tok = text[e + 1];
         if tok == SEPARATOR {

@@ -141,15 +141,16 @@ def _lookup_kernel(
         run = tl.min(tl.where(same, N_LONG, li), 0)
         match = tl.where(best >= N_MAX, run, best.to(tl.int64))
         ok = fits & (best >= N_MIN)
-        length = tl.where(ok, tl.minimum(tl.maximum(tc - 1 - e_star, 0), K), 0)
+        length = tl.where(ok, K, 0)
         j = tl.arange(0, K2)
         jm = j < K
         keep = j < length
-        copied = tl.load(base + tl.minimum(e_star + 1 + j, span - 1), mask=jm, other=-1).to(tl.int64)
+        jj = j % tl.maximum(tc - 1 - e_star, 1)                        # past the root the copy repeats itself
+        copied = tl.load(base + tl.minimum(e_star + 1 + jj, span - 1), mask=jm, other=-1).to(tl.int64)
         out = r64 * K + j
         tl.store(o_tok_ptr + out, tl.where(keep, copied, -1), mask=jm)
         tl.store(o_dep_ptr + out, tl.where(keep, j + 1, 0).to(tl.int64), mask=jm)
-        tl.store(o_ml_ptr + out, tl.where(keep, match + j, 0), mask=jm)
+        tl.store(o_ml_ptr + out, tl.where(keep, match + jj, 0), mask=jm)
         tl.store(o_ct_ptr + out, tl.where(keep, count, 0).to(tl.int64), mask=jm)
         tl.store(o_tt_ptr + out, tl.where(keep, total, 0).to(tl.int64), mask=jm)
         tl.store(o_src_ptr + out, tl.zeros((K2,), tl.int64), mask=jm)

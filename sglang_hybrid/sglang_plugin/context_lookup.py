@@ -10,11 +10,14 @@ every committed token as soon as the verify ends, so a lookup there is never lat
 Rule (prompt lookup, longest then latest): with committed tokens ``c[0..T)`` (``T = seq_len + 1``, the root last),
 each end position ``e <= T - 2`` (at least one committed token follows it) has match length
 ``m(e) = max{n <= n_max : c[e - i] == c[T - 1 - i] for all i < n}``. The chosen ``e*`` maximises ``(m(e), e)``;
-when ``m(e*) >= n_min`` the proposal is ``c[e* + 1 : min(e* + 1 + k, T)]`` (only committed tokens are copied).
+when ``m(e*) >= n_min`` the proposal is ``k`` tokens, token ``j`` = ``c[e* + 1 + (j mod D)]`` with ``D = T - 1 - e*``
+the copy's distance: the committed tokens after ``e*``, then, as the host drafter's chains do (docs/ngram.md), the
+copy continued over its own drafted tokens (an overlapping copy: the text's own tail repeats as the loop it is).
 Features for the calibration, in the host drafter's terms: source 0 (own context), depth ``j + 1``, match length
-``M + j`` for token ``j`` (the match grows along a copy), where ``M`` is ``m(e*)``, or, when that reached ``n_max``,
-the chosen occurrence's full match length up to ``N_LONG``; ``total`` = end positions matching at least ``m(e*)``
-tokens, ``count`` = those of them followed by the proposed first token (the same for every token).
+``M + (j mod D)`` for token ``j`` (the match grows along a copy and falls back where the copy wraps), where ``M`` is
+``m(e*)``, or, when that reached ``n_max``, the chosen occurrence's full match length up to ``N_LONG``; ``total`` =
+end positions matching at least ``m(e*)`` tokens, ``count`` = those of them followed by the proposed first token
+(the same for every token).
 
 Memory: one ``[P, L + 1]`` int32 table (``P`` request-pool slots, ``L`` the context length; the last column is the
 trash column for writes past ``L``), the size of SGLang's own ``req_to_token`` table. Writes: the host copies a
@@ -196,9 +199,11 @@ def _proposals(rows: torch.Tensor, m: torch.Tensor, tc: torch.Tensor, best: torc
     """The copy after ``e_star`` (rows ``ok``) and its features, from the reversed match lengths ``m``."""
     dev, span = rows.device, rows.shape[1]
     j = torch.arange(k, device=dev)[None, :]
-    length = torch.where(ok, (tc - 1 - e_star).clamp(min=0, max=k), 0)
+    length = torch.where(ok, k, 0)
     keep = j < length[:, None]
-    copied = torch.gather(rows, 1, (e_star[:, None] + 1 + j).clamp(max=span - 1))     # int32, as the table
+    # the copy's distance D = T - 1 - e*: a copy that reaches the root goes on with its own first tokens
+    jj = j % (tc - 1 - e_star).clamp(min=1)[:, None]
+    copied = torch.gather(rows, 1, (e_star[:, None] + 1 + jj).clamp(max=span - 1))    # int32, as the table
     tokens = torch.where(keep, copied.to(torch.int64), -1)
     # occurrences as long as the chosen one; the successor c[e + 1] of column x >= 1 is c[S - x] (column 0, e = S - 1,
     # is never one: no committed token follows it inside the span)
@@ -212,7 +217,7 @@ def _proposals(rows: torch.Tensor, m: torch.Tensor, tc: torch.Tensor, best: torc
     zero = torch.zeros((rows.shape[0], k), dtype=torch.int64, device=dev)
     return LookupProposals(                                             # where(.., zero) widens the counts to int64
         tokens=tokens, length=length, depth=torch.where(keep, j + 1, 0),
-        match_len=torch.where(keep, match[:, None] + j, 0), count=torch.where(keep, count[:, None], zero),
+        match_len=torch.where(keep, match[:, None] + jj, 0), count=torch.where(keep, count[:, None], zero),
         total=torch.where(keep, total[:, None], zero), source=zero)
 
 
