@@ -217,7 +217,8 @@ class NgramDrafter:
     # -- drafts ------------------------------------------------------------------------------------------------
     def propose(self, req_ids, k: int | None = None) -> NgramDrafts:
         """Chain drafts of up to ``k`` tokens (default ``max_draft``) per request, copying after the most recent
-        occurrence of the longest matched suffix."""
+        occurrence of the longest matched suffix; a copy that reaches the end of the context continues over its own
+        drafted tokens (a context ending in a loop drafts the loop continued; docs/ngram.md, "Chain draft")."""
         if k is None:
             k = self.max_draft
         elif type(k) is not int:

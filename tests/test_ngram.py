@@ -178,6 +178,19 @@ def test_most_recent_occurrence_is_copied():
     assert dr.count[0].tolist() == [1, 1] and dr.total[0].tolist() == [2, 1]
 
 
+def test_a_copy_that_reaches_the_end_continues_as_the_loop_it_is():
+    """A context ending in a loop ("5 6 7" twice): the copy after the earlier "5 6 7" reaches the end of the text after
+    3 tokens; the chain goes on over its own drafted tokens (the match falls back to "5 6 7"), k tokens in all."""
+    d = NgramDrafter(max_draft=8, use_corpus=False)
+    d.start(0, [1, 2, 5, 6, 7, 5, 6, 7])
+    dr = d.propose([0], 8)
+    assert int(dr.lengths[0]) == 8 and dr.tokens[0].tolist() == [5, 6, 7] * 2 + [5, 6]
+    assert dr.match_len[0].tolist() == [3, 4, 5, 3, 4, 5, 3, 4]
+    # a copy that does not reach the end is unchanged: "1 2" then the text after it
+    d.start(1, [1, 2, 5, 6, 7, 9, 9, 1, 2])
+    assert d.propose([1], 4).tokens[0].tolist() == [5, 6, 7, 9]
+
+
 def test_long_match_has_no_cap():
     rng = np.random.default_rng(0)
     doc = random_context(rng, 3000, 50_000)

@@ -7,6 +7,7 @@ import dataclasses
 import os
 
 import numpy as np
+import torch
 import pytest
 
 from bench.replay import policies as P
@@ -1071,3 +1072,36 @@ def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch()
     closed = variants["blocking read, all four closed"]
     assert (closed.verify, closed.sync_us, closed.depth_lag, closed.ngram_lag, closed.host_time,
             closed.host_overlaps) == ("ragged_sync", 0.0, 1, 0, False, True)
+
+
+def test_price_at_the_batch_context_reads_the_roofline_there():
+    """``price_context="batch"`` (a design the decomposition prices): the price's tables are the charge's roofline
+    at the batch's mean context (rounded to 64 tokens), over the run's token counts, and its draft step too; the
+    launch's own ("start") are the run's tables, at the probe's context. Short contexts make verify tokens dearer
+    relative to the step (less KV to read), which is what misled the launch's price on short chat requests."""
+    core = _core_or_skip()
+    spec = replay_costs.gpu_cost_spec([128], 2048, max_width=13)
+    cost = spec.for_batch(128)
+    view = P.StepView(req=np.arange(128), pos=np.zeros(128, np.int64), root=np.zeros(128, np.int64), drafts=None,
+                      cost=cost.tables, requests=128, draft_step_s=cost.draft_step_s,
+                      context=np.tile([100, 200, 300, 420], 32))
+    start = replay_engine.EnginePolicy("h", "merge", 4, 12, core, replay_engine.EngineConfig())
+    start.reset(128, cost)
+    assert start._price_inputs(view) == (cost.tables, cost.draft_step_s)
+    batch = replay_engine.EnginePolicy("h", "merge", 4, 12, core, replay_engine.EngineConfig(price_context="batch"))
+    batch.reset(128, cost)
+    tables, draft_s = batch._price_inputs(view)
+    assert batch._price_inputs(view)[0] is tables                         # one table per rounded context
+    roof = cost.roof                                                      # mean 255 -> 256 tokens a request
+    ns = [128, 384, 1152]                                                 # widths 1, 3 and 9 at batch 128
+    assert tables.step_time(torch.as_tensor(ns)).tolist() == pytest.approx(
+        [roof.target_step_s(n, 128, 128 * 256) for n in ns], rel=1e-6)
+    assert draft_s == pytest.approx(roof.draft_step_s(128, 128 * 256))
+    at_start = cost.tables.step_time(torch.as_tensor(ns))
+    short = tables.step_time(torch.as_tensor(ns))
+    # at 2,048 tokens a request the KV reads dominate and width 9 costs little more than width 3; at 256 it costs more
+    assert float(short[2] / short[1]) > float(at_start[2] / at_start[1]) + 0.1
+    with pytest.raises(ValueError, match="price_context must be one of"):
+        replay_engine.EngineConfig(price_context="now")
+    with pytest.raises(ValueError, match="GPU cost spec"):
+        batch.reset(4, linear_cost(base=1.0, per_token=0.1, draft=0.05))

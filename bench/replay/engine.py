@@ -49,6 +49,10 @@ model offset       each HYBRID request's online offset on the EAGLE       same
 n-gram offset      the same on the n-gram side (the worker's setting       same
                    ``ngram_bias_eta``), learned from the request's last
                    n-gram chain
+price context      the step-time tables at the probe's context (the       same
+                   worker's ``PROFILE_CONTEXT``, ``--gpu-context``),
+                   whatever the batch holds; ``price_context="batch"``:
+                   a design, not built (``PRICE_CONTEXTS``)
 =================  =====================================================  ============================================
 
 Host time and launches: what each costs, and where it was measured, is in ``bench.replay.host``. The worker runs its
@@ -91,6 +95,15 @@ VERIFY_LAYOUTS = {
                     "not; verify graphs keyed by token tiers (token_tier), cost T(token tier of the sum of those "
                     "widths)"),
 }
+#: the context the price's step-time tables are at (``EngineConfig.price_context``)
+PRICE_CONTEXTS = {
+    "start": "the tables the launch measures at start, every request at the probe's context (the worker's "
+             "PROFILE_CONTEXT, the replay's --gpu-context), whatever the batch holds",
+    "batch": "a design, not built: the tables at the batch's own mean context, each step (the charge's roofline at "
+             "that context, rounded to PRICE_CONTEXT_QUANTUM tokens)",
+}
+#: tokens the "batch" price context is rounded to (one table per rounded context, built once per run)
+PRICE_CONTEXT_QUANTUM = 64
 #: the cost tables an as-built launch has (``EngineConfig.cost_tables``)
 COST_TABLES = {
     "given": "both cost tables given by the user: every width bucket and adaptive drafting (does not start on an "
@@ -161,10 +174,15 @@ class EngineConfig:
     #: "ragged_sync" only: how long the device idles per step while the host reads the node counts and launches what
     #: follows up to the verify graph (``RAGGED_SYNC_US``: the measured read plus the counted launches' dispatch)
     sync_us: float = RAGGED_SYNC_US
+    #: the context the price's tables are at (``PRICE_CONTEXTS``): "start" is what the worker runs; "batch" a design,
+    #: not built (it needs the charge's roofline: a GPU cost spec)
+    price_context: str = "start"
 
     def __post_init__(self):
         if self.cost_tables not in COST_TABLES:
             raise ValueError(f"cost_tables must be one of {tuple(COST_TABLES)}, got {self.cost_tables!r}")
+        if self.price_context not in PRICE_CONTEXTS:
+            raise ValueError(f"price_context must be one of {tuple(PRICE_CONTEXTS)}, got {self.price_context!r}")
         if self.verify not in VERIFY_LAYOUTS:
             raise ValueError(f"verify must be one of {tuple(VERIFY_LAYOUTS)}, got {self.verify!r}")
         if self.verify != "padded" and not self.as_built:
@@ -454,6 +472,12 @@ class EnginePolicy(P.Policy):
         """A fresh engine at ``batch`` requests; ``cost`` (``costs.BatchCost``): the step times the run is charged,
         whose table stands in for the one the default launch measures at start."""
         self.batch = batch
+        #: the roofline the run is charged with, and the price's tables built from it per rounded context ("batch")
+        self._roof = getattr(cost, "roof", None)
+        self._price_tables: dict = {}
+        if self.engine.price_context == "batch" and cost is not None and self._roof is None:
+            raise ValueError("price_context='batch' prices at the batch's context with the charge's roofline: use a "
+                             "GPU cost spec (--cost gpu), not a measured or user table")
         if self.widths is not None and self.engine.cost_tables == "measured":
             # the default launch's widths depend on what pays and what fits at this batch
             widths = self.engine.verify_widths(self.mode, self.num_steps, self.n_nodes, batch,
@@ -505,6 +529,23 @@ class EnginePolicy(P.Policy):
         tested, hit = chain_outcome(draft.tokens, draft.length, committed, n)
         return t.where(t.as_tensor(cont), update_bias(bias, acceptance, tested, hit, eta), 0.0)
 
+    def _price_inputs(self, view) -> tuple:
+        """(verify step-time tables, seconds of one draft forward) the price reads this step: the run's tables
+        (``price_context`` "start"), or the roofline's at the batch's mean context rounded to
+        ``PRICE_CONTEXT_QUANTUM`` tokens ("batch"), over the same token counts."""
+        if self.engine.price_context == "start" or view.context is None:
+            return view.cost, float(view.draft_step_s)
+        q = PRICE_CONTEXT_QUANTUM
+        ctx = max(q, int(round(float(np.mean(view.context)) / q)) * q)
+        if ctx not in self._price_tables:
+            from sglang_hybrid.cost import CostModel
+
+            r = len(view.req)
+            ns = np.arange(r, int(view.cost.sizes[-1]) + 1)
+            seconds = [self._roof.target_step_s(int(n), r, r * ctx) for n in ns]
+            self._price_tables[ctx] = (CostModel(ns, seconds).to("cpu"), self._roof.draft_step_s(r, r * ctx))
+        return self._price_tables[ctx]
+
     def _draft_cost(self, seconds: float):
         """One EAGLE draft forward at this batch size as the core's cost tables (constant in the batch: the replay
         runs one batch size at a time)."""
@@ -549,7 +590,8 @@ class EnginePolicy(P.Policy):
         depth = self.depth_pending.popleft() if self.depths is not None else self.num_steps
         self.depth_counts[depth] += 1
         etoks, eprobs = view.drafts.eagle(view.req, view.pos, depth)
-        draft_cost = self._draft_cost(float(view.draft_step_s)) if self.depths is not None else None
+        cost, draft_s = self._price_inputs(view)
+        draft_cost = self._draft_cost(draft_s) if self.depths is not None else None
         ngram = None
         if self.use_ngram:
             if self.late is not None:
@@ -568,7 +610,7 @@ class EnginePolicy(P.Policy):
             self._learn_ngram_bias(view)
             ngram_bias = self.ngram_bias
         if self.widths is None:
-            d = self.decide(root, model, ngram, cost=view.cost, check_values=False, draft_cost=draft_cost,
+            d = self.decide(root, model, ngram, cost=cost, check_values=False, draft_cost=draft_cost,
                             model_bias=bias, ngram_bias=ngram_bias)
             prop = P._tree_to_proposal(d.tree, P.draft_forwards(depth))
             if self.engine.as_built:
@@ -576,10 +618,10 @@ class EnginePolicy(P.Policy):
         else:
             width = self.pending.popleft() if self.engine.width_lag > 0 else None
             if width is None:   # lag 0 (a what-if): decide at full width, verify the chosen bucket this step
-                full = self.decide(root, model, ngram, cost=view.cost, check_values=False, draft_cost=draft_cost,
+                full = self.decide(root, model, ngram, cost=cost, check_values=False, draft_cost=draft_cost,
                                    model_bias=bias, ngram_bias=ngram_bias)
                 width = int(full.next_width)
-            d = self.decide(root, model, ngram, cost=view.cost, check_values=False, width=width,
+            d = self.decide(root, model, ngram, cost=cost, check_values=False, width=width,
                             draft_cost=draft_cost, model_bias=bias, ngram_bias=ngram_bias)
             if self.engine.width_lag > 0:
                 self.pending.append(int(d.next_width))
