@@ -1076,8 +1076,9 @@ def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch()
 
 def test_price_at_the_batch_context_reads_the_roofline_there():
     """``price_context="batch"`` (a design the decomposition prices): the price's tables are the charge's roofline
-    at the batch's mean context (rounded to 64 tokens), over the run's token counts, and its draft step too; the
-    launch's own ("start") are the run's tables, at the probe's context. Short contexts make verify tokens dearer
+    at the batch's mean context (rounded to 64 tokens), over the run's token counts, and its draft step too; "blend"
+    (the buildable form) blends two probes' tables linearly in that context; the launch's own ("start") are the
+    run's tables, at the probe's context. Short contexts make verify tokens dearer
     relative to the step (less KV to read), which is what misled the launch's price on short chat requests."""
     core = _core_or_skip()
     spec = replay_costs.gpu_cost_spec([128], 2048, max_width=13)
@@ -1101,6 +1102,20 @@ def test_price_at_the_batch_context_reads_the_roofline_there():
     short = tables.step_time(torch.as_tensor(ns))
     # at 2,048 tokens a request the KV reads dominate and width 9 costs little more than width 3; at 256 it costs more
     assert float(short[2] / short[1]) > float(at_start[2] / at_start[1]) + 0.1
+    # "blend": the two probes' tables (256 tokens a request and the run's 2,048), linear in the context: at 256 it is
+    # the short probe's, and a quarter of the way (704 tokens) a quarter of the long one's difference
+    blend = replay_engine.EnginePolicy("h", "merge", 4, 12, core, replay_engine.EngineConfig(price_context="blend"))
+    blend.reset(128, cost)
+    assert blend._price_inputs(view)[0].step_time(torch.as_tensor(ns)).tolist() == pytest.approx(short.tolist())
+    at_704 = blend._price_inputs(dataclasses.replace(view, context=np.full(128, 704)))
+    want = [roof.target_step_s(n, 128, 128 * 256) + 0.25 * (roof.target_step_s(n, 128, 128 * 2048)
+                                                          - roof.target_step_s(n, 128, 128 * 256)) for n in ns]
+    assert at_704[0].step_time(torch.as_tensor(ns)).tolist() == pytest.approx(want, rel=1e-6)
+    assert at_704[1] == pytest.approx(roof.draft_step_s(128, 128 * 256)
+                                      + 0.25 * (roof.draft_step_s(128, 128 * 2048) - roof.draft_step_s(128, 128 * 256)))
+    # past the longer probe the blend extrapolates, kept non-decreasing in n (a price needs no negative marginal cost)
+    far = blend._price_inputs(dataclasses.replace(view, context=np.full(128, 8192)))[0]
+    assert (far.seconds[1:] >= far.seconds[:-1]).all()
     with pytest.raises(ValueError, match="price_context must be one of"):
         replay_engine.EngineConfig(price_context="now")
     with pytest.raises(ValueError, match="GPU cost spec"):

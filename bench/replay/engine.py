@@ -51,8 +51,8 @@ n-gram offset      the same on the n-gram side (the worker's setting       same
                    n-gram chain
 price context      the step-time tables at the probe's context (the       same
                    worker's ``PROFILE_CONTEXT``, ``--gpu-context``),
-                   whatever the batch holds; ``price_context="batch"``:
-                   a design, not built (``PRICE_CONTEXTS``)
+                   whatever the batch holds; ``price_context`` "batch"
+                   or "blend": designs, not built (``PRICE_CONTEXTS``)
 =================  =====================================================  ============================================
 
 Host time and launches: what each costs, and where it was measured, is in ``bench.replay.host``. The worker runs its
@@ -101,9 +101,14 @@ PRICE_CONTEXTS = {
              "PROFILE_CONTEXT, the replay's --gpu-context), whatever the batch holds",
     "batch": "a design, not built: the tables at the batch's own mean context, each step (the charge's roofline at "
              "that context, rounded to PRICE_CONTEXT_QUANTUM tokens)",
+    "blend": "a design, not built: the tables of two start-up probes, at PRICE_BLEND_SHORT tokens a request and at "
+             "the probe's context, blended each step linearly by the batch's mean context (rounded as for 'batch'; "
+             "extrapolated past the longer probe, then raised to its running maximum; the shorter probe's below it)",
 }
-#: tokens the "batch" price context is rounded to (one table per rounded context, built once per run)
+#: tokens the "batch" and "blend" price contexts are rounded to (one table per rounded context, built once per run)
 PRICE_CONTEXT_QUANTUM = 64
+#: the "blend" design's shorter probe context, tokens a request (an eighth of the worker's PROFILE_CONTEXT)
+PRICE_BLEND_SHORT = 256
 #: the cost tables an as-built launch has (``EngineConfig.cost_tables``)
 COST_TABLES = {
     "given": "both cost tables given by the user: every width bucket and adaptive drafting (does not start on an "
@@ -174,8 +179,8 @@ class EngineConfig:
     #: "ragged_sync" only: how long the device idles per step while the host reads the node counts and launches what
     #: follows up to the verify graph (``RAGGED_SYNC_US``: the measured read plus the counted launches' dispatch)
     sync_us: float = RAGGED_SYNC_US
-    #: the context the price's tables are at (``PRICE_CONTEXTS``): "start" is what the worker runs; "batch" a design,
-    #: not built (it needs the charge's roofline: a GPU cost spec)
+    #: the context the price's tables are at (``PRICE_CONTEXTS``): "start" is what the worker runs; "batch" and "blend"
+    #: designs, not built (they need the charge's roofline: a GPU cost spec)
     price_context: str = "start"
 
     def __post_init__(self):
@@ -472,12 +477,12 @@ class EnginePolicy(P.Policy):
         """A fresh engine at ``batch`` requests; ``cost`` (``costs.BatchCost``): the step times the run is charged,
         whose table stands in for the one the default launch measures at start."""
         self.batch = batch
-        #: the roofline the run is charged with, and the price's tables built from it per rounded context ("batch")
+        #: the roofline the run is charged with, and the price's tables built from it per rounded context
         self._roof = getattr(cost, "roof", None)
         self._price_tables: dict = {}
-        if self.engine.price_context == "batch" and cost is not None and self._roof is None:
-            raise ValueError("price_context='batch' prices at the batch's context with the charge's roofline: use a "
-                             "GPU cost spec (--cost gpu), not a measured or user table")
+        if self.engine.price_context != "start" and cost is not None and self._roof is None:
+            raise ValueError(f"price_context={self.engine.price_context!r} prices at the batch's context with the "
+                             f"charge's roofline: use a GPU cost spec (--cost gpu), not a measured or user table")
         if self.widths is not None and self.engine.cost_tables == "measured":
             # the default launch's widths depend on what pays and what fits at this batch
             widths = self.engine.verify_widths(self.mode, self.num_steps, self.n_nodes, batch,
@@ -531,8 +536,8 @@ class EnginePolicy(P.Policy):
 
     def _price_inputs(self, view) -> tuple:
         """(verify step-time tables, seconds of one draft forward) the price reads this step: the run's tables
-        (``price_context`` "start"), or the roofline's at the batch's mean context rounded to
-        ``PRICE_CONTEXT_QUANTUM`` tokens ("batch"), over the same token counts."""
+        (``price_context`` "start"), or, at the batch's mean context rounded to ``PRICE_CONTEXT_QUANTUM`` tokens, the
+        roofline's there ("batch") or the blend of its two probes' ("blend"), over the same token counts."""
         if self.engine.price_context == "start" or view.context is None:
             return view.cost, float(view.draft_step_s)
         q = PRICE_CONTEXT_QUANTUM
@@ -542,9 +547,27 @@ class EnginePolicy(P.Policy):
 
             r = len(view.req)
             ns = np.arange(r, int(view.cost.sizes[-1]) + 1)
-            seconds = [self._roof.target_step_s(int(n), r, r * ctx) for n in ns]
-            self._price_tables[ctx] = (CostModel(ns, seconds).to("cpu"), self._roof.draft_step_s(r, r * ctx))
+            if self.engine.price_context == "batch":
+                seconds, draft = self._roofline_at(ns, r, ctx)
+            else:
+                lo, hi = PRICE_BLEND_SHORT, self._roof.context_tokens
+                (s_lo, d_lo), (s_hi, d_hi) = self._roofline_at(ns, r, lo), self._roofline_at(ns, r, hi)
+                w = max(0.0, (ctx - lo) / (hi - lo))
+                # extrapolated past the longer probe the blend can dip where the two tables' gap narrows with n:
+                # raised to its running maximum, as a measured table is (a price needs no negative marginal cost)
+                seconds = np.maximum.accumulate(s_lo + w * (s_hi - s_lo))
+                draft = d_lo + w * (d_hi - d_lo)
+            self._price_tables[ctx] = (CostModel(ns, seconds).to("cpu"), float(draft))
         return self._price_tables[ctx]
+
+    def _roofline_at(self, ns: np.ndarray, r: int, ctx: int) -> tuple:
+        """The charge's roofline at ``ctx`` tokens a request for ``r`` requests: (``T(n)`` for ``ns``, one draft
+        forward), cached per context."""
+        key = ("roof", ctx)
+        if key not in self._price_tables:
+            self._price_tables[key] = (np.array([self._roof.target_step_s(int(n), r, r * ctx) for n in ns]),
+                                       self._roof.draft_step_s(r, r * ctx))
+        return self._price_tables[key]
 
     def _draft_cost(self, seconds: float):
         """One EAGLE draft forward at this batch size as the core's cost tables (constant in the batch: the replay

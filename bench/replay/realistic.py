@@ -809,12 +809,11 @@ def decompose_variants(runner: Runner, cfg: Config, steps: int, k: int) -> list:
     variants += [(f"blocking read, {what}", dataclasses.replace(ragged, **kw)) for what, kw in closed.items()]
     variants.append(("blocking read, all four closed", dataclasses.replace(
         ragged, **{k: v for kw in closed.values() for k, v in kw.items()})))
-    # a design, not built: the price's tables at the batch's own context (the launch's are at the probe's 2,048
-    # tokens per request), padded and with the blocking read
-    variants += [("as built, price at the batch's context (a design)", dataclasses.replace(
-        base, price_context="batch")),
-                 ("blocking read, price at the batch's context (a design)", dataclasses.replace(
-                     ragged, price_context="batch"))]
+    # designs, not built: the price's tables at the batch's own context (the launch's are at the probe's 2,048
+    # tokens per request), exactly or as the blend of two start-up probes, padded and with the blocking read
+    variants += [(f"{launch}, price at the batch's context{how} (a design)", dataclasses.replace(
+        eng, price_context=ctx)) for launch, eng in (("as built", base), ("blocking read", ragged))
+        for ctx, how in (("batch", ""), ("blend", ", 2 probes"))]
     variants += [("ragged, own width read late, token tiers", dataclasses.replace(base, verify="ragged_late")),
                  ("ideal", dataclasses.replace(runner.engines["ideal"], num_steps=steps, ngram_k=k, n_nodes=n))]
     return variants
@@ -838,7 +837,7 @@ def decompose(runner: Runner, cfg: Config, title: str, columns: list) -> list:
     blocking read with one of its gaps to the ideal engine closed at a time (its stall, the depth lag of overlap
     scheduling, the n-gram proposal's lag, the n-gram host path), then all four. And a design, not built: the padded
     launch and the blocking read with the price's tables at the batch's own mean context (``price_context``
-    "batch"; the launch's are at the start-up probe's context).
+    "batch", exactly, and "blend", blended from two start-up probes; the launch's are at the probe's context).
     docs/sglang.md ("Ragged verify") chooses between them, and between them and the padded verify, with these rows, on
     the simulated drafter's sweep cells and on the real SmolLM2 trace."""
     if not columns:
