@@ -14,7 +14,9 @@ price equal within 1e-6 relative, survivals, acceptances and rates within 1e-5 (
 float32 log and exp differ between torch's vectorised functions and Triton's).
 
 ``--episodes N`` also runs the worker's whole step both ways (``run_steps``: ``HybridStep`` select, the verify input's
-links and mask, after_verify, over evolving batches), ``N`` episodes of 6 steps, each step counted as a batch.
+links and mask, after_verify, over evolving batches; cost tables at one context or at two, the kind measured at start,
+blended at each step's context: the blended tables must be equal too), ``N`` episodes of 6 steps, each step counted as
+a batch.
 
 ``--recorded`` also decides steps recorded from the CPU reference loop on real text (``run_recorded``: SmolLM2 and
 the shipped EAGLE head on code edits and chats).
@@ -264,9 +266,22 @@ def run_recorded(max_new: int = 24, seed: int = 0) -> dict:
             "first": first}
 
 
-def _step_settings(rng: np.random.Generator, tmp: str):
-    from sglang_hybrid.cost import CostModel
+def _table(rng: np.random.Generator, base: float, per_token: float):
+    """A linear table, or (half the time) one at two contexts (the kind measured at start) whose shorter context
+    costs less, with contexts inside the episodes' few dozen committed tokens so the blend moves from step to step."""
+    from sglang_hybrid.cost import ContextCostModel, CostModel
 
+    if rng.random() < 0.5:
+        return CostModel.linear(base, per_token)
+    sizes = np.unique(np.concatenate([[1], rng.integers(2, 200, size=int(rng.integers(0, 8))), [4096]]))
+    long = CostModel(sizes, base + per_token * sizes)
+    short_context = int(rng.integers(1, 20))
+    short = long.seconds * rng.uniform(0.3, 1.0, size=long.seconds.size)
+    return ContextCostModel(long.sizes, long.seconds, np.minimum.accumulate(short[::-1])[::-1], short_context,
+                            short_context + int(rng.integers(1, 40)))
+
+
+def _step_settings(rng: np.random.Generator, tmp: str):
     num_steps = int(rng.integers(1, 6))
     kw = dict(mode=str(rng.choice(["choose", "merge"])), ngram_k=int(rng.integers(1, 13)),
               context_lookup=bool(rng.random() < 0.8), log_interval=0)
@@ -274,10 +289,10 @@ def _step_settings(rng: np.random.Generator, tmp: str):
         kw["n_nodes"] = int(rng.integers(1, num_steps + kw["ngram_k"] + 2))
     if rng.random() < 0.7:
         kw["cost_table"] = f"{tmp}/cost.json"
-        CostModel.linear(float(rng.uniform(0.002, 0.02)), float(rng.uniform(1e-5, 5e-4))).save(kw["cost_table"])
+        _table(rng, float(rng.uniform(0.002, 0.02)), float(rng.uniform(1e-5, 5e-4))).save(kw["cost_table"])
         if num_steps >= 2 and rng.random() < 0.6:
             kw["draft_cost_table"] = f"{tmp}/draft.json"
-            CostModel.linear(float(rng.uniform(2e-4, 3e-3)), 1e-5).save(kw["draft_cost_table"])
+            _table(rng, float(rng.uniform(2e-4, 3e-3)), 1e-5).save(kw["draft_cost_table"])
     if rng.random() < 0.5:
         kw["model_bias_eta"] = 0.1
     if rng.random() < 0.5:
@@ -425,6 +440,10 @@ def _state_diff(pair) -> list[str]:
         bad.append("ngram_bias")
     if not torch.allclose(a.counters.totals, b.counters.totals, rtol=VALUE_RTOL, atol=1e-6):
         bad.append("counters")
+    for name in ("cost", "draft_cost"):            # the tables blended at the batch's context: exactly alike
+        x, y = getattr(a, name), getattr(b, name)
+        if x is not None and not (torch.equal(x.seconds, y.seconds) and torch.equal(x._seg_slope, y._seg_slope)):
+            bad.append(name)
     return bad
 
 

@@ -16,9 +16,11 @@ decision paths the worker has (setting ``decision_kernels``):
   kernel launch, so the count is an upper bound on launches per step.
 
 Configurations: ``choose`` and ``merge``, each with no plan (no cost tables: the full width every step), the width
-plan (a cost table) and the width and depth plans (both tables, the replay's as-built HYBRID), 4 EAGLE steps,
-ngram_k 8. The model-only adaptive baseline of the replay (the core's ``DecisionStep`` without an n-gram side, the
-same tree links and mask) is counted too: the replay charges each policy its own count (``bench.replay.engine``).
+plan (a cost table), the width and depth plans (both tables, a user's), and both plans with the tables the README's
+launch measures at start (two contexts each, blended at each batch's context first: one launch more on the fused path;
+the replay's as-built HYBRID), 4 EAGLE steps, ngram_k 8. The model-only adaptive baseline of the replay (the core's
+``DecisionStep`` without an n-gram side, the same tree links and mask) is counted too: the replay charges each policy
+its own count (``bench.replay.engine``).
 
 Why it matters: eagerly, each launch costs several microseconds of host time on a GPU and a couple of microseconds of
 GPU time even when tiny; a count in the hundreds is milliseconds per step on the critical path (the engine issue
@@ -46,8 +48,10 @@ K, STEPS, VOCAB = 8, 4, 32000
 CONTEXT = 2048
 #: the fused-kernel target of the engine issue: launches per decision step
 TARGET = 12
-#: (name, cost table, draft cost table) of the counted configurations
-PLANS = (("no plan", False, False), ("width plan", True, False), ("width + depth plans", True, True))
+#: (name, cost table, draft cost table, both at two contexts) of the counted configurations: the last is the README's
+#: launch, whose tables are measured at start at two contexts and blended at each batch's context
+PLANS = (("no plan", False, False, False), ("width plan", True, False, False),
+         ("width + depth plans", True, True, False), ("both plans, measured at start", True, True, True))
 
 
 #: ATen operators that only allocate or make views: no kernel runs (an instance whose children do run one counts)
@@ -182,10 +186,13 @@ def _memo(fn):
 
 @_memo
 def hybrid_launches(b: int, mode: str = "merge", num_steps: int = STEPS, ngram_k: int = K, width_plan: bool = True,
-                    depth_plan: bool = True, context: int = CONTEXT, kernels: str = "fused") -> int:
+                    depth_plan: bool = True, context: int = CONTEXT, measured: bool = False,
+                    kernels: str = "fused") -> int:
     """Launches of one HYBRID decode step of the worker (``HybridStep``) for ``b`` requests with decision path
-    ``kernels`` ("fused": counted in a subprocess under Triton's interpreter; "torch": its ATen operators)."""
-    args = (b, mode, num_steps, ngram_k, width_plan, depth_plan, context)
+    ``kernels`` ("fused": counted in a subprocess under Triton's interpreter; "torch": its ATen operators).
+    ``measured``: the plans' tables are the kind measured at start (``cost.ContextCostModel``: two contexts, blended
+    at each batch's), not a user's at one context."""
+    args = (b, mode, num_steps, ngram_k, width_plan, depth_plan, context, measured)
     if kernels == "fused":
         if os.environ.get("TRITON_INTERPRET") == "1":
             return _hybrid_count(*args, "fused")
@@ -255,8 +262,17 @@ def _serve_counts() -> None:
         print(f"count {_hybrid_count(*json.loads(line), 'fused')}", flush=True)
 
 
-def _hybrid_count(b, mode, num_steps, ngram_k, width_plan, depth_plan, context, kernels) -> int:
-    from sglang_hybrid.cost import CostModel
+def _table(base: float, per_token: float, measured: bool):
+    """A linear table; ``measured``: at two contexts, the shorter one's a little cheaper, as measured at start."""
+    from sglang_hybrid.cost import ContextCostModel, CostModel
+
+    long = CostModel.linear(base, per_token)
+    if not measured:
+        return long
+    return ContextCostModel(long.sizes, long.seconds, long.seconds * 0.8, 256, 2048)
+
+
+def _hybrid_count(b, mode, num_steps, ngram_k, width_plan, depth_plan, context, measured, kernels) -> int:
     from sglang_hybrid.sglang_plugin.config import HybridSettings
     from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
 
@@ -264,10 +280,10 @@ def _hybrid_count(b, mode, num_steps, ngram_k, width_plan, depth_plan, context, 
         kw = {}
         if width_plan:
             kw["cost_table"] = str(Path(tmp) / "cost.json")
-            CostModel.linear(0.01, 0.0001).save(kw["cost_table"])
+            _table(0.01, 0.0001, measured).save(kw["cost_table"])
         if depth_plan:
             kw["draft_cost_table"] = str(Path(tmp) / "draft.json")
-            CostModel.linear(0.001, 0.00001).save(kw["draft_cost_table"])
+            _table(0.001, 0.00001, measured).save(kw["draft_cost_table"])
         settings = HybridSettings(mode=mode, ngram_k=ngram_k, decision_kernels=kernels, **kw)
         with _one_thread():
             step = HybridStep(settings, num_steps=num_steps, pool_size=max(b, 1), device="cpu",
@@ -277,12 +293,11 @@ def _hybrid_count(b, mode, num_steps, ngram_k, width_plan, depth_plan, context, 
 
 
 @_memo
-def model_only_launches(b: int, k: int = STEPS) -> int:
+def model_only_launches(b: int, k: int = STEPS, measured: bool = False) -> int:
     """ATen operators of one step of the replay's model-only adaptive baseline for ``b`` requests: the core's
     ``DecisionStep`` on an EAGLE chain of ``k`` (no n-gram side) at a width bucket, with the verify tree links and
-    mask."""
+    mask; ``measured``: its table measured at start as the worker's (two contexts), blended at the batch's first."""
     from sglang_hybrid.calibration import ModelCalibration
-    from sglang_hybrid.cost import CostModel
     from sglang_hybrid.sglang_plugin.verify_input import full_mask, tree_links_torch
     from sglang_hybrid.step import DecisionStep, ModelDraft
     from sglang_hybrid.widths import default_buckets
@@ -290,7 +305,7 @@ def model_only_launches(b: int, k: int = STEPS) -> int:
     widths = default_buckets(k + 1)
     decide = DecisionStep(mode="choose", n_nodes=k, model_calibration=ModelCalibration.identity().to("cpu"),
                           widths=widths)
-    cost = CostModel.linear(0.01, 0.0001).to("cpu")
+    cost = _table(0.01, 0.0001, measured).to("cpu")
     g = torch.Generator().manual_seed(b)
     root = torch.randint(0, VOCAB, (b,), generator=g)
     model = ModelDraft(torch.randint(0, VOCAB, (b, k), generator=g), torch.rand((b, k), generator=g),
@@ -299,6 +314,8 @@ def model_only_launches(b: int, k: int = STEPS) -> int:
     w = widths[len(widths) // 2]
 
     def one_step():
+        if measured:
+            cost.follow(seq)
         d = decide(root, model, None, cost=cost, check_values=False, width=w)
         tree_links_torch(d.tree.ancestors, seq)
         full_mask(d.tree.ancestors, seq, int(b * 101))
@@ -329,16 +346,17 @@ def main(argv=None) -> int:
     batches = [int(x) for x in args.batches.split(",")]
     print("Launches per decode step (HybridStep.select + verify-input node tokens, tree links and mask + "
           f"after_verify), CPU profiler; {STEPS} EAGLE steps, ngram_k {K}, prompt-lookup context {CONTEXT}")
-    print(f"{'configuration':<52}" + "".join(f"{'B=' + str(b):>10}" for b in batches))
+    print(f"{'configuration':<62}" + "".join(f"{'B=' + str(b):>10}" for b in batches))
     counts = {}
     for kernels, label in (("fused", "kernel launches, fused"), ("torch", "ATen operators, torch")):
         for mode in ("choose", "merge"):
-            for plan, wp, dp in PLANS:
-                row = [hybrid_launches(b, mode, width_plan=wp, depth_plan=dp, kernels=kernels) for b in batches]
+            for plan, wp, dp, measured in PLANS:
+                row = [hybrid_launches(b, mode, width_plan=wp, depth_plan=dp, kernels=kernels, measured=measured)
+                       for b in batches]
                 counts[(kernels, mode, plan)] = row
-                print(f"{label + ', ' + mode + ', ' + plan:<52}" + "".join(f"{n:>10}" for n in row))
-    mo = [model_only_launches(b) for b in batches]
-    print(f"{'ATen operators, model-only adaptive (replay)':<52}" + "".join(f"{n:>10}" for n in mo))
+                print(f"{label + ', ' + mode + ', ' + plan:<62}" + "".join(f"{n:>10}" for n in row))
+    mo = [model_only_launches(b, measured=True) for b in batches]
+    print(f"{'ATen operators, model-only adaptive (replay), measured':<62}" + "".join(f"{n:>10}" for n in mo))
     fused = [row for (k, *_), row in counts.items() if k == "fused"]
     const = all(len(set(row)) == 1 for row in counts.values())
     print(f"{'MET' if const else 'MISSED'}: launch count independent of batch size")

@@ -100,6 +100,8 @@ class CostModel:
 
     @classmethod
     def from_json(cls, obj, where: str = "cost table") -> "CostModel":
+        """The table in ``obj`` (``to_json``'s form); a ``ContextCostModel`` where it has the fields of one
+        (``short_context``, ``long_context``, ``short_seconds``)."""
         _checks.file_header(obj, FORMAT, VERSION, where, CostFileError)
         for k in ("sizes", "seconds"):
             if not isinstance(obj.get(k), list):
@@ -107,8 +109,16 @@ class CostModel:
         meta = obj.get("meta", {})
         if not isinstance(meta, dict):
             raise CostFileError(f"{where}: 'meta' must be an object")
+        two = [k for k in ContextCostModel.FIELDS if k in obj]
         try:
-            return cls(obj["sizes"], obj["seconds"], meta)
+            if not two:
+                return cls(obj["sizes"], obj["seconds"], meta)
+            if len(two) < len(ContextCostModel.FIELDS):
+                missing = sorted(set(ContextCostModel.FIELDS) - set(two))
+                raise CostFileError(f"a table at two contexts needs {list(ContextCostModel.FIELDS)}, missing "
+                                    f"{missing}")
+            return ContextCostModel(obj["sizes"], obj["seconds"], obj["short_seconds"], obj["short_context"],
+                                    obj["long_context"], meta)
         except CostFileError as e:
             raise CostFileError(f"{where}: {e}") from None
 
@@ -123,21 +133,68 @@ class CostModel:
         return cls([1, max_tokens], [base + per_token, base + per_token * max_tokens], meta)
 
 
+class ContextCostModel(CostModel):
+    """Two step-time tables over the same batch-token sizes, measured with every request at ``short_context`` and at
+    ``long_context`` tokens; priced each step at the batch's own mean context (``ContextCostTables.follow``).
+
+    Why: verify attention grows with the context, so a table measured at one context misprices a batch that holds
+    another: measured at start with every request at 2,048 tokens, it priced the real SmolLM2 chat trace's batch of
+    128 requests (about 310 tokens each) as if each slot cost what it costs at 2,048, chose a wider verify than pays,
+    and fell below no speculation there (SIMULATED, docs/benchmarks.md section 1, "The price's context"). Two probes
+    and a linear blend by context (attention's cost is linear in the tokens it reads) follow any batch; extrapolated
+    past ``long_context`` (raised to its running maximum, so the price never meets a negative marginal cost), flat at
+    ``short_context`` below it (the weights' reads, which every context pays, dominate there).
+
+    As a ``CostModel`` it is the table at ``long_context`` (``sizes``, ``seconds``): what start-up choices read
+    (which width buckets pay, ``widths.paying_extras``), as they did before a second probe. Contract: a longer
+    context never costs less, so ``seconds`` is raised to ``short_seconds`` where timing noise put it below."""
+
+    #: the fields a cost file holds for a table at two contexts, beside ``sizes`` and ``seconds``
+    FIELDS = ("short_context", "long_context", "short_seconds")
+
+    def __init__(self, sizes, seconds, short_seconds, short_context: int, long_context: int,
+                 meta: Optional[dict] = None):
+        super().__init__(sizes, seconds, meta)
+        sizes_short, self.short_seconds = _validate(sizes, short_seconds)
+        for name, c in (("short_context", short_context), ("long_context", long_context)):
+            if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1:
+                raise CostFileError(f"{name} must be a positive int (tokens a request), got {c!r}")
+        if not short_context < long_context:
+            raise CostFileError(f"short_context ({short_context}) must be below long_context ({long_context})")
+        self.short_context, self.long_context = int(short_context), int(long_context)
+        self.seconds = np.maximum(self.seconds, self.short_seconds)
+
+    def at(self, context: float) -> CostModel:
+        """The host table at ``context`` tokens a request (``ContextCostTables.follow``'s rule, in float64)."""
+        w = max(0.0, (float(context) - self.short_context) / (self.long_context - self.short_context))
+        blended = self.short_seconds + w * (self.seconds - self.short_seconds)
+        return CostModel(self.sizes, np.maximum.accumulate(blended), self.meta)
+
+    def to(self, device=None) -> "ContextCostTables":
+        f32 = torch.float32
+        return ContextCostTables(torch.as_tensor(self.sizes, dtype=f32, device=device),
+                                 torch.as_tensor(self.short_seconds, dtype=f32, device=device),
+                                 torch.as_tensor(self.seconds, dtype=f32, device=device),
+                                 self.short_context, self.long_context)
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "short_context": self.short_context, "long_context": self.long_context,
+                "short_seconds": [float(v) for v in self.short_seconds]}
+
+
 class CostTables:
     """Device copy of a ``CostModel``: ``step_time(n)`` with bucketize + gathers only."""
 
     def __init__(self, sizes: torch.Tensor, seconds: torch.Tensor):
         self.sizes = sizes
         self.seconds = seconds
-        n = sizes.numel()
-        if n >= 2:
-            self.slopes = (seconds[1:] - seconds[:-1]) / (sizes[1:] - sizes[:-1])
-        else:
-            self.slopes = torch.zeros(1, dtype=torch.float32, device=sizes.device)
         # slope used per segment index 0..n: segment 0 (below sizes[0]) is flat, segment n extrapolates the last
         zero = torch.zeros(1, dtype=torch.float32, device=sizes.device)
-        self._seg_slope = torch.cat([zero, self.slopes, self.slopes[-1:]]) if n >= 2 else torch.zeros(
-            2, dtype=torch.float32, device=sizes.device)
+        if sizes.numel() >= 2:
+            slopes = (seconds[1:] - seconds[:-1]) / (sizes[1:] - sizes[:-1])
+            self._seg_slope = torch.cat([zero, slopes, slopes[-1:]])
+        else:
+            self._seg_slope = torch.zeros(2, dtype=torch.float32, device=sizes.device)
 
     @property
     def device(self):
@@ -191,7 +248,7 @@ def profile(fn: Callable[[int], object], sizes: Sequence[int], warmup: int = 2, 
 
 def profile_interleaved(fn: Callable[[int], object], sizes: Sequence[int], rounds: int = 2,
                         sync: Optional[Callable[[], None]] = None, meta: Optional[dict] = None,
-                        monotone: bool = False) -> CostModel:
+                        monotone: bool = False, warmup: bool = True) -> CostModel:
     """Time ``fn(n)`` at each probe size in ``rounds`` round-robin passes over the sizes, after one warm-up call at
     the smallest; the minimum per size.
 
@@ -202,13 +259,15 @@ def profile_interleaved(fn: Callable[[int], object], sizes: Sequence[int], round
     adds time).
     ``sync`` as in ``profile``. ``monotone``: each size's time is raised to the largest time of the sizes below it
     (a running maximum), so that a noisy sample can never make the table decrease (which ``CostModel`` refuses beyond
-    ``MAX_NOISE_DROP``): for a table measured where no one can rerun it by hand."""
+    ``MAX_NOISE_DROP``): for a table measured where no one can rerun it by hand. ``warmup`` False: no warm-up call,
+    for a second table timed right after a first at the same sizes, whose calls already paid those costs."""
     sizes = sorted(int(n) for n in sizes)
     if not sizes:
         raise ValueError("profile_interleaved: need at least one probe size")
     if rounds < 1:
         raise ValueError("profile_interleaved: rounds must be >= 1")
-    fn(sizes[0])
+    if warmup:
+        fn(sizes[0])
     times: dict = {n: [] for n in sizes}
     for _ in range(rounds):
         for n in sizes:
@@ -216,7 +275,7 @@ def profile_interleaved(fn: Callable[[int], object], sizes: Sequence[int], round
                 sync()                      # the warm-up's asynchronous work is not this call's
             times[n].append(_timed_call(fn, n, sync))
     m = dict(meta or {})
-    m.setdefault("warmup", "one call at the smallest size")
+    m.setdefault("warmup", "one call at the smallest size" if warmup else "none (the sizes' calls were warm)")
     m.setdefault("rounds", rounds)
     m.setdefault("statistic", "minimum over interleaved rounds" + (", then running maximum" if monotone else ""))
     secs = np.array([min(times[n]) for n in sizes])
@@ -253,3 +312,37 @@ def cost_from_one_batch(path) -> CostModel:
     secs = [sorted(by_bs[b])[len(by_bs[b]) // 2] for b in sizes]
     return CostModel(sizes, secs, {"source": "sglang.benchmark.one_batch_server", "file": str(path),
                                    "rule": "T(b) = b / last_gen_throughput"})
+
+
+class ContextCostTables(CostTables):
+    """Device copy of a ``ContextCostModel``: ``step_time`` reads the table blended at the context of the batch last
+    given to ``follow`` (at ``long_context`` until then).
+
+    The blend is written in place into ``seconds`` and the segment slopes, so whatever reads them (``step_time``, the
+    fused decision's kernels) sees it without new tensors: fixed addresses, no allocation, no host sync per step."""
+
+    def __init__(self, sizes: torch.Tensor, short_seconds: torch.Tensor, long_seconds: torch.Tensor,
+                 short_context: int, long_context: int):
+        super().__init__(sizes, long_seconds.clone())
+        self.short_seconds = short_seconds
+        self.long_seconds = long_seconds
+        self.short_context, self.long_context = int(short_context), int(long_context)
+        f32 = torch.float32
+        #: the blend's constants as float32 tensors, so the torch rule and the kernel (``kernels.cost_context``)
+        #: compute the same float32 operations on the same values
+        self._c_short = torch.tensor(float(short_context), dtype=f32, device=sizes.device)
+        self._c_span = torch.tensor(float(long_context - short_context), dtype=f32, device=sizes.device)
+
+    def follow(self, seq_lens: torch.Tensor) -> None:
+        """Price at the mean of ``seq_lens`` (committed tokens per request, the batch's rows): with
+        ``w = max(0, (mean - short_context) / (long_context - short_context))``, ``seconds`` becomes the running
+        maximum of ``short + w * (long - short)``, and the slopes follow. Device operators only (static shapes, no
+        sync); ``kernels.follow_context`` is the same rule in one launch."""
+        mean = seq_lens.sum().to(torch.float32) / seq_lens.numel()
+        w = ((mean - self._c_short) / self._c_span).clamp(min=0.0)
+        blended = torch.cummax(self.short_seconds + w * (self.long_seconds - self.short_seconds), 0).values
+        self.seconds.copy_(blended)
+        if self.sizes.numel() >= 2:
+            slopes = (blended[1:] - blended[:-1]) / (self.sizes[1:] - self.sizes[:-1])
+            self._seg_slope[1:-1].copy_(slopes)
+            self._seg_slope[-1:].copy_(slopes[-1:])

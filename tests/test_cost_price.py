@@ -224,3 +224,52 @@ def test_price_bad_input():
         price_device(torch.tensor([[0.5]]), -1, ct)
     with pytest.raises(ValueError, match="cost tables are on"):
         price_device(torch.zeros((1, 1), device="meta"), 1, ct)
+
+
+def _two_contexts() -> "cost_mod.ContextCostModel":
+    """Sizes 4..64; at 256 tokens a request flat, at 2,048 rising, and 5 % below the short table at 16 (noise)."""
+    sizes = [4, 8, 16, 32, 64]
+    return cost_mod.ContextCostModel(sizes, [1.0, 1.2, 1.9, 3.0, 5.0], [1.0, 1.0, 2.0, 2.1, 2.2], 256, 2048)
+
+
+def test_two_context_table_blends_by_the_batch_context_on_device_as_on_host():
+    """``ContextCostTables.follow`` (device) equals ``ContextCostModel.at`` (host): the short table at or below the
+    short context, the long one at the long context, linear between, extrapolated past it and raised to its running
+    maximum; the long table is raised to the short one where noise put it below."""
+    m = _two_contexts()
+    assert m.seconds.tolist() == [1.0, 1.2, 2.0, 3.0, 5.0]          # raised to the short table at 16
+    dev = m.to()
+    n = torch.tensor([1, 4, 6, 8, 12, 16, 24, 32, 48, 64, 100])
+    assert np.allclose(dev.step_time(n).numpy(), m.step_time_np(n.numpy()), rtol=1e-6)   # the long one until told
+    for seq in ([10, 20, 30], [256, 256], [1000, 1200, 500], [2048], [4000, 3000], [9000, 9000]):
+        dev.follow(torch.tensor(seq))
+        host = m.at(float(np.mean(seq)))
+        assert np.allclose(dev.step_time(n).numpy(), host.step_time_np(n.numpy()), rtol=1e-6), seq
+        assert np.all(np.diff(host.step_time_np(n.numpy())) >= 0), seq        # never a negative marginal cost
+    assert m.at(10).seconds.tolist() == m.at(256).seconds.tolist() == [1.0, 1.0, 2.0, 2.1, 2.2]
+    assert np.allclose(m.at(2048).seconds, m.seconds)
+    assert np.allclose(m.at(1152).seconds, [1.0, 1.1, 2.0, 2.55, 3.6])       # halfway
+    # past the long context a table whose gap between the probes narrows with n would dip: held at its maximum
+    dip = cost_mod.ContextCostModel([1, 2], [1.0, 2.0], [0.5, 1.9], 100, 200)
+    assert dip.at(500).seconds.tolist() == [2.5, 2.5]               # 0.5 + 4 * 0.5 = 2.5, 1.9 + 4 * 0.1 = 2.3
+
+
+def test_two_context_table_file_roundtrip_and_errors(tmp_path):
+    m = _two_contexts()
+    p = tmp_path / "cost.json"
+    m.save(p)
+    got = CostModel.load(p)
+    assert isinstance(got, cost_mod.ContextCostModel)
+    assert (got.short_context, got.long_context) == (256, 2048)
+    assert got.short_seconds.tolist() == m.short_seconds.tolist() and got.seconds.tolist() == m.seconds.tolist()
+    obj = json.loads(p.read_text())
+    del obj["short_seconds"]
+    p.write_text(json.dumps(obj))
+    with pytest.raises(CostFileError, match=r"missing \['short_seconds'\]"):
+        CostModel.load(p)
+    with pytest.raises(CostFileError, match="must be below"):
+        cost_mod.ContextCostModel([1, 2], [1.0, 2.0], [1.0, 2.0], 300, 300)
+    with pytest.raises(CostFileError, match="short_context must be a positive int"):
+        cost_mod.ContextCostModel([1, 2], [1.0, 2.0], [1.0, 2.0], 0, 300)
+    with pytest.raises(CostFileError, match="2 sizes but 1 seconds"):
+        cost_mod.ContextCostModel([1, 2], [1.0, 2.0], [1.0], 10, 300)

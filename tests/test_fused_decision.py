@@ -94,7 +94,7 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
         from triton.runtime.interpreter import InterpretedFunction
         from sglang_hybrid import kernels
         from sglang_hybrid.calibration import NgramCalibration
-        from sglang_hybrid.cost import CostModel
+        from sglang_hybrid.cost import ContextCostModel
         from sglang_hybrid.sglang_plugin import alignment
         from sglang_hybrid.sglang_plugin.config import HybridSettings
         from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
@@ -128,12 +128,14 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
         saved = {n: getattr(torch.Tensor, n) for n in names}
 
         tmp = tempfile.mkdtemp()
-        CostModel.linear(0.01, 1e-4).save(tmp + "/c.json")
-        CostModel.linear(1e-3, 1e-5).save(tmp + "/d.json")
+        # tables at two contexts, as measured at start: the step blends them at its batch's context in place
+        ContextCostModel([1, 64, 4096], [0.0101, 0.0164, 0.4196], [0.01, 0.012, 0.3], 16, 128).save(tmp + "/c.json")
+        ContextCostModel([1, 8, 64], [1e-3, 1.2e-3, 2e-3], [1e-3, 1.1e-3, 1.5e-3], 16, 128).save(tmp + "/d.json")
         st = HybridStep(HybridSettings(mode="merge", ngram_k=6, cost_table=tmp + "/c.json",
                                        draft_cost_table=tmp + "/d.json", model_bias_eta=0.1, log_interval=0),
                         num_steps=4, pool_size=8, device="cpu", max_context_len=256)
         assert st.fused is not None
+        long_seconds = st.cost.seconds.clone()
         b = 5
         slots, seq = torch.arange(b), torch.full((b,), 40)
         gen = torch.zeros(b, dtype=torch.int64)
@@ -167,6 +169,7 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
             for n in makers:
                 setattr(torch, n, saved_makers[n])
         same_place = st.workspace.nbytes == held and second.tree.tokens.data_ptr() == ptr
+        followed = bool((st.cost.seconds < long_seconds).any())     # 40 tokens a request: priced below 128's
         # replayable as one graph: captured once, then three steps on new drafts, each the same launches and
         # operators on the same buffers (the CPU's trace-checked replay, ragged.graph_capture; raises otherwise)
         from sglang_hybrid.sglang_plugin.ragged.graph_capture import TracedEagerCapture
@@ -193,9 +196,10 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
         except ValueError as e:
             errors.append(str(e))
         print(json.dumps({"reads": reads, "steps": st.counters.decision_steps, "errors": errors,
-                          "same_place": same_place, "traced_replays": cap.replays["step"]}))
+                          "same_place": same_place, "traced_replays": cap.replays["step"], "followed": followed}))
     """)
     assert res["reads"] == [] and res["steps"] == {"fused": 6}, res
+    assert res["followed"], res
     assert res["traced_replays"] == 3, res
     assert res["same_place"], res                      # the second step reused the first one's buffers
     assert len(res["errors"]) == 3, res["errors"]
@@ -204,16 +208,58 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
     assert "n-gram chain" in res["errors"][2]
 
 
-@pytest.mark.parametrize("mode,width_plan,depth_plan", [("merge", True, True), ("choose", False, False)])
-def test_fused_step_launches_at_most_twelve(mode, width_plan, depth_plan):
+def test_fused_context_blend_equals_torch():
+    """``kernels.follow_context`` (one launch for both tables) writes exactly what ``ContextCostTables.follow`` does,
+    on random tables of 1 to 16 entries and batches whose mean context lies below, between and past the probes'."""
+    res = _interpreted("""
+        import json
+        import numpy as np, torch
+        from sglang_hybrid import kernels
+        from sglang_hybrid.cost import ContextCostModel
+
+        rng = np.random.default_rng(5)
+        def table():
+            ns = int(rng.integers(1, 17))
+            sizes = np.cumsum(rng.integers(1, 60, ns))
+            short = np.cumsum(rng.random(ns)) + 0.01
+            long = short + np.cumsum(rng.random(ns)) * rng.random()
+            lo = int(rng.integers(1, 400))
+            return ContextCostModel(sizes, long, short, lo, lo + int(rng.integers(1, 3000)))
+        cases, failed = 0, []
+        for i in range(60):
+            verify, draft = table(), table()
+            seq = torch.as_tensor(rng.integers(1, 8000, int(rng.integers(1, 700))))
+            which = (True, True) if i % 3 == 0 else (True, False) if i % 3 == 1 else (False, True)
+            fused = [m.to("cpu") if on else None for m, on in zip((verify, draft), which)]
+            ref = [m.to("cpu") if on else None for m, on in zip((verify, draft), which)]
+            kernels.follow_context(seq, *fused)
+            for f, r in zip(fused, ref):
+                if r is not None:
+                    r.follow(seq)
+                    cases += 1
+                    if not (torch.equal(f.seconds, r.seconds) and torch.equal(f._seg_slope, r._seg_slope)):
+                        failed.append(i)
+        print(json.dumps({"cases": cases, "failed": failed}))
+    """)
+    assert res["cases"] == 80 and res["failed"] == [], res
+
+
+@pytest.mark.parametrize("mode,width_plan,depth_plan,measured", [("merge", True, True, True),
+                                                                  ("merge", True, True, False),
+                                                                  ("choose", False, False, False)])
+def test_fused_step_launches_at_most_twelve(mode, width_plan, depth_plan, measured):
     """The worker's whole device step on the fused path (``bench.step_launches``): at most 12 launches, the same at
-    batch 1 and 32, where the torch path dispatches hundreds of operators."""
+    batch 1 and 32, where the torch path dispatches hundreds of operators; the tables measured at start (two
+    contexts) cost one launch more than a user's, their blend at the batch's context."""
     from bench import step_launches
 
-    fused = [step_launches.hybrid_launches(b, mode, width_plan=width_plan, depth_plan=depth_plan) for b in (1, 32)]
+    kw = dict(width_plan=width_plan, depth_plan=depth_plan, measured=measured)
+    fused = [step_launches.hybrid_launches(b, mode, **kw) for b in (1, 32)]
     assert fused[0] == fused[1] <= step_launches.TARGET, fused
-    torch_ops = step_launches.hybrid_launches(1, mode, width_plan=width_plan, depth_plan=depth_plan, kernels="torch")
+    torch_ops = step_launches.hybrid_launches(1, mode, kernels="torch", **kw)
     assert torch_ops > 20 * fused[0]
+    if measured:
+        assert fused[0] == step_launches.hybrid_launches(1, mode, width_plan=True, depth_plan=True) + 1
 
 
 def test_fused_setting_names_itself_where_triton_cannot_run():

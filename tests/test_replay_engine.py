@@ -162,11 +162,11 @@ def test_fused_launch_counter_serves_many_counts_and_names_a_failed_one():
     from bench import step_launches
 
     counter = step_launches._FusedCounter()
-    args = (1, "merge", 1, 1, False, False, 256)
+    args = (1, "merge", 1, 1, False, False, 256, False)
     assert counter.count(args) == counter.count(args) == step_launches.hybrid_launches(*args)
     first = counter.proc.pid
     with pytest.raises(RuntimeError, match="counting the fused step .*mode"):
-        counter.count((1, "no-such-mode", 1, 1, False, False, 256))
+        counter.count((1, "no-such-mode", 1, 1, False, False, 256, False))
     assert counter.count(args) == step_launches.hybrid_launches(*args) and counter.proc.pid != first
 
 
@@ -1074,49 +1074,61 @@ def test_realistic_decomposition_prices_both_ragged_designs_against_the_launch()
             closed.host_overlaps) == ("ragged_sync", 0.0, 1, 0, False, True)
 
 
-def test_price_at_the_batch_context_reads_the_roofline_there():
-    """``price_context="batch"`` (a design the decomposition prices): the price's tables are the charge's roofline
-    at the batch's mean context (rounded to 64 tokens), over the run's token counts, and its draft step too; "blend"
-    (the buildable form) blends two probes' tables linearly in that context; the launch's own ("start") are the
-    run's tables, at the probe's context. Short contexts make verify tokens dearer
-    relative to the step (less KV to read), which is what misled the launch's price on short chat requests."""
+def test_price_follows_the_batch_context_as_the_worker_blends_it():
+    """The price's context (``EngineConfig.price_at``). The README's launch ("measured" tables) prices with the
+    worker's own ``ContextCostTables``: two probes' tables (the roofline at 256 and at 2,048 tokens a request, the
+    worker's ``profile_contexts``), blended at each step's mean context by its ``follow``. A user's tables ("given")
+    are at one context, the run's ("start"). The design "batch" reads the roofline at the batch's mean context rounded
+    to 64 tokens. Short contexts make verify tokens dearer relative to the step (less KV to read), which is what
+    misled a price at one probe on short chat requests."""
+    from sglang_hybrid.cost import ContextCostTables
+
     core = _core_or_skip()
     spec = replay_costs.gpu_cost_spec([128], 2048, max_width=13)
     cost = spec.for_batch(128)
+    roof = cost.roof
     view = P.StepView(req=np.arange(128), pos=np.zeros(128, np.int64), root=np.zeros(128, np.int64), drafts=None,
                       cost=cost.tables, requests=128, draft_step_s=cost.draft_step_s,
-                      context=np.tile([100, 200, 300, 420], 32))
+                      context=np.tile([100, 200, 300, 424], 32))             # mean 256 tokens a request
+    assert replay_engine.EngineConfig().price_at == "start"                              # a user's tables
+    assert replay_engine.EngineConfig(cost_tables="measured").price_at == "blend"        # the README's launch
     start = replay_engine.EnginePolicy("h", "merge", 4, 12, core, replay_engine.EngineConfig())
     start.reset(128, cost)
-    assert start._price_inputs(view) == (cost.tables, cost.draft_step_s)
+    tables, draft = start._price_inputs(view)
+    assert tables is cost.tables and float(draft.step_time(torch.tensor(7))) == pytest.approx(cost.draft_step_s)
+    ns = [128, 384, 1152]                                                 # widths 1, 3 and 9 at batch 128
+    at = {c: [roof.target_step_s(n, 128, 128 * c) for n in ns] for c in (256, 704, 2048)}
+    blend = replay_engine.EnginePolicy("h", "merge", 4, 12, core,
+                                       replay_engine.EngineConfig(cost_tables="measured"))
+    blend.reset(128, cost)
+    tables, draft = blend._price_inputs(view)
+    assert isinstance(tables, ContextCostTables) and (tables.short_context, tables.long_context) == (256, 2048)
+    assert tables.step_time(torch.as_tensor(ns)).tolist() == pytest.approx(at[256], rel=1e-5)
+    assert float(draft.step_time(torch.tensor(3))) == pytest.approx(roof.draft_step_s(128, 128 * 256), rel=1e-5)
+    # a quarter of the way (704 tokens): a quarter of the long probe's difference, in the same tables
+    again = blend._price_inputs(dataclasses.replace(view, context=np.full(128, 704)))
+    assert again[0] is tables
+    want = [a + 0.25 * (b - a) for a, b in zip(at[256], at[2048])]
+    assert tables.step_time(torch.as_tensor(ns)).tolist() == pytest.approx(want, rel=1e-5)
+    assert at[704] == pytest.approx(want, rel=0.05)     # the roofline is near linear in context (its knee is smooth)
+    at_start = cost.tables.step_time(torch.as_tensor(ns))
+    # at 2,048 tokens a request the KV reads dominate and width 9 costs little more than width 3; at 256 it costs more
+    assert at[256][2] / at[256][1] > float(at_start[2] / at_start[1]) + 0.1
+    # past the longer probe the blend extrapolates, kept non-decreasing in n (a price needs no negative marginal cost)
+    blend._price_inputs(dataclasses.replace(view, context=np.full(128, 8192)))
+    assert (tables.seconds[1:] >= tables.seconds[:-1]).all()
     batch = replay_engine.EnginePolicy("h", "merge", 4, 12, core, replay_engine.EngineConfig(price_context="batch"))
     batch.reset(128, cost)
-    tables, draft_s = batch._price_inputs(view)
+    tables, draft = batch._price_inputs(view)
     assert batch._price_inputs(view)[0] is tables                         # one table per rounded context
-    roof = cost.roof                                                      # mean 255 -> 256 tokens a request
-    ns = [128, 384, 1152]                                                 # widths 1, 3 and 9 at batch 128
-    assert tables.step_time(torch.as_tensor(ns)).tolist() == pytest.approx(
-        [roof.target_step_s(n, 128, 128 * 256) for n in ns], rel=1e-6)
-    assert draft_s == pytest.approx(roof.draft_step_s(128, 128 * 256))
-    at_start = cost.tables.step_time(torch.as_tensor(ns))
-    short = tables.step_time(torch.as_tensor(ns))
-    # at 2,048 tokens a request the KV reads dominate and width 9 costs little more than width 3; at 256 it costs more
-    assert float(short[2] / short[1]) > float(at_start[2] / at_start[1]) + 0.1
-    # "blend": the two probes' tables (256 tokens a request and the run's 2,048), linear in the context: at 256 it is
-    # the short probe's, and a quarter of the way (704 tokens) a quarter of the long one's difference
-    blend = replay_engine.EnginePolicy("h", "merge", 4, 12, core, replay_engine.EngineConfig(price_context="blend"))
-    blend.reset(128, cost)
-    assert blend._price_inputs(view)[0].step_time(torch.as_tensor(ns)).tolist() == pytest.approx(short.tolist())
-    at_704 = blend._price_inputs(dataclasses.replace(view, context=np.full(128, 704)))
-    want = [roof.target_step_s(n, 128, 128 * 256) + 0.25 * (roof.target_step_s(n, 128, 128 * 2048)
-                                                          - roof.target_step_s(n, 128, 128 * 256)) for n in ns]
-    assert at_704[0].step_time(torch.as_tensor(ns)).tolist() == pytest.approx(want, rel=1e-6)
-    assert at_704[1] == pytest.approx(roof.draft_step_s(128, 128 * 256)
-                                      + 0.25 * (roof.draft_step_s(128, 128 * 2048) - roof.draft_step_s(128, 128 * 256)))
-    # past the longer probe the blend extrapolates, kept non-decreasing in n (a price needs no negative marginal cost)
-    far = blend._price_inputs(dataclasses.replace(view, context=np.full(128, 8192)))[0]
-    assert (far.seconds[1:] >= far.seconds[:-1]).all()
+    assert tables.step_time(torch.as_tensor(ns)).tolist() == pytest.approx(at[256], rel=1e-6)
+    assert float(draft.step_time(torch.tensor(1))) == pytest.approx(roof.draft_step_s(128, 128 * 256), rel=1e-6)
+    # the launch's blend needs a roofline to stand in for its probes: with a user's or a measured table it prices
+    # with that table; a design asked for by name says what it needs
+    linear = linear_cost(base=1.0, per_token=0.1, draft=0.05)
+    blend.reset(4, linear)
+    assert blend._price_at == "start"
     with pytest.raises(ValueError, match="price_context must be one of"):
         replay_engine.EngineConfig(price_context="now")
     with pytest.raises(ValueError, match="GPU cost spec"):
-        batch.reset(4, linear_cost(base=1.0, per_token=0.1, draft=0.05))
+        batch.reset(4, linear)

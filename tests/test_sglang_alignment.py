@@ -379,13 +379,14 @@ def test_proposals_survive_a_step_that_accepted_everything():
 def test_decode_step_compiles_fullgraph(tmp_path):
     """The whole per-step device path (align, the device prompt lookup over the span the host chose, calibrate with
     the online EAGLE and n-gram offsets, price with a cost table, select, counters, mask, ring and context updates,
-    the offsets' updates) traces as one graph: no host sync or data-dependent Python branching."""
-    from sglang_hybrid.cost import CostModel
+    the offsets' updates) traces as one graph: no host sync or data-dependent Python branching. The cost table is
+    one measured at two contexts, as at start, so the blend at the batch's context is traced too."""
+    from sglang_hybrid.cost import ContextCostModel
     from sglang_hybrid.sglang_plugin import context_lookup
     from sglang_hybrid.sglang_plugin.verify_input import full_mask, tree_links_torch
 
     cost = tmp_path / "cost.json"
-    CostModel.linear(0.01, 0.0001).save(cost)
+    ContextCostModel([1, 4096], [0.0101, 0.4196], [0.0101, 0.2], 4, 64).save(cost)
     step = HybridStep(HybridSettings(mode="merge", ngram_k=K, cost_table=str(cost), model_bias_eta=0.1,
                                      ngram_bias_eta=0.3), num_steps=3, pool_size=8, device="cpu",
                       max_context_len=4096)
@@ -410,6 +411,8 @@ def test_decode_step_compiles_fullgraph(tmp_path):
     assert (got[0][1] >= 0).sum() > 3          # the n-gram proposal made it into request 1's tree
     assert 9 in got[0][0].tolist()             # request 0 (no aligned proposal) copied 2 3 9 after its root 7
     assert (step.ngram_bias[torch.tensor([1, 3])] != 0).all()        # both requests' n-gram chains were tested
+    w = (6.5 - 4) / (64 - 4)                                          # mean context 6.5 tokens a request
+    assert torch.allclose(step.cost.seconds, torch.tensor([0.0101, 0.2 + w * (0.4196 - 0.2)]))   # blended there
 
 
 def test_hybrid_step_drafts_adaptively_with_a_draft_cost_table(tmp_path):
@@ -616,3 +619,25 @@ def test_graph_outputs_poisoned_after_select_change_nothing_after_verify():
     clean, poisoned = run(False), run(True)
     assert poisoned[0] == clean[0]
     assert torch.equal(poisoned[1], clean[1]) and clean[1].abs().sum() > 0     # the offsets were learned
+
+
+def test_hybrid_step_prices_at_its_batch_context(tmp_path):
+    """With a table measured at two contexts (as at start) the step prices each batch at its own mean context: the
+    same drafts verify the whole tree for a batch of short requests, where the probe at 64 tokens found verify slots
+    free, and the narrowest width bucket for one of long requests, where the probe at 2,048 found them costly."""
+    from sglang_hybrid.cost import ContextCostModel
+
+    ContextCostModel([1, 64, 4096], [0.010, 0.300, 20.0], [0.010, 0.010, 0.011], 64, 2048).save(tmp_path / "c.json")
+    step = HybridStep(HybridSettings(mode="merge", ngram_k=K, cost_table=str(tmp_path / "c.json")), num_steps=3,
+                      pool_size=4, device="cpu")
+    slots = torch.tensor([0, 1])
+    chain, conf = torch.tensor([[1, 2, 3], [5, 6, 7]]), torch.full((2, 3), 0.6)
+    kept = {}
+    for seq in (40, 2048):
+        for r in range(2):
+            _publish(step.buffers, r, [100 + i for i in range(K)], at=seq + 1, gen=0)
+        d = step.select(torch.tensor([7, 8]), chain, conf, slots, torch.tensor([0, 0]), torch.tensor([seq, seq]),
+                        width=step.widths[-1])
+        kept[seq] = (int(d.next_width), int(d.b_star), float(d.lam))
+    assert kept[40] == (step.widths[-1], 2 * (step.widths[-1] - 1), 0.0), kept
+    assert kept[2048][:2] == (step.widths[0], 2) and kept[2048][2] > 0.0, kept

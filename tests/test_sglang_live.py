@@ -113,12 +113,12 @@ def _assert_ragged(counters: dict, fewer: bool = True, spare_rows: bool = True) 
 
 
 def _assert_measured_price(counters: dict) -> None:
-    """Both cost tables were measured at start (setting ``measure_cost_table = on``; ``startup_costs``): the verify's,
-    one positive, non-decreasing time per probe batch size (powers of two up to the running limit, times the full
-    width), and every step verified at one of the widths a measured table brings: plain EAGLE's (3 steps + the root),
-    the full tree, and the extras (their geometric middle, one narrower than EAGLE's), all kept on the CPU engine (the
-    memory fit is a GPU's); and the draft forward's, one time per probe batch size, with which every step drafted at
-    one of the default depths for 3 steps (1, 2, 3)."""
+    """Both cost tables were measured at start (setting ``measure_cost_table = on``; ``startup_costs``), each at two
+    contexts: the verify's, one positive, non-decreasing time per probe batch size (powers of two up to the running
+    limit, times the full width), and every step verified at one of the widths a measured table brings: plain EAGLE's (3
+    steps + the root), the full tree, and the extras (their geometric middle, one narrower than EAGLE's), all kept on
+    the CPU engine (the memory fit is a GPU's); and the draft forward's, one time per probe batch size, with which every
+    step drafted at one of the default depths for 3 steps (1, 2, 3)."""
     table = counters["cost_table"]
     assert table is not None and table["source"] == "measured", table
     full = table["meta"]["verify_width"]
@@ -127,6 +127,10 @@ def _assert_measured_price(counters: dict) -> None:
     assert table["sizes"] == [full * b for b in batches], table
     assert all(t > 0 for t in table["seconds"]) and table["seconds"] == sorted(table["seconds"]), table
     assert table["meta"]["seconds_spent"] > 0, table
+    # at two contexts, an eighth of the longer one apart, priced each step at the batch's (ContextCostModel)
+    assert table["meta"]["context_tokens"] == [table["short_context"], table["long_context"]], table
+    assert table["short_context"] == table["long_context"] // 8, table
+    assert len(table["short_seconds"]) == len(batches) and all(s > 0 for s in table["short_seconds"]), table
     required, extras = measured_table_buckets(3, full)
     assert counters["width_steps"] and set(counters["width_steps"]) <= {str(w) for w in (*required, *extras)}, \
         counters["width_steps"]
@@ -135,6 +139,7 @@ def _assert_measured_price(counters: dict) -> None:
     assert draft["sizes"] == batches == draft["meta"]["batch_sizes"], draft
     assert all(t > 0 for t in draft["seconds"]) and draft["seconds"] == sorted(draft["seconds"]), draft
     assert draft["meta"]["seconds_spent"] > 0, draft
+    assert draft["meta"]["context_tokens"] == [draft["short_context"], draft["long_context"]], draft
     assert counters["depth_steps"] and set(counters["depth_steps"]) <= {"1", "2", "3"}, counters["depth_steps"]
 
 

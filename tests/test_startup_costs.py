@@ -12,7 +12,7 @@ from sglang_hybrid import cost as cost_mod
 from sglang_hybrid.cost import CostFileError, profile_interleaved
 from sglang_hybrid.sglang_plugin.config import HybridSettings
 from sglang_hybrid.sglang_plugin.startup_costs import (chain_mask, measure_draft_costs, probe_batch_sizes,
-                                                      profile_context)
+                                                      profile_context, profile_contexts)
 from sglang_hybrid.widths import default_buckets
 
 
@@ -32,6 +32,70 @@ def test_profile_context_is_typical_and_leaves_room_for_the_verify_tokens():
     assert profile_context(1024, 12) == 512                     # a short window probed half full
     assert profile_context(20, 12) == 8                         # room for the verify tokens
     assert profile_context(8, 12) == 1
+
+
+def test_profile_contexts_are_the_typical_one_and_an_eighth_of_it():
+    assert profile_contexts(131072, 13) == (256, 2048)
+    assert profile_contexts(1024, 12) == (64, 512)
+    assert profile_contexts(20, 12) == (1, 8)
+    assert profile_contexts(8, 12) == (1,)                     # one context where the two would meet
+
+
+def test_probes_at_two_contexts_make_a_table_priced_at_the_batch_context():
+    """Two probe tables (shortest context first) become the ``ContextCostModel`` the step blends; one stays a
+    plain table; either way ``meta`` records the contexts probed."""
+    from sglang_hybrid.cost import ContextCostModel, CostModel
+    from sglang_hybrid.sglang_plugin.startup_costs import _at_contexts
+
+    short, long = CostModel([13, 26], [0.01, 0.011], {"rounds": 2}), CostModel([13, 26], [0.02, 0.04], {"rounds": 2})
+    two = _at_contexts([short, long], (256, 2048), {"verify_width": 13})
+    assert isinstance(two, ContextCostModel) and (two.short_context, two.long_context) == (256, 2048)
+    assert two.short_seconds.tolist() == [0.01, 0.011] and two.seconds.tolist() == [0.02, 0.04]
+    assert two.meta == {"rounds": 2, "verify_width": 13, "context_tokens": [256, 2048]}
+    one = _at_contexts([long], (8,), {})
+    assert type(one) is CostModel and one.meta["context_tokens"] == [8] and one.seconds.tolist() == [0.02, 0.04]
+
+
+def test_short_context_table_from_one_probe_takes_each_size_its_share_of_the_saving():
+    """At the largest probe the shorter context's table is the probe's time; every other size saves its share of
+    what the probe saved, in proportion to its requests (KV reads are B x c tokens); floored at the probe's fraction of
+    the step, non-decreasing; a probe slower than the longer context's (noise) saves nothing."""
+    from sglang_hybrid.cost import CostModel
+    from sglang_hybrid.sglang_plugin.startup_costs import short_from_one_probe
+
+    long = CostModel([12, 24, 48], [0.10, 0.14, 0.26])
+    short = short_from_one_probe(long, [1, 2, 4], 0.18)                # saved 0.08 at 4 requests: 0.02 a request
+    assert np.allclose(short.seconds, [0.08, 0.10, 0.18]) and short.sizes.tolist() == [12, 24, 48]
+    assert "one forward at 4 requests" in short.meta["short_probe"]
+    # a table whose per-request cost rises with the batch: the subtraction alone would give 0.01 - 0.011 < 0
+    convex = CostModel([1, 2, 8], [0.01, 0.012, 0.1])
+    got = short_from_one_probe(convex, [1, 2, 8], 0.012)               # the probe took 12 % of the long step
+    assert np.allclose(got.seconds, [0.01 * 0.12, 0.012 * 0.12, 0.012]) and (np.diff(got.seconds) >= 0).all()
+    assert short_from_one_probe(long, [1, 2, 4], 0.30).seconds.tolist() == long.seconds.tolist()
+    with pytest.raises(ValueError, match="one request count per table entry"):
+        short_from_one_probe(long, [1, 2], 0.18)
+
+
+def test_probes_time_every_size_at_the_long_context_and_one_at_the_short():
+    """The probe plan: at the longer context a warm-up forward and ``ROUNDS`` round robin over every size; at the
+    shorter one ``SHORT_ROUNDS`` forwards at the largest size only, no warm-up (its shape is warm)."""
+    from sglang_hybrid.sglang_plugin import startup_costs
+
+    calls, ctx = [], [None]
+
+    def forward(n):
+        calls.append((ctx[0], n))
+
+    def at_context(c):
+        ctx[0] = c
+
+    short, long = startup_costs._profile_contexts((64, 512), at_context, forward, [12, 24, 48], [1, 2, 4], None)
+    assert calls == ([(512, 12)] + [(512, n) for n in (12, 24, 48)] * startup_costs.ROUNDS
+                     + [(64, 48)] * startup_costs.SHORT_ROUNDS)
+    assert short.sizes.tolist() == long.sizes.tolist() == [12, 24, 48]
+    calls.clear()
+    (one,) = startup_costs._profile_contexts((512,), at_context, forward, [12], [1], None)
+    assert calls == [(512, 12)] * (1 + startup_costs.ROUNDS) and one.sizes.tolist() == [12]
 
 
 def test_chain_mask_is_a_chain_tree_after_a_visible_prefix():

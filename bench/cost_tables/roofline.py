@@ -125,8 +125,9 @@ class Roofline:
             f"{a.embedding_bytes / 1e9:.2f} GB input embedding); {2 * a.linear_params / 1e9:.1f} GFLOP/token in GEMMs",
             f"KV cache: {a.n_layers} layers x {a.n_kv_heads} KV heads x {a.head_dim} dims bf16 = "
             f"{a.kv_bytes_per_token / 1024:.0f} KiB/token; each request's prefix read once per step (tree-verify "
-            f"kernel tiles all of a request's queries together); the tables (the price's input) assume "
-            f"{a.context_tokens} context tokens per request, a replay step is charged at its requests' real contexts",
+            f"kernel tiles all of a request's queries together); the tables are at {a.context_tokens} context tokens "
+            f"per request (the README's launch prices with them blended with the same roofline at an eighth of that, "
+            f"as its two start-up probes), a replay step is charged at its requests' real contexts",
             f"Attention: {4 * a.context_tokens * a.hidden * a.n_layers / 1e9:.2f} GFLOP per verified token at that "
             "context",
             f"Step time = {a._knee_text()} of (bytes / achieved bandwidth, FLOPs on the padded token count / achieved "

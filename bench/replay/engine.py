@@ -49,15 +49,16 @@ model offset       each HYBRID request's online offset on the EAGLE       same
 n-gram offset      the same on the n-gram side (the worker's setting       same
                    ``ngram_bias_eta``), learned from the request's last
                    n-gram chain
-price context      the step-time tables at the probe's context (the       same
-                   worker's ``PROFILE_CONTEXT``, ``--gpu-context``),
-                   whatever the batch holds; ``price_context`` "batch"
-                   or "blend": designs, not built (``PRICE_CONTEXTS``)
+price context      the README's launch: its two start-up probes' tables   same (the launch's tables)
+                   blended at each step's mean context by the worker's
+                   ``ContextCostTables.follow``; a user's tables: at
+                   one context (``price_at``, ``PRICE_CONTEXTS``)
 =================  =====================================================  ============================================
 
 Host time and launches: what each costs, and where it was measured, is in ``bench.replay.host``. The worker runs its
 n-gram host path at the start of ``forward_batch_generation``, before launching the step's kernels, and then launches
-its device step: seven Triton kernels on the fused path it runs wherever Triton does, several hundred eager operators
+its device step: seven Triton kernels on the fused path it runs wherever Triton does (eight where its tables are the
+ones measured at start: their blend at the batch's context), several hundred eager operators
 on the torch path (``bench.step_launches`` counts either for the policy's configuration and batch size). Without
 overlap scheduling (the CPU engine, ``width_lag`` 1) the device is idle while the host works, so the step costs
 device time + host time. With overlap scheduling (``width_lag`` 2, the GPU default) the scheduler launches step t + 1
@@ -97,18 +98,18 @@ VERIFY_LAYOUTS = {
 }
 #: the context the price's step-time tables are at (``EngineConfig.price_context``)
 PRICE_CONTEXTS = {
-    "start": "the tables the launch measures at start, every request at the probe's context (the worker's "
-             "PROFILE_CONTEXT, the replay's --gpu-context), whatever the batch holds",
+    "start": "one table, every request at one context (a user's table; the README's launch before 2026-12-06 "
+             "measured its tables at the probe's context only: the worker's PROFILE_CONTEXT, the replay's "
+             "--gpu-context), whatever the batch holds",
+    "blend": "the README's launch: the tables of its two start-up probes, at an eighth of the probe's context and "
+             "at the probe's context, blended each step at the batch's mean context by the worker's own "
+             "ContextCostTables.follow (extrapolated past the longer probe, then raised to its running maximum; the "
+             "shorter probe's below it)",
     "batch": "a design, not built: the tables at the batch's own mean context, each step (the charge's roofline at "
              "that context, rounded to PRICE_CONTEXT_QUANTUM tokens)",
-    "blend": "a design, not built: the tables of two start-up probes, at PRICE_BLEND_SHORT tokens a request and at "
-             "the probe's context, blended each step linearly by the batch's mean context (rounded as for 'batch'; "
-             "extrapolated past the longer probe, then raised to its running maximum; the shorter probe's below it)",
 }
-#: tokens the "batch" and "blend" price contexts are rounded to (one table per rounded context, built once per run)
+#: tokens the "batch" price context is rounded to (one table per rounded context, built once per run)
 PRICE_CONTEXT_QUANTUM = 64
-#: the "blend" design's shorter probe context, tokens a request (an eighth of the worker's PROFILE_CONTEXT)
-PRICE_BLEND_SHORT = 256
 #: the cost tables an as-built launch has (``EngineConfig.cost_tables``)
 COST_TABLES = {
     "given": "both cost tables given by the user: every width bucket and adaptive drafting (does not start on an "
@@ -179,14 +180,14 @@ class EngineConfig:
     #: "ragged_sync" only: how long the device idles per step while the host reads the node counts and launches what
     #: follows up to the verify graph (``RAGGED_SYNC_US``: the measured read plus the counted launches' dispatch)
     sync_us: float = RAGGED_SYNC_US
-    #: the context the price's tables are at (``PRICE_CONTEXTS``): "start" is what the worker runs; "batch" and "blend"
-    #: designs, not built (they need the charge's roofline: a GPU cost spec)
-    price_context: str = "start"
+    #: the context the price's tables are at (``PRICE_CONTEXTS``); None: the launch's own, ``price_at``. "blend" and
+    #: "batch" need the charge's roofline (a GPU cost spec) to stand in for the probes
+    price_context: Optional[str] = None
 
     def __post_init__(self):
         if self.cost_tables not in COST_TABLES:
             raise ValueError(f"cost_tables must be one of {tuple(COST_TABLES)}, got {self.cost_tables!r}")
-        if self.price_context not in PRICE_CONTEXTS:
+        if self.price_context is not None and self.price_context not in PRICE_CONTEXTS:
             raise ValueError(f"price_context must be one of {tuple(PRICE_CONTEXTS)}, got {self.price_context!r}")
         if self.verify not in VERIFY_LAYOUTS:
             raise ValueError(f"verify must be one of {tuple(VERIFY_LAYOUTS)}, got {self.verify!r}")
@@ -212,6 +213,14 @@ class EngineConfig:
         """Steps between choosing a depth and drafting it: the width's lag, and at least 1 (the choice reads the
         survivals of a drafted chain)."""
         return max(1, self.width_lag)
+
+    @property
+    def price_at(self) -> str:
+        """The price's context (``PRICE_CONTEXTS``): ``price_context``, or by the launch: the tables measured at
+        start are blended at each batch's context ("blend"), a user's are at one ("start")."""
+        if self.price_context is not None:
+            return self.price_context
+        return "blend" if self.cost_tables == "measured" else "start"
 
     @classmethod
     def ideal(cls, **kw) -> "EngineConfig":
@@ -466,23 +475,34 @@ class EnginePolicy(P.Policy):
             # the ideal engine: the worker's fused step, whatever the policy (a fused model-only decision would
             # launch no more kernels than HYBRID's)
             return step_launches.hybrid_launches(batch, "merge", self.num_steps, self.engine.ngram_k,
-                                                 width_plan=True, depth_plan=True, kernels="fused")
+                                                 width_plan=True, depth_plan=True,
+                                                 measured=self.engine.price_at == "blend", kernels="fused")
         if not self.use_ngram:
-            return step_launches.model_only_launches(batch, self.num_steps)
+            return step_launches.model_only_launches(batch, self.num_steps, measured=self.engine.price_at == "blend")
         return step_launches.hybrid_launches(batch, self.mode, self.num_steps, self.engine.ngram_k,
                                              width_plan=self.widths is not None and len(self.widths) > 1,
-                                             depth_plan=self.depths is not None, kernels=self.engine.decision_kernels)
+                                             depth_plan=self.depths is not None,
+                                             measured=self.engine.price_at == "blend",
+                                             kernels=self.engine.decision_kernels)
 
     def reset(self, batch: int, cost=None):
         """A fresh engine at ``batch`` requests; ``cost`` (``costs.BatchCost``): the step times the run is charged,
         whose table stands in for the one the default launch measures at start."""
         self.batch = batch
-        #: the roofline the run is charged with, and the price's tables built from it per rounded context
+        #: the roofline the run is charged with, and the price's tables built from it ("blend": the two probes', as
+        #: ``ContextCostTables``; "batch": one per rounded context)
         self._roof = getattr(cost, "roof", None)
         self._price_tables: dict = {}
-        if self.engine.price_context != "start" and cost is not None and self._roof is None:
-            raise ValueError(f"price_context={self.engine.price_context!r} prices at the batch's context with the "
-                             f"charge's roofline: use a GPU cost spec (--cost gpu), not a measured or user table")
+        #: the price's context this run (``EngineConfig.price_at``): a run charged with a measured or a user's table
+        #: (no roofline to stand in for the probes at other contexts) prices the launch's blend with that table, at
+        #: its one context
+        self._price_at = self.engine.price_at
+        if self._price_at != "start" and cost is not None and self._roof is None:
+            if self.engine.price_context is not None:
+                raise ValueError(f"price_context={self.engine.price_context!r} prices at the batch's context with "
+                                 f"the charge's roofline: use a GPU cost spec (--cost gpu), not a measured or user "
+                                 f"table")
+            self._price_at = "start"
         if self.widths is not None and self.engine.cost_tables == "measured":
             # the default launch's widths depend on what pays and what fits at this batch
             widths = self.engine.verify_widths(self.mode, self.num_steps, self.n_nodes, batch,
@@ -535,29 +555,38 @@ class EnginePolicy(P.Policy):
         return t.where(t.as_tensor(cont), update_bias(bias, acceptance, tested, hit, eta), 0.0)
 
     def _price_inputs(self, view) -> tuple:
-        """(verify step-time tables, seconds of one draft forward) the price reads this step: the run's tables
-        (``price_context`` "start"), or, at the batch's mean context rounded to ``PRICE_CONTEXT_QUANTUM`` tokens, the
-        roofline's there ("batch") or the blend of its two probes' ("blend"), over the same token counts."""
-        if self.engine.price_context == "start" or view.context is None:
-            return view.cost, float(view.draft_step_s)
+        """(verify step-time tables, one draft forward's tables or None) the price reads this step: the run's tables
+        ("start"); the two probes' (an eighth of the roofline's context and its context, the worker's
+        ``startup_costs.profile_contexts``) as the worker's ``ContextCostTables``, blended at the batch's context by
+        its own ``follow`` ("blend"); or the roofline's at the batch's mean context rounded to
+        ``PRICE_CONTEXT_QUANTUM`` tokens ("batch")."""
+        if self._price_at == "start" or view.context is None:
+            return view.cost, self._draft_cost(float(view.draft_step_s))
+        from sglang_hybrid.cost import ContextCostModel, CostModel
+
+        r = len(view.req)
+        ns = np.arange(r, int(view.cost.sizes[-1]) + 1)
+        if self._price_at == "blend":
+            if "blend" not in self._price_tables:
+                from sglang_hybrid.sglang_plugin.startup_costs import SHORT_CONTEXT_FRACTION
+
+                hi = self._roof.context_tokens
+                lo = max(1, hi // SHORT_CONTEXT_FRACTION)
+                (s_lo, d_lo), (s_hi, d_hi) = self._roofline_at(ns, r, lo), self._roofline_at(ns, r, hi)
+                draft = (ContextCostModel([1, 1 << 20], [d_hi] * 2, [d_lo] * 2, lo, hi).to("cpu") if d_hi > 0
+                         else None)
+                self._price_tables["blend"] = (ContextCostModel(ns, s_hi, s_lo, lo, hi).to("cpu"), draft)
+            tables, draft = self._price_tables["blend"]
+            context = self.core.torch.as_tensor(np.asarray(view.context), dtype=self.core.torch.int64)
+            for t in (tables, draft):
+                if t is not None:
+                    t.follow(context)
+            return tables, draft
         q = PRICE_CONTEXT_QUANTUM
         ctx = max(q, int(round(float(np.mean(view.context)) / q)) * q)
         if ctx not in self._price_tables:
-            from sglang_hybrid.cost import CostModel
-
-            r = len(view.req)
-            ns = np.arange(r, int(view.cost.sizes[-1]) + 1)
-            if self.engine.price_context == "batch":
-                seconds, draft = self._roofline_at(ns, r, ctx)
-            else:
-                lo, hi = PRICE_BLEND_SHORT, self._roof.context_tokens
-                (s_lo, d_lo), (s_hi, d_hi) = self._roofline_at(ns, r, lo), self._roofline_at(ns, r, hi)
-                w = max(0.0, (ctx - lo) / (hi - lo))
-                # extrapolated past the longer probe the blend can dip where the two tables' gap narrows with n:
-                # raised to its running maximum, as a measured table is (a price needs no negative marginal cost)
-                seconds = np.maximum.accumulate(s_lo + w * (s_hi - s_lo))
-                draft = d_lo + w * (d_hi - d_lo)
-            self._price_tables[ctx] = (CostModel(ns, seconds).to("cpu"), float(draft))
+            seconds, draft = self._roofline_at(ns, r, ctx)
+            self._price_tables[ctx] = (CostModel(ns, seconds).to("cpu"), self._draft_cost(float(draft)))
         return self._price_tables[ctx]
 
     def _roofline_at(self, ns: np.ndarray, r: int, ctx: int) -> tuple:
@@ -613,8 +642,8 @@ class EnginePolicy(P.Policy):
         depth = self.depth_pending.popleft() if self.depths is not None else self.num_steps
         self.depth_counts[depth] += 1
         etoks, eprobs = view.drafts.eagle(view.req, view.pos, depth)
-        cost, draft_s = self._price_inputs(view)
-        draft_cost = self._draft_cost(draft_s) if self.depths is not None else None
+        cost, draft_cost = self._price_inputs(view)
+        draft_cost = draft_cost if self.depths is not None else None
         ngram = None
         if self.use_ngram:
             if self.late is not None:

@@ -228,7 +228,8 @@ class Runner:
                                                  cost_tables=cfg.cost_tables, adaptive_depth=cfg.adaptive_depth,
                                                  model_bias_eta=cfg.model_bias_eta,
                                                  ngram_bias_eta=cfg.ngram_bias_eta),
-                        "ideal": EngineConfig.ideal(adaptive_depth=cfg.adaptive_depth,
+                        # the launch's tables (cost_tables), so the ideal prices as the as-built does
+                        "ideal": EngineConfig.ideal(adaptive_depth=cfg.adaptive_depth, cost_tables=cfg.cost_tables,
                                                     model_bias_eta=cfg.model_bias_eta,
                                                     ngram_bias_eta=cfg.ngram_bias_eta)}
         if cfg.ragged_mode:
@@ -791,7 +792,7 @@ def decompose_variants(runner: Runner, cfg: Config, steps: int, k: int) -> list:
                     base, cost_tables="given", widths=(n + 1,), adaptive_depth=False))]
     if base.cost_tables == "measured":
         variants.append(("as built, no extra widths (EAGLE's, full)", dataclasses.replace(
-            base, cost_tables="given", widths=(steps + 1, n + 1), adaptive_depth=False)))
+            base, cost_tables="given", widths=(steps + 1, n + 1), adaptive_depth=False, price_context=base.price_at)))
     if base.cost_tables != "given":
         variants.append(("both cost tables given (does not fit B=128)", dataclasses.replace(
             base, cost_tables="given", adaptive_depth=True)))
@@ -809,11 +810,13 @@ def decompose_variants(runner: Runner, cfg: Config, steps: int, k: int) -> list:
     variants += [(f"blocking read, {what}", dataclasses.replace(ragged, **kw)) for what, kw in closed.items()]
     variants.append(("blocking read, all four closed", dataclasses.replace(
         ragged, **{k: v for kw in closed.values() for k, v in kw.items()})))
-    # designs, not built: the price's tables at the batch's own context (the launch's are at the probe's 2,048
-    # tokens per request), exactly or as the blend of two start-up probes, padded and with the blocking read
-    variants += [(f"{launch}, price at the batch's context{how} (a design)", dataclasses.replace(
-        eng, price_context=ctx)) for launch, eng in (("as built", base), ("blocking read", ragged))
-        for ctx, how in (("batch", ""), ("blend", ", 2 probes"))]
+    # the price's context, padded and with the blocking read: the launch's blend of two start-up probes against one
+    # probe at 2,048 tokens a request (the launch before 2026-12-06) and, a design, the batch's exact context
+    if base.price_at == "blend":
+        variants += [(f"{launch}, {how}", dataclasses.replace(eng, price_context=ctx))
+                     for launch, eng in (("as built", base), ("blocking read", ragged))
+                     for ctx, how in (("start", "price at one probe's context"),
+                                      ("batch", "price at the batch's exact context (a design)"))]
     variants += [("ragged, own width read late, token tiers", dataclasses.replace(base, verify="ragged_late")),
                  ("ideal", dataclasses.replace(runner.engines["ideal"], num_steps=steps, ngram_k=k, n_nodes=n))]
     return variants
@@ -835,9 +838,10 @@ def decompose(runner: Runner, cfg: Config, title: str, columns: list) -> list:
     ``ragged_verify=on``: at ``cfg.ragged_sync_us`` of device idle per step, and at twice that), or each request's
     own width read late without blocking (a design, not built); both with verify graphs keyed by token tiers. And the
     blocking read with one of its gaps to the ideal engine closed at a time (its stall, the depth lag of overlap
-    scheduling, the n-gram proposal's lag, the n-gram host path), then all four. And a design, not built: the padded
-    launch and the blocking read with the price's tables at the batch's own mean context (``price_context``
-    "batch", exactly, and "blend", blended from two start-up probes; the launch's are at the probe's context).
+    scheduling, the n-gram proposal's lag, the n-gram host path), then all four. And, where the launch measures its
+    tables at start, the padded launch and the blocking read with the price's tables at one probe's context
+    (``price_context`` "start": the launch before its second probe) and, a design, at the batch's exact mean context
+    ("batch"; the launch blends two probes').
     docs/sglang.md ("Ragged verify") chooses between them, and between them and the padded verify, with these rows, on
     the simulated drafter's sweep cells and on the real SmolLM2 trace."""
     if not columns:

@@ -153,6 +153,14 @@ class FusedDecisionStep:
             from_lookup=from_lookup, chain_out=chain_out, workspace=workspace)
 
 
+def follow_context(seq_lens: torch.Tensor, cost, draft_cost) -> None:
+    """Both measured tables (``cost.ContextCostTables`` or None) blended at the batch's mean context in one launch
+    (``kernels.cost_context``)."""
+    from .cost_context import follow_context as launch
+
+    launch(seq_lens, cost, draft_cost)
+
+
 def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor, seq_lens: torch.Tensor,
                     root_tokens: torch.Tensor, span: Optional[int], model_bias: Optional[torch.Tensor] = None,
                     model_bias_gen: Optional[torch.Tensor] = None, ngram_bias: Optional[torch.Tensor] = None,

@@ -113,8 +113,9 @@ class HybridSettings(BaseModel):
                                           "corpus_cap_tokens, use_corpus, donate_prompts), checked by constructing "
                                           "one at start")
     decision_kernels: Literal["auto", "fused", "torch"] = Field(
-        "auto", description="how the per-step device work runs: fused = seven Triton launches (sglang_hybrid."
-                            "kernels; CUDA, or the CPU under TRITON_INTERPRET=1), torch = the reference operators "
+        "auto", description="how the per-step device work runs: fused = eight Triton launches with the cost "
+                            "tables measured at start, seven with a user's (sglang_hybrid.kernels; CUDA, or the CPU "
+                            "under TRITON_INTERPRET=1), torch = the reference operators "
                             "(hundreds of small launches a step); auto = fused wherever Triton runs, else torch. Both "
                             "decide the same trees (tests/test_fused_decision.py)")
     ragged_verify: Literal["auto", "on", "off"] = Field(

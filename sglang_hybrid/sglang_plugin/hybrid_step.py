@@ -30,7 +30,7 @@ import torch
 
 from sglang_hybrid import kernels
 from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
-from sglang_hybrid.cost import CostModel
+from sglang_hybrid.cost import ContextCostModel, ContextCostTables, CostModel
 from sglang_hybrid.request_bias import chain_outcome, update_bias
 from sglang_hybrid.selector import VerifyTree
 from sglang_hybrid.step import Decision, DecisionStep, ModelDraft, NgramDraft
@@ -132,17 +132,30 @@ class HybridStep:
         """Price verify slots with ``table`` from now on (``source``: "file", the setting ``cost_table``, or
         "measured" at start); the counters report which table it is."""
         self.cost = table.to(self.device)
-        #: the same table on the host (start-up decisions read it: ``widths.paying_extras``)
+        #: the same table on the host (start-up decisions read it: ``widths.paying_extras``; a ``ContextCostModel``
+        #: as its table at the longer probe context)
         self.cost_model = table
-        self.counters.cost_table = {"source": source, "sizes": table.sizes.tolist(),
-                                    "seconds": table.seconds.tolist(), "meta": dict(table.meta)}
+        self.counters.cost_table = _table_summary(table, source)
 
     def set_draft_cost(self, table: CostModel, source: str) -> None:
         """Price EAGLE depths with ``table`` (one draft forward by batch size) from now on (``source`` as
         ``set_cost``); the counters report it as ``draft_cost_table``."""
         self.draft_cost = table.to(self.device)
-        self.counters.draft_cost_table = {"source": source, "sizes": table.sizes.tolist(),
-                                          "seconds": table.seconds.tolist(), "meta": dict(table.meta)}
+        self.counters.draft_cost_table = _table_summary(table, source)
+
+    def _follow_context(self, seq_lens: torch.Tensor) -> None:
+        """Blend the tables measured at two contexts (``ContextCostTables``: the ones measured at start) at this
+        batch's mean context, before the decision reads them: one launch on the fused path
+        (``kernels.follow_context``), 23 operators a table on the torch path. Tables at one context (a user's)
+        are left as they are."""
+        cost = self.cost if isinstance(self.cost, ContextCostTables) else None
+        draft = self.draft_cost if isinstance(self.draft_cost, ContextCostTables) else None
+        if self.fused is not None:
+            kernels.follow_context(seq_lens, cost, draft)
+            return
+        for table in (cost, draft):
+            if table is not None:
+                table.follow(seq_lens)
 
     def max_depth_at(self, width: int) -> int:
         """Deepest draft path a tree of ``width`` nodes (root included) can hold."""
@@ -165,6 +178,7 @@ class HybridStep:
         b, s = model_tokens.shape
         dev = model_tokens.device
         k = self.k           # the aligned proposal is up to proposal_width long; the selector sees its first k
+        self._follow_context(seq_lens)
         if self.fused is not None:
             ng, from_lookup, bias, ngram_bias = kernels.fused_proposals(
                 self.buffers, self.context, slots, cur_gen, seq_lens, root_tokens, lookup_span, self.model_bias,
@@ -275,6 +289,16 @@ def _learn_offsets(table: torch.Tensor, gens: torch.Tensor, slots: torch.Tensor,
     request each slot holds."""
     table.index_copy_(0, slots, updated)
     gens.index_copy_(0, slots, gen)
+
+
+def _table_summary(table: CostModel, source: str) -> dict:
+    """What the counters report of a step-time table: where it came from and its entries (a ``ContextCostModel``'s
+    at both probe contexts)."""
+    out = {"source": source, "sizes": table.sizes.tolist(), "seconds": table.seconds.tolist(), "meta": dict(table.meta)}
+    if isinstance(table, ContextCostModel):
+        out.update(short_context=table.short_context, long_context=table.long_context,
+                   short_seconds=table.short_seconds.tolist())
+    return out
 
 
 def _fused_decision(choice: str, decide: DecisionStep, device: torch.device):

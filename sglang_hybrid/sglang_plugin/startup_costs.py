@@ -10,19 +10,23 @@ user must know about; so when none is given (setting ``cost_table``), the worker
 
 What it times: SGLang's own dummy forward (``BaseRunner._dummy_run``, the forward SGLang runs at start to warm up and
 autotune kernels): a TARGET_VERIFY forward of ``B`` requests x the full verify width ``W`` (SGLang's dummy verify
-input: every request at the same context, its KV read from and written to the pool's padding slot; the mask a
-chain's tree, ``chain_mask``, in place of SGLang's all-ones dummy, which shows nodes their descendants), logits for
-every row as a real verify computes them. One forward
-per batch size in ``probe_batch_sizes`` (powers of two up to the running-request limit, and the limit), ``ROUNDS``
-times round robin after one warm-up forward, the minimum per size (``cost.profile_interleaved``), the device
-synchronised around each. The table's sizes are ``B x W`` batch tokens, the
+input: every request at the same context, its KV read from and written to the pool's padding slot; the mask a chain's
+tree, ``chain_mask``, in place of SGLang's all-ones dummy, which shows nodes their descendants), logits for every row
+as a real verify computes them. One forward per batch size in ``probe_batch_sizes`` (powers of two up to the
+running-request limit, and the limit), ``ROUNDS`` times round robin after one warm-up forward, the minimum per size
+(``cost.profile_interleaved``), then at the shorter context (below) ``SHORT_ROUNDS`` forwards at the largest size only
+(``short_from_one_probe``), the device synchronised around each. The table's sizes are ``B x W`` batch tokens, the
 ``T(n)`` of ``sglang_hybrid.cost``; below ``W`` it is flat (the price then takes the narrowest verify as free), past
 its end the last slope continues.
 
-Every request of the probe sits at ``PROFILE_CONTEXT`` tokens, or half the context length where that is shorter:
-verify attention grows with the context, and a table measured at a context of one (SGLang's capture value) would price
-a long-context server's verify tokens below their cost; the price wants a typical step, not the worst one, and a
-request spends its life between its prompt and the end of its window, so a short window is probed half full.
+Every request of a probe sits at one context, and each table is measured at two (``profile_contexts``):
+``PROFILE_CONTEXT`` tokens, or half the context length where that is shorter (a request spends its life between its
+prompt and the end of its window, so a short window is probed half full), and an eighth of that. Verify attention
+grows with the context: a table measured at a context of one (SGLang's capture value) would price a long-context
+server's verify tokens below their cost, and one measured at 2,048 tokens priced a batch of short chats as if each
+verify slot cost what it costs at 2,048 (below no speculation on the replay's real chat trace at batch 128). The two
+tables form a ``cost.ContextCostModel``; each step prices at its batch's mean context
+(``HybridStep._follow_context``: one launch on the fused path).
 
 What it does not time: verify CUDA graphs. The probe runs eager, so on a GPU with graphs the table overstates the
 small batches, where host launch overhead dominates an eager forward (a conservative price: it trims trees a little
@@ -47,17 +51,26 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import torch
 
-from sglang_hybrid.cost import CostModel, profile_interleaved
+from sglang_hybrid.cost import ContextCostModel, CostModel, profile_interleaved
 
 logger = logging.getLogger(__name__)
 
 #: context tokens of every request in the probe forwards (at most half the context length): the replay's GPU
 #: roofline prices with the same typical context (``bench.replay --gpu-context``, default 2048)
 PROFILE_CONTEXT = 2048
-#: timed forwards per batch size (round robin over the sizes, the minimum), after one warm-up forward
+#: the shorter probe context is this fraction of ``PROFILE_CONTEXT`` (256 tokens a request): verify attention's cost
+#: is linear in the context, so two points describe it; an eighth keeps the short probe where the weights' reads
+#: dominate, as they do for the short chats of a real trace (the replay's "blend", docs/benchmarks.md section 1)
+SHORT_CONTEXT_FRACTION = 8
+#: timed forwards per batch size at the longer context (round robin over the sizes, the minimum), after one warm-up
+#: forward
 ROUNDS = 2
+#: timed forwards at the shorter context, all at the largest batch size, warm by then (the minimum); the other sizes
+#: follow by ``short_from_one_probe``
+SHORT_ROUNDS = 1
 
 
 def probe_batch_sizes(max_batch: int) -> tuple[int, ...]:
@@ -82,6 +95,61 @@ def profile_context(context_len: int, width: int) -> int:
     return max(1, min(PROFILE_CONTEXT, int(context_len) // 2, int(context_len) - int(width)))
 
 
+def profile_contexts(context_len: int, width: int) -> tuple:
+    """The contexts the probes run at, shortest first: ``profile_context`` and an eighth of it
+    (``SHORT_CONTEXT_FRACTION``), or ``profile_context`` alone where the two would meet (a window of a few tokens)."""
+    long = profile_context(context_len, width)
+    short = max(1, long // SHORT_CONTEXT_FRACTION)
+    return (short, long) if short < long else (long,)
+
+
+def _profile_contexts(contexts: tuple, at_context, forward, sizes: list, requests: list, sync) -> list:
+    """The tables at ``contexts`` (shortest first; ``at_context(c)`` sets the probe buffers to context ``c``): at the
+    longest, ``ROUNDS`` round robin after a warm-up; at a shorter one, ``SHORT_ROUNDS`` forwards at the largest size
+    (warm by then), the other sizes by ``short_from_one_probe``. ``requests``: the requests of each size's probe."""
+    at_context(contexts[-1])
+    long = profile_interleaved(forward, sizes, rounds=ROUNDS, sync=sync, monotone=True)
+    if len(contexts) == 1:
+        return [long]
+    at_context(contexts[0])
+    top = profile_interleaved(forward, sizes[-1:], rounds=SHORT_ROUNDS, sync=sync, warmup=False)
+    return [short_from_one_probe(long, requests, float(top.seconds[0])), long]
+
+
+def short_from_one_probe(long: CostModel, requests, seconds: float) -> CostModel:
+    """The table at the shorter context from the longer one's (``long``, one entry per probe of ``requests[i]``
+    requests) and one forward at the shorter context at the largest probe (``seconds``).
+
+    Why one probe: start-up time (issue 25's target: at most +10 %; timing every size at both contexts took +19 % on
+    the CPU engine, ``bench.startup_profile``). Why this model: what a shorter context saves in a verify is its KV
+    reads and their attention, ``B x c`` tokens for ``B`` requests: at a given context difference, proportional to
+    the requests. The probe at the largest batch measures that saving, every other size takes its share:
+    ``short(B) = long(B) - B / B_max x (long(B_max) - seconds)``, floored at ``long(B) x seconds / long(B_max)`` (the
+    saving never a larger fraction of a step than at the largest batch: where the per-request cost rises with the
+    batch, the subtraction alone could go below zero), then raised to its running maximum. A probe slower than the
+    longer context's (noise) leaves the table as the longer one's."""
+    b = np.asarray(requests, dtype=np.float64)
+    if b.shape != long.seconds.shape:
+        raise ValueError(f"one request count per table entry: {b.size} for {long.seconds.size}")
+    top = float(long.seconds[-1])
+    saving = max(0.0, top - float(seconds)) / b[-1]
+    ratio = min(1.0, float(seconds) / top)
+    short = np.maximum(long.seconds - saving * b, long.seconds * ratio)
+    meta = {**long.meta, "short_probe": f"one forward at {int(b[-1])} requests ({float(seconds):.6g} s), the other "
+                                        "sizes by the KV-read model (startup_costs.short_from_one_probe)"}
+    return CostModel(long.sizes, np.maximum.accumulate(short), meta)
+
+
+def _at_contexts(tables: list, contexts: tuple, meta: dict) -> CostModel:
+    """One table per probe context (shortest first) as the ``ContextCostModel`` that prices each step at its batch's
+    context, or the one table where a single context was probed; ``meta`` for the result."""
+    meta = {**{k: v for t in tables for k, v in t.meta.items()}, **meta, "context_tokens": list(contexts)}
+    if len(tables) == 1:
+        return CostModel(tables[0].sizes, tables[0].seconds, meta)
+    short, long = tables
+    return ContextCostModel(long.sizes, long.seconds, short.seconds, contexts[0], contexts[1], meta)
+
+
 def chain_mask(batch: int, width: int, context: int, device) -> torch.Tensor:
     """The packed FULL_MASK of ``batch`` requests each verifying a ``width``-token chain after ``context`` tokens:
     per request ``width`` rows of ``context + width`` entries, the prefix visible, then each node sees itself and the
@@ -99,28 +167,29 @@ def measure_verify_costs(model_runner, *, width: int, max_batch: int, context_le
     runner = model_runner.eager_runner
     device = torch.device(model_runner.device)
     batches = probe_batch_sizes(max_batch)
-    context = profile_context(context_len, width)
+    contexts = profile_contexts(context_len, width)
     started = time.perf_counter()
-    # SGLang's dummy decode buffers, sized for the largest probe; every request at `context` tokens, with a verify
+    # SGLang's dummy decode buffers, sized for the largest probe; every request at one probe context, with a verify
     # mask buffer that holds their FULL_MASK rows (width x (context + width) per request; SGLang sizes it for the
     # capture context of one)
     buffers = runner._alloc_dummy_decode_buffers(max(batches), num_tokens_per_req=width,
                                                  allocate_logits_buffer=False)
-    buffers.seq_lens.fill_(context)
-    buffers.seq_lens_cpu.fill_(context)
-    buffers.custom_mask = chain_mask(max(batches), width, context, device)
     sync = torch.get_device_module(device).synchronize
 
     def forward(n_tokens: int) -> None:
         runner._dummy_run(n_tokens // width, buffers=buffers)
 
+    def at_context(context: int) -> None:
+        buffers.seq_lens.fill_(context)
+        buffers.seq_lens_cpu.fill_(context)
+        buffers.custom_mask = chain_mask(max(batches), width, context, device)
+
+    tables = _profile_contexts(contexts, at_context, forward, [b * width for b in batches], list(batches), sync)
     meta = {"source": "measured at start (sglang_hybrid.sglang_plugin.startup_costs)",
             "forward": "SGLang dummy TARGET_VERIFY forward, eager", "verify_width": width,
-            "batch_sizes": list(batches), "context_tokens": context, "device": str(device)}
-    table = profile_interleaved(forward, [b * width for b in batches], rounds=ROUNDS, sync=sync, meta=meta,
-                                monotone=True)
-    table.meta["seconds_spent"] = round(time.perf_counter() - started, 3)
-    return table
+            "batch_sizes": list(batches), "device": str(device),
+            "seconds_spent": round(time.perf_counter() - started, 3)}
+    return _at_contexts(tables, contexts, meta)
 
 
 def measure_draft_costs(draft_worker, *, max_batch: int, context_len: int) -> CostModel:
@@ -143,12 +212,9 @@ def measure_draft_costs(draft_worker, *, max_batch: int, context_len: int) -> Co
     runner, backend = draft_worker.draft_runner, draft_worker.draft_attn_backend
     device = torch.device(runner.device)
     batches = probe_batch_sizes(max_batch)
-    context = profile_context(context_len, steps)
+    contexts = profile_contexts(context_len, steps)
     started = time.perf_counter()
     buffers = runner.eager_runner._alloc_dummy_decode_buffers(max(batches) * steps, allocate_logits_buffer=False)
-    buffers.seq_lens.fill_(context)
-    buffers.seq_lens_cpu.fill_(context)
-    buffers.positions.fill_(context)
     hidden, dtype = get_draft_recurrent_hidden_state_spec(runner)
     hidden_states = torch.zeros((max(batches), hidden), dtype=dtype, device=device)
     sync = torch.get_device_module(device).synchronize
@@ -171,10 +237,17 @@ def measure_draft_costs(draft_worker, *, max_batch: int, context_len: int) -> Co
         with forward_context(ForwardContext(attn_backend=backend.attn_backends[0]), forward_batch=batch):
             runner.forward(batch)
 
+    def at_context(c: int) -> None:
+        nonlocal context
+        context = c
+        buffers.seq_lens.fill_(c)
+        buffers.seq_lens_cpu.fill_(c)
+        buffers.positions.fill_(c)
+
+    context = contexts[-1]
+    tables = _profile_contexts(contexts, at_context, forward, list(batches), list(batches), sync)
     meta = {"source": "measured at start (sglang_hybrid.sglang_plugin.startup_costs)",
             "forward": "one EAGLE draft decode forward (top-k 1), eager, its step plan included",
-            "what": "one EAGLE draft forward by batch", "batch_sizes": list(batches), "context_tokens": context,
-            "device": str(device)}
-    table = profile_interleaved(forward, batches, rounds=ROUNDS, sync=sync, meta=meta, monotone=True)
-    table.meta["seconds_spent"] = round(time.perf_counter() - started, 3)
-    return table
+            "what": "one EAGLE draft forward by batch", "batch_sizes": list(batches), "device": str(device),
+            "seconds_spent": round(time.perf_counter() - started, 3)}
+    return _at_contexts(tables, contexts, meta)

@@ -56,6 +56,8 @@ from sglang.srt.speculative.eagle_info import EagleVerifyInput
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft, run_eagle_verify
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
+from sglang_hybrid.cost import ContextCostModel
+
 from . import memory_budget, runtime_states, startup_costs
 from .config import ENV_PREFIX, load_settings
 from .hybrid_step import HybridStep
@@ -448,10 +450,14 @@ class HybridWorkerV2(EAGLEWorkerV2):
 
     @staticmethod
     def _log_measured(what: str, table) -> None:
-        logger.info("HYBRID: %s measured at start in %.1f s (setting measure_cost_table; %s at %d context tokens per "
-                    "request): %s", what, table.meta["seconds_spent"], table.meta["forward"],
-                    table.meta["context_tokens"],
-                    ", ".join(f"T({n})={1e3 * t:.2f} ms" for n, t in zip(table.sizes, table.seconds)))
+        at = ([(table.short_context, table.short_seconds), (table.long_context, table.seconds)]
+              if isinstance(table, ContextCostModel) else [(table.meta["context_tokens"][-1], table.seconds)])
+        logger.info("HYBRID: %s measured at start in %.1f s (setting measure_cost_table; %s)%s: %s", what,
+                    table.meta["seconds_spent"], table.meta["forward"],
+                    ", priced each step at its batch's mean context" if len(at) > 1 else "",
+                    "; ".join(f"at {c} context tokens per request " +
+                              ", ".join(f"T({n})={1e3 * t:.2f} ms" for n, t in zip(table.sizes, secs))
+                              for c, secs in at))
 
     def _ragged_wanted(self) -> bool:
         """Whether verify runs ragged (setting ``ragged_verify``; docs/sglang.md, "Ragged verify").
