@@ -48,7 +48,8 @@ def _install(_module):
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from bench.step_launches import NO_KERNEL
-    from sglang_hybrid.sglang_plugin.ragged import graph_capture, layout
+    from sglang_hybrid.sglang_plugin import worker
+    from sglang_hybrid.sglang_plugin.ragged import graph_capture, layout, target
     state = threading.local()
 
     class Count(TorchDispatchMode):
@@ -60,6 +61,15 @@ def _install(_module):
             if not self.in_kernel and name not in NO_KERNEL:
                 self.aten += 1
             return func(*args, **(kwargs or {}))
+
+    def start():
+        state.count = Count()
+        state.count.__enter__()
+
+    def stop():
+        c, state.count = state.count, None
+        c.__exit__(None, None, None)
+        return c
 
     from triton.runtime.interpreter import InterpretedFunction
     launch = InterpretedFunction.run
@@ -75,22 +85,49 @@ def _install(_module):
             c.in_kernel -= 1
     InterpretedFunction.run = run
 
+    # ahead of the read: the worker's layout build, then the verify forward's work up to the read
+    build = worker.HybridWorkerV2._ragged_layout
+    def build_counted(self, *a, **k):
+        start()
+        try:
+            return build(self, *a, **k)
+        finally:
+            c = stop()
+            state.ahead = [c.aten, c.triton]
+    worker.HybridWorkerV2._ragged_layout = build_counted
+
+    forward = target.RaggedVerifyTarget.forward_batch_generation
+    def forward_counted(self, *a, **k):
+        if getattr(state, "ahead", None) is None:
+            return forward(self, *a, **k)
+        start()
+        try:
+            return forward(self, *a, **k)
+        finally:
+            if getattr(state, "count", None) is not None and not getattr(state, "after", False):
+                stop()                      # no read in this forward: nothing to record
+            state.after = False
+    target.RaggedVerifyTarget.forward_batch_generation = forward_counted
+
     read = layout.PendingLayout.read
     def read_then_count(self):
+        c = stop() if getattr(state, "count", None) is not None else None
+        if c is not None:
+            state.ahead = [state.ahead[0] + c.aten, state.ahead[1] + c.triton]
         out = read(self)
-        state.count = Count()
-        state.count.__enter__()
+        start()
+        state.after = True
         return out
     layout.PendingLayout.read = read_then_count
 
     replay = graph_capture.TracedEagerCapture.run
     def stop_then_run(self, key, forward):
-        c = getattr(state, "count", None)
-        if c is not None:
-            c.__exit__(None, None, None)
-            state.count = None
+        if getattr(state, "after", False) and getattr(state, "count", None) is not None:
+            c = stop()
+            ahead, state.ahead = state.ahead, None
             with open(RECORDS, "a") as f:
-                f.write(json.dumps({"tier": int(key), "aten": c.aten, "triton": c.triton}) + "\n")
+                f.write(json.dumps({"tier": int(key), "aten": c.aten, "triton": c.triton, "ahead_aten": ahead[0],
+                                    "ahead_triton": ahead[1]}) + "\n")
         return replay(self, key, forward)
     graph_capture.TracedEagerCapture.run = stop_then_run
 
@@ -119,11 +156,13 @@ def count(max_new_tokens: int) -> list[dict]:
 
 
 def summary(records: list[dict]) -> dict:
-    """Median and maximum per step of the ATen operators, the Triton launches and their sum."""
+    """Median and maximum per step of the ATen operators, the Triton launches and their sum, after the read and
+    (``ahead_...``) queued before it."""
     out = {"steps": len(records)}
-    for key in ("aten", "triton", "total"):
-        vals = [r["aten"] + r["triton"] if key == "total" else r[key] for r in records]
-        out[key] = {"median": statistics.median(vals), "max": max(vals)}
+    for pre in ("", "ahead_"):
+        for key in ("aten", "triton", "total"):
+            vals = [r[pre + "aten"] + r[pre + "triton"] if key == "total" else r[pre + key] for r in records]
+            out[pre + key] = {"median": statistics.median(vals), "max": max(vals)}
     return out
 
 
@@ -133,10 +172,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     records = count(args.max_new_tokens)
     s = summary(records)
-    print(f"ragged verify, host launches between the blocking read and the graph replay (MEASURED count, SGLang CPU "
-          f"engine, {s['steps']} steps, HYBRID merge): ATen operators median {s['aten']['median']:g} "
-          f"(max {s['aten']['max']}), Triton launches median {s['triton']['median']:g} "
-          f"(max {s['triton']['max']}), total median {s['total']['median']:g} (max {s['total']['max']})")
+    for pre, what in (("", "between the blocking read and the graph replay"),
+                      ("ahead_", "queued ahead of the read (the layout, the compaction, the static buffers, the "
+                                 "attention plan)")):
+        print(f"ragged verify, host launches {what} (MEASURED count, SGLang CPU engine, {s['steps']} steps, HYBRID "
+              f"merge): ATen operators median {s[pre + 'aten']['median']:g} (max {s[pre + 'aten']['max']}), Triton "
+              f"launches median {s[pre + 'triton']['median']:g} (max {s[pre + 'triton']['max']}), total median "
+              f"{s[pre + 'total']['median']:g} (max {s[pre + 'total']['max']})")
     print(json.dumps(s))
     return 0
 

@@ -194,14 +194,17 @@ def test_ragged_sync_launches_are_what_the_replay_charges():
     """``python -m bench.ragged_sync_ops`` on the live engine (HYBRID merge, ragged, the token-tier graph runner): on
     every ragged step the host launches, between the blocking read of the node counts and the verify graph's replay,
     exactly the ATen operators and Triton launches the realistic replay charges that read with
-    (``bench.replay.engine.RAGGED_SYNC_OPS``, ``RAGGED_SYNC_TRITON``); a change of that path fails here until the
-    replay's figure follows it."""
+    (``bench.replay.engine.RAGGED_SYNC_OPS``, ``RAGGED_SYNC_TRITON``: none), and queues before it exactly those whose
+    device time it charges (``RAGGED_AHEAD_OPS``, ``RAGGED_AHEAD_TRITON``); a change of that path fails here until
+    the replay's figures follow it."""
     from bench import ragged_sync_ops
-    from bench.replay.engine import RAGGED_SYNC_OPS, RAGGED_SYNC_TRITON
+    from bench.replay.engine import RAGGED_AHEAD_OPS, RAGGED_AHEAD_TRITON, RAGGED_SYNC_OPS, RAGGED_SYNC_TRITON
 
     records = ragged_sync_ops.count(6)
     assert records, "no ragged step was counted"
     assert {(r["aten"], r["triton"]) for r in records} == {(RAGGED_SYNC_OPS, RAGGED_SYNC_TRITON)}, records
+    # and what it queues ahead of that read, whose device time the replay charges
+    assert {(r["ahead_aten"], r["ahead_triton"]) for r in records} == {(RAGGED_AHEAD_OPS, RAGGED_AHEAD_TRITON)}, records
 
 
 def test_streaming_abort_then_batch_ragged_equal_plain_greedy():

@@ -89,8 +89,9 @@ from sglang_hybrid.widths import default_depths, start_width
 VERIFY_LAYOUTS = {
     "padded": "every request verifies W tokens, W the width bucket chosen {width_lag} step(s) before; cost T(B W)",
     "ragged_sync": ("ragged verify (built on Triton at TP 1, opt-in on a GPU): each request its root + the nodes the "
-                    "price keeps, the counts read by the host after the decision with the device idle {sync_us:g} us "
-                    "per step; verify graphs keyed by token tiers (token_tier), cost T(token tier of the sum)"),
+                    "price keeps, the counts read by the host after the decision, {sync_us:g} us per step for that "
+                    "read and the layout work the verify waits on (RAGGED_SYNC_US); verify graphs keyed by token "
+                    "tiers (token_tier), cost T(token tier of the sum)"),
     "ragged_late": ("ragged verify (a design, not built): each request at most the rows it chose {width_lag} step(s) "
                     "before (its own width, read late without blocking, as the bucket is), laid out whether used or "
                     "not; verify graphs keyed by token tiers (token_tier), cost T(token tier of the sum of those "
@@ -121,13 +122,21 @@ COST_TABLES = {
 #: the "ragged_sync" stall's parts. The device idle of one blocking read of the counts between two graphs: MEASURED on
 #: an H200 (the device kit's ragged job, 16 counts: ``blocking_read_stall_us`` in docs/device_run/ragged.json)
 RAGGED_READ_US = 41.1
-#: what the host launches between that read and the verify graph's replay, as built (the compaction's KV write plan,
-#: the copies into the graph's static buffers, the attention plan): ATen operators and Triton launches, a MEASURED
-#: count (``python -m bench.ragged_sync_ops``, SGLang's CPU engine, 2026-12-05; the live suite checks every step
-#: launches exactly these), each charged its host dispatch (``host.LaunchCost``: the published per-operator figure, the
-#: measured per-Triton-launch one) with the device idle
-RAGGED_SYNC_OPS, RAGGED_SYNC_TRITON = 22, 1
-RAGGED_SYNC_US = round(RAGGED_READ_US + LaunchCost().host_s(RAGGED_SYNC_TRITON, RAGGED_SYNC_OPS) * 1e6, 1)
+#: what the host launches between that read and the verify graph's replay, as built: ATen operators and Triton
+#: launches, a MEASURED count (``python -m bench.ragged_sync_ops``, SGLang's CPU engine, 2026-12-06; the live suite
+#: checks every step launches exactly these), each charged its host dispatch (``host.LaunchCost``: the published
+#: per-operator figure, the measured per-Triton-launch one) with the device idle. None since 2026-12-06: the KV write
+#: ids, the graph's static buffers and the attention plan are queued before the read (``graph_runner.load_ahead``);
+#: until then 22 operators and 1 Triton launch
+RAGGED_SYNC_OPS, RAGGED_SYNC_TRITON = 0, 0
+#: what ragged verify queues on the device between the decision and that read (the worker's layout build, the
+#: compaction, the KV write ids, the static buffers, the attention plan), MEASURED alike: their host dispatch hides
+#: under the device's draft and decision, their device time does not (the verify waits on them), each charged its GPU
+#: time (``host.LaunchCost``: 2 us an operator, published; 15 us a Triton launch, measured). Not charged before
+#: 2026-12-06
+RAGGED_AHEAD_OPS, RAGGED_AHEAD_TRITON = 82, 1
+RAGGED_SYNC_US = round((RAGGED_READ_US * 1e-6 + LaunchCost().host_s(RAGGED_SYNC_TRITON, RAGGED_SYNC_OPS)
+                        + LaunchCost().device_s(RAGGED_AHEAD_TRITON, RAGGED_AHEAD_OPS)) * 1e6, 1)
 
 
 @dataclasses.dataclass(frozen=True)

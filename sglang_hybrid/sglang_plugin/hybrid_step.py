@@ -170,7 +170,8 @@ class HybridStep:
         ``root_tokens [B]``: last committed token (EAGLE's bonus); ``model_tokens [B, S]``: EAGLE chain (``S`` one of
         ``depths``);
         ``model_conf [B, S]``: draft softmax probability of each drafted token; ``slots [B]``: request-pool slots;
-        ``cur_gen [B]``: their current generations; ``seq_lens [B]``: committed tokens in the KV cache (root excluded).
+        ``cur_gen [B]``: their current generations; ``seq_lens [B]``: committed tokens in the KV cache (root
+        excluded), at whose mean the cost tables measured at start are blended first (``_follow_context``).
         ``width``: this step's verify width, one of ``widths``. ``lookup_span``: positions of each request's context
         the prompt lookup reads, from ``lookup_span`` on the host (a few static values; a row with more committed
         tokens gets no lookup proposal); None: the whole table.

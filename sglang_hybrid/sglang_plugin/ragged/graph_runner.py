@@ -31,10 +31,11 @@ import torch
 from .layout import RaggedLayout
 
 
-def pad_requests(layout: RaggedLayout, slots: int) -> RaggedLayout:
-    """``layout`` over ``slots`` requests: the step's ``B``, then ``slots - B`` padding requests of no rows (their
-    ``qo_indptr`` and ``mask_indptr`` entries repeat the last real one). Device ops only, no host read."""
-    b = layout.batch_size
+def pad_requests(layout, slots: int):
+    """``layout`` (a ``RaggedLayout``, or a ``PendingLayout`` before its read) over ``slots`` requests: the step's
+    ``B``, then ``slots - B`` padding requests of no rows (their ``qo_indptr`` and ``mask_indptr`` entries repeat the
+    last real one). Device ops only, no host read."""
+    b = int(layout.counts.shape[0])
     if not 1 <= b <= slots:
         raise ValueError(f"a ragged verify of {b} requests does not fit {slots} request slots")
     if b == slots:
@@ -77,9 +78,44 @@ class RaggedVerifyGraphRunner:
         self.seq_lens = torch.zeros(self.slots, dtype=torch.int64, device=dev)
         self.req_pool_indices = torch.zeros(self.slots, dtype=torch.int64, device=dev)
         self.logits = logits_buffer(model_runner, self.max_rows)
+        #: what ``load_ahead`` loaded for the step in flight: (its layout's counts, the layout padded to the slots,
+        #: the host prefix lengths padded), taken by that step's ``_static_batch``
+        self._ahead = None
+
+    def load_ahead(self, fb, pending, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
+        """Before the step's read of its node counts (``layout.PendingLayout.read``), queue what ``execute`` would
+        copy and plan that does not need the row count, while the device still runs the draft and the decision:
+        every row the step can take (``input_ids``, ``positions`` and ``fb.out_cache_loc``, ``pending.rows_bound()``
+        of each: the tier's spare rows zero and writing to the sink) into the static buffers, the requests' prefixes
+        padded to the slots, and the attention plan's device half (``RaggedTritonAttnBackend.plan_ahead``). The
+        step's ``execute`` finds them loaded and, after the read, launches nothing before the replay but what needs
+        the rows. Why: on a GPU each launch after that read is host time with the device idle
+        (``bench.ragged_sync_ops``)."""
+        n, b = int(input_ids.shape[0]), int(pending.counts.shape[0])
+        if n > self.max_rows or fb.out_cache_loc.shape[0] != n or positions.shape[0] != n:
+            raise RuntimeError(f"ragged verify graphs: {n} rows loaded ahead (at most {self.max_rows}), with "
+                               f"{positions.shape[0]} positions and {fb.out_cache_loc.shape[0]} KV write slots")
+        for dst, src in ((self.input_ids, input_ids), (self.positions, positions),
+                         (self.out_cache_loc, fb.out_cache_loc)):
+            dst[:n].copy_(src)
+        seq_lens_cpu = self._load_requests(fb, b)
+        padded = pad_requests(pending, self.slots)
+        self.backend.plan_ahead(fb.kv_loc_plan, self.slots, self.seq_lens, self.req_pool_indices, padded)
+        self._ahead = (pending.counts, padded, seq_lens_cpu)
+
+    def _load_requests(self, fb, b: int):
+        """The step's ``b`` requests' prefix lengths and pool rows into the static buffers, the slots past them
+        zero; returns the host prefix lengths padded alike (None where the batch has none)."""
+        for dst, src in ((self.seq_lens, fb.seq_lens), (self.req_pool_indices, fb.req_pool_indices)):
+            dst[:b].copy_(src)
+            dst[b:].zero_()
+        if fb.seq_lens_cpu is None:
+            return None
+        return torch.cat([fb.seq_lens_cpu, fb.seq_lens_cpu.new_zeros(self.slots - b)])
 
     def _static_batch(self, fb, layout: RaggedLayout):
-        """The batch the tier's forward reads: ``fb`` with its tensors in the static buffers, padded to the slots."""
+        """The batch the tier's forward reads: ``fb`` with its tensors in the static buffers, padded to the slots
+        (loaded by ``load_ahead`` when it ran for this step's layout, else here)."""
         rows, b = layout.rows, layout.batch_size
         if fb.input_ids.shape[0] != rows:
             raise RuntimeError(f"ragged verify graphs: the batch holds {fb.input_ids.shape[0]} tokens, its layout "
@@ -90,17 +126,18 @@ class RaggedVerifyGraphRunner:
         if rows > self.max_rows:
             raise RuntimeError(f"ragged verify graphs: a step of {rows} rows exceeds the {self.max_rows} sized at "
                                "start")
-        for dst, src in ((self.input_ids, fb.input_ids), (self.positions, fb.positions),
-                         (self.out_cache_loc, fb.out_cache_loc)):
-            dst[:rows].copy_(src)
-        for dst, src in ((self.seq_lens, fb.seq_lens), (self.req_pool_indices, fb.req_pool_indices)):
-            dst[:b].copy_(src)
-            dst[b:].zero_()
+        ahead, self._ahead = self._ahead, None
         spec = copy.copy(fb.spec_info)
-        spec.ragged = pad_requests(layout, self.slots)
-        seq_lens_cpu = None
-        if fb.seq_lens_cpu is not None:
-            seq_lens_cpu = torch.cat([fb.seq_lens_cpu, fb.seq_lens_cpu.new_zeros(self.slots - b)])
+        if ahead is not None and ahead[0] is layout.counts:
+            _, padded, seq_lens_cpu = ahead
+            spec.ragged = dataclasses.replace(layout, counts=padded.counts, qo_indptr=padded.qo_indptr,
+                                              mask_indptr=padded.mask_indptr)
+        else:
+            for dst, src in ((self.input_ids, fb.input_ids), (self.positions, fb.positions),
+                             (self.out_cache_loc, fb.out_cache_loc)):
+                dst[:rows].copy_(src)
+            seq_lens_cpu = self._load_requests(fb, b)
+            spec.ragged = pad_requests(layout, self.slots)
         static = dataclasses.replace(
             fb, batch_size=self.slots, input_ids=self.input_ids[:rows], positions=self.positions[:rows],
             seq_lens=self.seq_lens, orig_seq_lens=self.seq_lens, req_pool_indices=self.req_pool_indices,

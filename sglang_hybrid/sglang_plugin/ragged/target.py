@@ -13,6 +13,7 @@ neither is ever read. Everything else is delegated to the real worker untouched.
 """
 from __future__ import annotations
 
+from .graph_runner import RaggedVerifyEagerRunner
 from .layout import PendingLayout, gather_rows, kv_write_cols, scatter_rows
 
 
@@ -42,18 +43,26 @@ class RaggedVerifyTarget:
                                "it compacts whole verify windows only")
         translator = self._target.model_runner.kv_index_translator
         padded = fb.input_ids, fb.positions
+        # KV writes: SGLang's own plan selects the compact rows of the verify window (``cols`` as a flat index into
+        # the window: out_cache_loc and its virtual mirror both follow, element by element).
         if isinstance(layout, PendingLayout):
             # compact ahead of the step's one blocking read, then read as late as it can be: the layout, SGLang's
-            # verify preparation and the compaction are queued on the device by then (``layout.PendingLayout``)
+            # verify preparation, the compaction and the KV write ids of every row the step can take are queued on
+            # the device by then (``layout.PendingLayout``), and with the token-tier graphs their static buffers and
+            # attention plan too (``graph_runner.load_ahead``); the step's rows are then the first ``rows`` of each
             ahead = [layout.gather_ahead(t) for t in padded] + [layout.write_cols_ahead()]
+            plan.bind(fb, translator, cols=ahead[2])
+            eager = getattr(self._target.model_runner, "eager_runner", None)
+            if isinstance(eager, RaggedVerifyEagerRunner):
+                eager.graphs.load_ahead(fb, layout, ahead[0], ahead[1])
             layout = fb.spec_info.ragged = layout.read()
-            fb.input_ids, fb.positions, write_cols = (t[: layout.rows] for t in ahead)
+            fb.input_ids, fb.positions, fb.kv_loc_cols, fb.out_cache_loc = (
+                t[: layout.rows] for t in (*ahead, fb.out_cache_loc))
+            if fb.out_cache_loc_virtual is not None:
+                fb.out_cache_loc_virtual = fb.out_cache_loc_virtual[: layout.rows]
         else:
             fb.input_ids, fb.positions = (gather_rows(t, layout) for t in padded)
-            write_cols = kv_write_cols(layout)
-        # KV writes: SGLang's own plan selects the compact rows of the verify window (``cols`` as a flat index into
-        # the window: out_cache_loc and its virtual mirror both follow).
-        plan.bind(fb, translator, cols=write_cols)
+            plan.bind(fb, translator, cols=kv_write_cols(layout))
         # The batch's token count feeds SGLang's padding bookkeeping (num_token_non_padded): recount after compaction.
         fb._init_num_token_non_padded(device=fb.input_ids.device, is_draft_worker=False)
         try:

@@ -36,6 +36,13 @@ class RaggedVerifyBuffers:
     mask: torch.Tensor           # [max_rows x row_bound + 1] uint8: the packed ragged mask (layout.ragged_full_mask)
 
 
+@dataclass(frozen=True)
+class _Ragged:
+    """What ``_update_target_verify_buffers`` reads of a verify input: its ragged layout."""
+
+    ragged: object
+
+
 class RaggedTritonAttnBackend(TritonAttnBackend):
     """``TritonAttnBackend`` whose TARGET_VERIFY plan follows ``spec_info.ragged`` when it is set."""
 
@@ -57,7 +64,26 @@ class RaggedTritonAttnBackend(TritonAttnBackend):
         if self.sliding_window_size is not None and self.sliding_window_size > 0:
             raise RuntimeError("ragged verify does not plan sliding-window attention layers; "
                                "run with HYBRID setting ragged_verify=off")
+        planned, self.planned_ahead = getattr(self, "planned_ahead", None), None
+        if planned is not None and planned is layout.qo_indptr and forward_batch.batch_size == buf.max_bs:
+            # the device half ran before the read (``plan_ahead``); what is left builds the metadata on the host
+            self.forward_metadata = self._build_cuda_graph_forward_metadata(
+                forward_batch.batch_size, forward_batch.forward_mode, forward_batch.spec_info,
+                self._fill_cuda_graph_swa_out_cache_loc(forward_batch, in_capture=True))
+            return
         self.init_forward_metadata_out_graph(forward_batch, in_capture=True)
+
+    def plan_ahead(self, plan, bs: int, seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, layout) -> None:
+        """The device half of a ragged verify's plan (the layout's index and mask pointers, the committed prefixes'
+        KV indices) for ``bs`` requests (the slots the token-tier graphs run at) of a ``layout`` padded to them, its
+        row count not read yet (``layout.PendingLayout``): none of it depends on the rows. The step's
+        ``init_forward_metadata`` then only builds the metadata, on the host (``graph_runner.load_ahead``)."""
+        buf = self.ragged_buffers
+        if bs != buf.max_bs or layout.width != buf.width or layout.counts.shape[0] != bs:
+            raise RuntimeError(f"ragged verify: a plan ahead for {bs} slots of {layout.counts.shape[0]} requests at "
+                               f"width {layout.width}; the buffers were sized for {buf.max_bs} at {buf.width}")
+        self._update_target_verify_buffers(plan, bs, seq_lens, _Ragged(layout), req_pool_indices)
+        self.planned_ahead = layout.qo_indptr
 
     def _update_target_verify_buffers(self, plan, bs, seq_lens, spec_info, req_pool_indices):
         layout = getattr(spec_info, "ragged", None)
@@ -101,6 +127,8 @@ def enable(backend, max_bs: int, width: int) -> None:
     ctx = int(backend.max_context_len)
     max_rows, row_bound = max_bs * width, ctx + width
     backend.__class__ = RaggedTritonAttnBackend
+    #: the padded ``qo_indptr`` whose plan ``plan_ahead`` ran, until the step's ``init_forward_metadata`` uses it
+    backend.planned_ahead = None
     backend.ragged_buffers = RaggedVerifyBuffers(
         max_bs=max_bs, width=width, max_rows=max_rows, row_bound=row_bound,
         kv_indices=torch.zeros(max_bs * ctx, dtype=torch.int64, device=backend.device),
