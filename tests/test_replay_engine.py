@@ -902,9 +902,9 @@ def test_ragged_verify_layouts_are_refused_where_they_mean_nothing():
 
 
 def test_ragged_sync_stall_is_the_measured_read_plus_the_counted_launches():
-    """The blocking read's default stall: the device kit's measured read (docs/device_run/ragged.json) plus the host
-    dispatch of what the host launches before the verify graph (``bench.ragged_sync_ops``'s count; the live suite
-    pins it), each at the replay's launch costs."""
+    """The blocking read's default charge: the device kit's measured read (docs/device_run/ragged.json), the host
+    dispatch of what the host launches after it before the verify graph, and the device time of what it queues ahead
+    of it (``bench.ragged_sync_ops``'s counts; the live suite pins them), each at the replay's launch costs."""
     import json
     from pathlib import Path
 
@@ -914,7 +914,8 @@ def test_ragged_sync_stall_is_the_measured_read_plus_the_counted_launches():
     assert run["on_gpu"] and round(run["blocking_read_stall_us"], 1) == replay_engine.RAGGED_READ_US
     cost = LaunchCost()
     want = (replay_engine.RAGGED_READ_US + replay_engine.RAGGED_SYNC_OPS * cost.op_host_us
-            + replay_engine.RAGGED_SYNC_TRITON * cost.host_us)
+            + replay_engine.RAGGED_SYNC_TRITON * cost.host_us + replay_engine.RAGGED_AHEAD_OPS * cost.op_gpu_us
+            + replay_engine.RAGGED_AHEAD_TRITON * cost.gpu_us)
     assert replay_engine.RAGGED_SYNC_US == pytest.approx(want, abs=0.05)
     assert replay_engine.EngineConfig().sync_us == replay_engine.RAGGED_SYNC_US
 
