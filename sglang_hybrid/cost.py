@@ -155,7 +155,7 @@ class ContextCostModel(CostModel):
     def __init__(self, sizes, seconds, short_seconds, short_context: int, long_context: int,
                  meta: Optional[dict] = None):
         super().__init__(sizes, seconds, meta)
-        sizes_short, self.short_seconds = _validate(sizes, short_seconds)
+        _, self.short_seconds = _validate(sizes, short_seconds)
         for name, c in (("short_context", short_context), ("long_context", long_context)):
             if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1:
                 raise CostFileError(f"{name} must be a positive int (tokens a request), got {c!r}")

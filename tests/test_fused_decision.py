@@ -210,7 +210,8 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
 
 def test_fused_context_blend_equals_torch():
     """``kernels.follow_context`` (one launch for both tables) writes exactly what ``ContextCostTables.follow`` does,
-    on random tables of 1 to 16 entries and batches whose mean context lies below, between and past the probes'."""
+    on random tables of 1 to 16 entries and batches whose mean context lies below, between and past the probes'; a
+    table longer than the kernel unrolls (70 entries) follows by the torch rule beside a short one in the kernel."""
     res = _interpreted("""
         import json
         import numpy as np, torch
@@ -218,16 +219,17 @@ def test_fused_context_blend_equals_torch():
         from sglang_hybrid.cost import ContextCostModel
 
         rng = np.random.default_rng(5)
-        def table():
-            ns = int(rng.integers(1, 17))
+        def table(ns=None):
+            ns = ns or int(rng.integers(1, 17))
             sizes = np.cumsum(rng.integers(1, 60, ns))
             short = np.cumsum(rng.random(ns)) + 0.01
             long = short + np.cumsum(rng.random(ns)) * rng.random()
             lo = int(rng.integers(1, 400))
             return ContextCostModel(sizes, long, short, lo, lo + int(rng.integers(1, 3000)))
         cases, failed = 0, []
-        for i in range(60):
-            verify, draft = table(), table()
+        for i in range(61):
+            # the last: tables longer than the kernel unrolls (a user's file), followed by the torch rule
+            verify, draft = (table(), table()) if i < 60 else (table(70), table(3))
             seq = torch.as_tensor(rng.integers(1, 8000, int(rng.integers(1, 700))))
             which = (True, True) if i % 3 == 0 else (True, False) if i % 3 == 1 else (False, True)
             fused = [m.to("cpu") if on else None for m, on in zip((verify, draft), which)]
@@ -241,7 +243,7 @@ def test_fused_context_blend_equals_torch():
                         failed.append(i)
         print(json.dumps({"cases": cases, "failed": failed}))
     """)
-    assert res["cases"] == 80 and res["failed"] == [], res
+    assert res["cases"] == 82 and res["failed"] == [], res
 
 
 @pytest.mark.parametrize("mode,width_plan,depth_plan,measured", [("merge", True, True, True),

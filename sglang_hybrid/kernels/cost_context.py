@@ -3,8 +3,9 @@
 Why a kernel: the fused step runs in a handful of launches (``bench.step_launches``); the torch rule is 23
 operators a table. One program reads the batch's committed tokens, blends each table at their mean and writes the
 seconds and segment slopes in place, with the same float32 operations in the same order as the torch rule, so both
-paths price alike (tests/test_cost.py compares them exactly). The tables have one entry per probe batch size (a dozen
-at most), so the running maximum is a loop over the entries, unrolled at compile time.
+paths price alike (tests/test_fused_decision.py compares them exactly). The tables measured at start have one entry
+per probe batch size (a dozen at most), so the running maximum is a loop over the entries, unrolled at compile time;
+a table of more than ``MAX_ENTRIES`` (a user's file) follows by the torch rule instead.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from sglang_hybrid.cost import ContextCostTables
 
 #: committed-token counts summed per loop iteration
 BLOCK = 256
+#: entries of a table the kernel unrolls its loop over; a longer one follows by ``ContextCostTables.follow``
+MAX_ENTRIES = 64
 
 
 @triton.jit
@@ -67,10 +70,14 @@ def _args(t: Optional[ContextCostTables], dummy: torch.Tensor) -> tuple:
 def follow_context(seq_lens: torch.Tensor, cost: Optional[ContextCostTables],
                    draft_cost: Optional[ContextCostTables]) -> None:
     """``cost.follow(seq_lens)`` and ``draft_cost.follow(seq_lens)`` (either may be None) in one launch."""
-    if cost is None and draft_cost is None:
-        return
     if seq_lens.numel() < 1 or not seq_lens.is_contiguous():
         raise ValueError("follow_context needs a non-empty contiguous seq_lens")
+    long = [t for t in (cost, draft_cost) if t is not None and t.sizes.numel() > MAX_ENTRIES]
+    for table in long:
+        table.follow(seq_lens)
+    cost, draft_cost = (None if t is None or t in long else t for t in (cost, draft_cost))
+    if cost is None and draft_cost is None:
+        return
     any_table = cost if cost is not None else draft_cost
     _follow_kernel[(1,)](
         seq_lens, seq_lens.numel(), *_args(cost, any_table.sizes), *_args(draft_cost, any_table.sizes),
