@@ -1,7 +1,7 @@
 """The fused decision kernels against the torch ``DecisionStep`` on random and adversarial batches.
 
-    TRITON_INTERPRET=1 python -m bench.fused_exactness [--batches 10000] [--episodes 0] [--recorded] [--seed 0]
-                                                       [--control]
+    TRITON_INTERPRET=1 python -m bench.fused_exactness [--batches 10000] [--episodes 0] [--ragged 0] [--recorded]
+                                                       [--seed 0] [--control]
 
 Each batch draws a configuration (choose or merge; EAGLE steps 1-6, adaptive depths or not; n-gram chains of 1-12;
 ``n_nodes`` the default or anything from 1 up, so width <= depth happens; width buckets the default, a random set or
@@ -17,6 +17,9 @@ float32 log and exp differ between torch's vectorised functions and Triton's).
 links and mask, after_verify, over evolving batches; cost tables at one context or at two, the kind measured at start,
 blended at each step's context: the blended tables must be equal too), ``N`` episodes of 6 steps, each step counted as
 a batch.
+
+``--ragged N`` also compares ragged verify's layout and compaction kernels with the torch builder on ``N`` random
+trees (``run_ragged``; ``run_steps`` compares them on every step's decided tree too).
 
 ``--recorded`` also decides steps recorded from the CPU reference loop on real text (``run_recorded``: SmolLM2 and
 the shipped EAGLE head on code edits and chats).
@@ -381,7 +384,8 @@ def run_steps(episodes: int, steps: int = 6, seed: int = 0, progress: bool = Tru
                 span = pair[0].lookup_span(longest) if rng.random() < 0.7 else None
                 got = pair[0].select(root, chain, conf, sl_t, gen_t, seq, width=width, lookup_span=span)
                 ref = pair[1].select(root, chain, conf, sl_t, gen_t, seq, width=width, lookup_span=span)
-                bad = _compare(ref, got) + _state_diff(pair) + _links_diff(got.tree, seq, rng)
+                bad = (_compare(ref, got) + _state_diff(pair) + _links_diff(got.tree, seq, rng)
+                       + _ragged_diff(got.tree, seq, rng))
                 acc = t(rng.integers(1, width + 1, size=b))
                 emitted = t(rng.integers(0, vocab, size=(b, width)))
                 for st in pair:
@@ -423,6 +427,80 @@ def _links_diff(tree, seq_lens: torch.Tensor, rng: np.random.Generator) -> list[
     return bad
 
 
+def _ragged_diff(tree, seq_lens: torch.Tensor, rng: np.random.Generator) -> list[str]:
+    """Ragged verify's layout before the read and its compaction (``kernels.ragged_layout``) against the torch builder
+    (``ragged.layout.build_pending_layout`` of ``verify_nodes``' ancestors), as the worker calls them: half the time
+    on the tree widened to a wider bucket (``widths.widen``, whose rows are not contiguous), the mask in a uint8
+    buffer sized as the Triton backend's (``row_bound`` = the longest row + the width, room for more requests), the
+    node tokens and positions of the padded batch compacted to the tier bound; the mask compared up to
+    ``mask_indptr[B]`` (no reader looks past it)."""
+    from sglang_hybrid.kernels.ragged_layout import pending_layout
+    from sglang_hybrid.sglang_plugin.ragged.layout import build_pending_layout, node_counts
+    from sglang_hybrid.sglang_plugin.tree_mask import verify_nodes
+    from sglang_hybrid.widths import widen
+
+    b, w = tree.tokens.shape
+    if rng.random() < 0.5:
+        w += int(rng.integers(1, 8))
+        tree = widen(tree, w)
+    total = int(seq_lens.sum()) + (int(rng.integers(0, 50)) if rng.random() < 0.5 else 0)
+    row_bound = int(seq_lens.max()) + w + int(rng.integers(0, 9))
+    size = (b + int(rng.integers(0, 3))) * w * row_bound + 1
+    max_rows = b * w if rng.random() < 0.7 else None
+    bufs = [torch.full((size,), 7, dtype=torch.uint8) for _ in range(2)]
+    _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
+    ref = build_pending_layout(tree.valid, anc, seq_lens, total, node_counts(tree.valid), mask_out=bufs[0],
+                               row_bound=row_bound, max_rows=max_rows)
+    got = pending_layout(tree.valid, tree.ancestors, seq_lens, total, mask_out=bufs[1], row_bound=row_bound,
+                         max_rows=max_rows)
+    bad = [f"ragged.{n}" for n in ("counts", "token_index", "qo_indptr", "mask_indptr")
+           if not torch.equal(getattr(ref, n), getattr(got, n))]
+    end = int(ref.mask_indptr[-1])
+    if not torch.equal(bufs[0][:end], bufs[1][:end]):
+        bad.append("ragged.custom_mask")
+    ids = torch.as_tensor(rng.integers(0, 50_000, size=b * w), dtype=torch.int64)
+    positions = torch.as_tensor(rng.integers(0, 4_000, size=b * w), dtype=torch.int64)
+    names = ("input_ids", "positions", "kv_write_cols")
+    bad += [f"ragged.compact_{n}" for n, x, y in zip(names, ref.compact_ahead(ids, positions),
+                                                        got.compact_ahead(ids, positions)) if not torch.equal(x, y)]
+    return bad
+
+
+def run_ragged(cases: int, seed: int = 0, progress: bool = True) -> dict:
+    """``_ragged_diff`` on ``cases`` random trees (1-9 requests, widths 1-24, random parents and a tenth of the
+    ancestor bits dropped, the self bit included, which the layout's reflexive rule restores; prefixes of 0-700
+    tokens, past the kernel's 256-column chunk, as int64 or int32). Returns counts as ``run``."""
+    from sglang_hybrid.selector import VerifyTree
+
+    rng = np.random.default_rng(seed)
+    fields: dict = {}
+    failed, first = 0, None
+    for case in _progress(cases, "ragged layout fused vs torch", "batch", progress):
+        b, w = int(rng.integers(1, 10)), int(rng.integers(1, 25))
+        n = rng.integers(1, w + 1, size=b)
+        anc = torch.zeros(b, w, w, dtype=torch.bool)
+        for r in range(b):
+            for i in range(w):
+                anc[r, i, i] = True
+                if i:
+                    anc[r, i] |= anc[r, int(rng.integers(0, i))]
+        anc &= torch.as_tensor(rng.random((b, w, w)) > 0.1)
+        valid = torch.as_tensor(np.arange(w)[None, :] < n[:, None])
+        zeros = torch.zeros(b, w, dtype=torch.int64)
+        tree = VerifyTree(tokens=torch.as_tensor(rng.integers(0, 100, size=(b, w))), parents=zeros, ancestors=anc,
+                          depth=zeros, valid=valid, source=zeros, survival=zeros.float(),
+                          expected_accepted=torch.zeros(b))
+        seq = torch.as_tensor(rng.integers(0, 700, size=b), dtype=torch.int32 if rng.random() < 0.3 else torch.int64)
+        bad = _ragged_diff(tree, seq, rng)
+        if bad:
+            failed += 1
+            for f in bad:
+                fields[f] = fields.get(f, 0) + 1
+            if first is None:
+                first = {"case": case, "fields": bad, "batch": b, "width": w}
+    return {"batches": cases, "failed": failed, "fields": fields, "first": first}
+
+
 def _state_diff(pair) -> list[str]:
     """Names of the device state that differs between two ``HybridStep``s."""
     a, b = pair
@@ -455,6 +533,8 @@ def main(argv=None) -> int:
                     help="also run this many episodes of the worker's whole step (HybridStep, 6 steps each)")
     ap.add_argument("--recorded", action="store_true",
                     help="also decide steps recorded from the CPU reference loop on real text (SmolLM2)")
+    ap.add_argument("--ragged", type=int, default=0,
+                    help="also compare ragged verify's layout kernels on this many random trees (run_ragged)")
     ap.add_argument("--control", action="store_true", help="reference in the other mode: mismatches must be found")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
@@ -481,6 +561,13 @@ def main(argv=None) -> int:
               f"{rec['batches']} decisions, {rec['failed']} differ; {time.time() - t0:.0f} s")
         _details(rec)
         total, failed = total + rec["batches"], failed + rec["failed"]
+    if args.ragged and not args.control:
+        t0 = time.time()
+        rg = run_ragged(args.ragged, seed=args.seed)
+        print(f"ragged verify's layout kernels vs the torch builder: {rg['batches']} random trees, {rg['failed']} "
+              f"differ; {time.time() - t0:.0f} s")
+        _details(rg)
+        failed += rg["failed"]
     if args.control:
         ok = res["failed"] > 0 and (not args.episodes or st["failed"] > 0)
         print(f"{'MET' if ok else 'MISSED'}: the positive control (reference in the other mode) is detected")

@@ -5,8 +5,9 @@ before Triton is first imported. What is compared (``bench/fused_exactness.py``,
 target): the decision on random and adversarial batches (``FusedDecisionStep`` against ``DecisionStep``) and on steps
 recorded from the CPU reference loop on real text, and the worker's whole device step (``HybridStep`` with
 ``decision_kernels`` fused against torch: select, the verify input's links and mask, after_verify, over evolving
-batches), with positive controls that must be caught. Also: the fused step's launch count, that it reads nothing back
-to the host, and the errors for what it does not cover.
+batches), and ragged verify's layout kernels against the torch builder, with positive controls that must be caught.
+Also: the fused step's launch count, that it reads nothing back to the host, and the errors for what it does not
+cover.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def exactness():
         out = {"decision": fe.run(400, seed=11, progress=False),
                "steps": fe.run_steps(40, seed=12, progress=False),
                "decision_control": fe.run(40, seed=13, control=True, progress=False),
-               "steps_control": fe.run_steps(6, seed=14, control=True, progress=False)}
+               "steps_control": fe.run_steps(6, seed=14, control=True, progress=False),
+               "ragged": fe.run_ragged(150, seed=15, progress=False)}
         print(json.dumps(out))
     """)
 
@@ -60,6 +62,16 @@ def test_fused_worker_step_equals_torch_step(exactness):
     assert res["failed"] == 0, res
     assert res["ngram_offsets_learned"] >= 5, res
     assert res["ngram_tokens_tested"] > 0, res          # both sides' chain outcomes were counted, and compared
+
+
+def test_fused_ragged_layout_equals_torch(exactness):
+    """Ragged verify's layout before the read and its compaction, one Triton launch each
+    (``kernels.ragged_layout``), against the torch builder: 150 random trees (prefixes past the mask kernel's chunk,
+    int32 and int64 lengths, widened non-contiguous rows, missing self bits) here, and every decided tree of the
+    worker-step comparison above (its ``ragged.*`` fields)."""
+    res = exactness["ragged"]
+    assert res["batches"] == 150
+    assert res["failed"] == 0, res
 
 
 @pytest.mark.real_model

@@ -675,15 +675,22 @@ class HybridWorkerV2(EAGLEWorkerV2):
         padded batch) and the read waits until the verify forward (``RaggedVerifyTarget``), after SGLang's verify
         preparation is queued too: the device idles only for what follows the read (``bench.ragged_sync_ops``). On
         FlashInfer it is unpadded, with a fresh mask sized by the counts (``ragged.flashinfer_plan``), so they are
-        read first."""
-        counts = ragged_layout.node_counts(tree.valid)
+        read first. With the fused step (setting ``decision_kernels``) the layout before the read is one Triton
+        launch, and so is its compaction (``kernels.ragged_layout``)."""
         width = tree.valid.shape[1]
-        _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
         buffers = getattr(attn, "ragged_buffers", None)
         if buffers is not None:
-            return ragged_layout.build_pending_layout(
-                tree.valid, anc, seq_lens, seq_lens_sum, counts, mask_out=buffers.mask, row_bound=buffers.row_bound,
-                max_rows=buffers.max_rows, on_read=lambda host, rows: self.counters.on_ragged(host, width, rows))
+            kw = dict(mask_out=buffers.mask, row_bound=buffers.row_bound, max_rows=buffers.max_rows,
+                      on_read=lambda host, rows: self.counters.on_ragged(host, width, rows))
+            if self.hybrid_step.fused is not None:
+                from sglang_hybrid.kernels.ragged_layout import pending_layout
+
+                return pending_layout(tree.valid, tree.ancestors, seq_lens, seq_lens_sum, **kw)
+            _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
+            return ragged_layout.build_pending_layout(tree.valid, anc, seq_lens, seq_lens_sum,
+                                                      ragged_layout.node_counts(tree.valid), **kw)
+        counts = ragged_layout.node_counts(tree.valid)
+        _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
         host = counts.tolist()
         total, max_nodes = sum(host), max(host)
         self.counters.on_ragged(host, width, total)

@@ -26,6 +26,9 @@ the device (``node_counts``): the counts are read once per step (docs/sglang.md,
 a buffer sized for the running limit (the Triton backend's), the worker builds the layout before that read
 (``build_pending_layout``, shapes from the padded batch) and the read waits until the verify forward needs it
 (``PendingLayout.read`` in ``RaggedVerifyTarget``), so the device is not left idle while the layout is built.
+With the fused step (setting ``decision_kernels``) that build and the compaction before the read are one Triton
+launch each (``kernels.ragged_layout``, equal to the torch code here, which stays the reference and the path
+elsewhere).
 """
 from __future__ import annotations
 
@@ -72,6 +75,16 @@ def mask_numel_bound(max_nodes: int, total: int, seq_lens_sum: int, row_bound: i
     return bound + 1
 
 
+def mask_out_checked(out: torch.Tensor, numel: int) -> torch.Tensor:
+    """``out`` after checking that it can hold a ragged mask of ``numel`` entries (``mask_numel_bound``) in a dtype
+    the attention kernels read."""
+    if out.numel() < numel:
+        raise ValueError(f"ragged mask buffer holds {out.numel()} entries, this step needs up to {numel}")
+    if out.dtype not in (torch.bool, torch.uint8):
+        raise ValueError(f"ragged mask buffer must be bool or uint8 (Triton's), got {out.dtype}")
+    return out
+
+
 def ragged_full_mask(ancestors: torch.Tensor, counts: torch.Tensor, token_index: torch.Tensor,
                      seq_lens: torch.Tensor, seq_lens_sum: int, out: torch.Tensor | None = None,
                      max_nodes: int | None = None, row_bound: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,10 +104,7 @@ def ragged_full_mask(ancestors: torch.Tensor, counts: torch.Tensor, token_index:
     if out is None:
         out = torch.ones(numel, dtype=torch.bool, device=dev)
     else:
-        if out.numel() < numel:
-            raise ValueError(f"ragged mask buffer holds {out.numel()} entries, this step needs up to {numel}")
-        if out.dtype not in (torch.bool, torch.uint8):
-            raise ValueError(f"ragged mask buffer must be bool or uint8 (Triton's), got {out.dtype}")
+        out = mask_out_checked(out, numel)
         out[:numel].fill_(1)
     sl = seq_lens.to(torch.int64)
     row_len = sl + counts                                                   # [B]
@@ -173,6 +183,8 @@ class PendingLayout:
     max_rows: int | None = None
     #: called once with the host counts and the rows when they are read (the worker's counters)
     on_read: Callable[[list, int], None] | None = None
+    #: built by the layout kernel (``kernels.ragged_layout``): ``compact_ahead`` compacts in one launch too
+    fused: bool = False
 
     def rows_bound(self) -> int:
         """Rows the forward can take whatever the counts hold: the token tier of ``B x W`` (``T <= B x W``, and a
@@ -198,6 +210,16 @@ class PendingLayout:
         out = self.token_index.new_full((self.rows_bound(),), -1)
         out[:n] = torch.where(self.token_index < n, self.token_index, -1)
         return out
+
+    def compact_ahead(self, input_ids: torch.Tensor, positions: torch.Tensor):
+        """``(gather_ahead(input_ids), gather_ahead(positions), write_cols_ahead())``: the forward's rows before the
+        read, in one launch when the layout kernel built this layout (``kernels.ragged_layout.compact_ahead``;
+        ``input_ids`` and ``positions`` 1-D there)."""
+        if self.fused:
+            from sglang_hybrid.kernels.ragged_layout import compact_ahead
+
+            return compact_ahead(self.token_index, self.rows_bound(), input_ids, positions)
+        return self.gather_ahead(input_ids), self.gather_ahead(positions), self.write_cols_ahead()
 
     def read(self) -> RaggedLayout:
         """Read the node counts to the host (the step's one blocking read) and return the step's layout."""
@@ -257,4 +279,4 @@ def scatter_rows(compact: torch.Tensor, layout: RaggedLayout) -> torch.Tensor:
 
 
 __all__ = ["PendingLayout", "RaggedLayout", "build_pending_layout", "build_ragged_layout", "gather_rows",
-           "kv_write_cols", "mask_numel_bound", "node_counts", "ragged_full_mask", "scatter_rows"]
+           "kv_write_cols", "mask_numel_bound", "mask_out_checked", "node_counts", "ragged_full_mask", "scatter_rows"]

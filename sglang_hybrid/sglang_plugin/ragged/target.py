@@ -50,7 +50,7 @@ class RaggedVerifyTarget:
             # verify preparation, the compaction and the KV write ids of every row the step can take are queued on
             # the device by then (``layout.PendingLayout``), and with the token-tier graphs their static buffers and
             # attention plan too (``graph_runner.load_ahead``); the step's rows are then the first ``rows`` of each
-            ahead = [layout.gather_ahead(t) for t in padded] + [layout.write_cols_ahead()]
+            ahead = layout.compact_ahead(*padded)
             plan.bind(fb, translator, cols=ahead[2])
             eager = getattr(self._target.model_runner, "eager_runner", None)
             if isinstance(eager, RaggedVerifyEagerRunner):
