@@ -68,7 +68,8 @@ def make_batch(counts, chain: int, cfg, g) -> dict:
     qkv = (torch.randn(total, h, d, generator=g), torch.randn(bs, kvh, cfg["s"][1], d, generator=g),
            torch.randn(bs, kvh, cfg["s"][1], d, generator=g), 3 * torch.randn(total, kvh, d, generator=g),
            torch.randn(total, kvh, d, generator=g))
-    return dict(parents=parents, valid=valid, anc=anc, seq_lens=seq_lens, qkv=tuple(t.to(dt) for t in qkv))
+    return dict(parents=parents, tokens=tokens, valid=valid, anc=anc, seq_lens=seq_lens,
+                qkv=tuple(t.to(dt) for t in qkv))
 
 
 def split_same_total(total: int, bs: int, g) -> list:
@@ -168,6 +169,79 @@ def compare(got, want, exact: bool, tol: float = 0.0) -> list:
     return bad
 
 
+def ahead_paths(x, rows_ids, rows_pos, mask_bufs, sl_bound: int, row_bound: int):
+    """The work ragged verify queues ahead of its read, both ways the worker has: the torch builder
+    (``verify_nodes``, ``node_counts``, ``build_pending_layout``, the compaction) and the layout kernels
+    (``kernels.ragged_layout``: one launch each). Returns two callables, each giving the pending layout's arrays and
+    the compacted rows."""
+    from sglang_hybrid.kernels.ragged_layout import pending_layout
+    from sglang_hybrid.sglang_plugin.ragged.layout import build_pending_layout, node_counts
+    from sglang_hybrid.sglang_plugin.tree_mask import verify_nodes
+
+    def arrays(lay):
+        return (lay.counts, lay.token_index, lay.qo_indptr, lay.mask_indptr, lay.custom_mask,
+                *lay.compact_ahead(rows_ids, rows_pos))
+
+    def torch_path():
+        _, anc = verify_nodes(x["tokens"], x["valid"], x["anc"])
+        return arrays(build_pending_layout(x["valid"], anc, x["seq_lens"], sl_bound, node_counts(x["valid"]),
+                                           mask_out=mask_bufs[0], row_bound=row_bound))
+
+    def kernel_path():
+        return arrays(pending_layout(x["valid"], x["anc"], x["seq_lens"], sl_bound, mask_out=mask_bufs[1],
+                                     row_bound=row_bound))
+
+    return torch_path, kernel_path
+
+
+def check_ahead_kernels(x, dev, on_gpu: bool, check, rec: dict, log) -> None:
+    """The layout kernels against the torch builder on batch 1 (exact; the mask up to ``mask_indptr[B]``), with no
+    host sync on a GPU, and the device time of each path there (median of 50 CUDA-graph replays: the device time the
+    replay charges as ``RAGGED_AHEAD_*`` x the per-launch figures), where the kernels run (a GPU; the CPU only under
+    Triton's interpreter)."""
+    from sglang_hybrid import kernels
+    from sglang_hybrid.sglang_plugin.ragged.layout import mask_numel_bound
+
+    if not kernels.available(dev):
+        rec["ahead_kernels"] = "not run: Triton cannot run here (a GPU, or TRITON_INTERPRET=1 on the CPU)"
+        log(f"[ragged] ahead_kernels: {rec['ahead_kernels']}")
+        return
+    bs = x["valid"].shape[0]
+    sl_bound = int(x["seq_lens"].sum())
+    row_bound = int(x["seq_lens"].max()) + W
+    g = torch.Generator().manual_seed(26)
+    ids, pos = (torch.randint(0, 32000, (bs * W,), generator=g).to(dev) for _ in range(2))
+    bufs = [torch.ones(mask_numel_bound(W, bs * W, sl_bound, row_bound), dtype=torch.uint8, device=dev)
+            for _ in range(2)]
+    torch_path, kernel_path = ahead_paths(x, ids, pos, bufs, sl_bound, row_bound)
+    want = tuple(t.clone() for t in torch_path())
+    kernel_path()                                                           # compile / warm up
+    if on_gpu:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = tuple(t.clone() for t in kernel_path())
+    finally:
+        if on_gpu:
+            torch.cuda.set_sync_debug_mode(0)
+    end = int(want[3][-1])
+    names = ("counts", "token_index", "qo_indptr", "mask_indptr", "custom_mask", "input_ids", "positions",
+             "kv_write_cols")
+    bad = [n for n, a, b in zip(names, got, want)
+           if not torch.equal(*((t[:end] if n == "custom_mask" else t).cpu() for t in (a, b)))]
+    check("ahead_kernels_vs_torch", bad)
+    if on_gpu:
+        for name, fn in (("torch", torch_path), ("kernels", kernel_path)):
+            graph, _ = _env.capture(fn)
+            rec[f"ahead_{name}_graph_ms"] = _env.median(_env.cuda_ms(graph.replay, 50))
+            rec[f"ahead_{name}_eager_ms"] = _env.median(_env.cuda_ms(fn, 50))
+            del graph
+        log(f"[ragged] work ahead of the read, B={bs} W={W}: torch {rec['ahead_torch_graph_ms'] * 1e3:.1f} us device "
+            f"(graph replay; eager {rec['ahead_torch_eager_ms'] * 1e3:.1f} us), kernels "
+            f"{rec['ahead_kernels_graph_ms'] * 1e3:.1f} us (eager {rec['ahead_kernels_eager_ms'] * 1e3:.1f} us); "
+            "median of 50")
+
+
 def run(log=print) -> dict:
     on_gpu = _env.gpu()
     cfg, dev = (GPU_CFG, torch.device("cuda")) if on_gpu else (CPU_CFG, torch.device("cpu"))
@@ -183,7 +257,7 @@ def run(log=print) -> dict:
 
     def to_dev(bt):
         return dict(valid=bt["valid"].to(dev), anc=bt["anc"].to(dev), seq_lens=bt["seq_lens"].to(dev),
-                    qkv=tuple(t.to(dev) for t in bt["qkv"]))
+                    tokens=bt["tokens"].to(dev), qkv=tuple(t.to(dev) for t in bt["qkv"]))
 
     x = to_dev(b1)                                                          # the static inputs
     counts = node_counts(x["valid"])
@@ -230,6 +304,7 @@ def run(log=print) -> dict:
           [f"an all-visible tree mask matched the reference (max diff {rec['negative_control_max_diff']:.3g})"],
           f"differs (max diff {rec['negative_control_max_diff']:.3g} > {tol:g})")
 
+    check_ahead_kernels(x, dev, on_gpu, check, rec, log)
     if on_gpu:
         graph, static = _env.capture(run_step)
     else:

@@ -226,7 +226,8 @@ def measure_draft_costs(draft_worker, *, max_batch: int, context_len: int) -> Co
         batch = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=n, input_ids=buffers.input_ids[:n],
                              req_pool_indices=buffers.req_pool_indices[:n], seq_lens=buffers.seq_lens[:n],
                              seq_lens_cpu=buffers.seq_lens_cpu[:n], orig_seq_lens=buffers.seq_lens[:n],
-                             out_cache_loc=buffers.out_cache_loc[:n * steps], seq_lens_sum=n * context,
+                             out_cache_loc=buffers.out_cache_loc[:n * steps],
+                             seq_lens_sum=n * int(buffers.seq_lens_cpu[0]),   # a host tensor: no device read
                              return_logprob=False, positions=buffers.positions[:n],
                              spec_algorithm=runner.spec_algorithm,
                              spec_info=spec, capture_hidden_mode=CaptureHiddenMode.LAST)
@@ -238,13 +239,10 @@ def measure_draft_costs(draft_worker, *, max_batch: int, context_len: int) -> Co
             runner.forward(batch)
 
     def at_context(c: int) -> None:
-        nonlocal context
-        context = c
         buffers.seq_lens.fill_(c)
         buffers.seq_lens_cpu.fill_(c)
         buffers.positions.fill_(c)
 
-    context = contexts[-1]
     tables = _profile_contexts(contexts, at_context, forward, list(batches), list(batches), sync)
     meta = {"source": "measured at start (sglang_hybrid.sglang_plugin.startup_costs)",
             "forward": "one EAGLE draft decode forward (top-k 1), eager, its step plan included",

@@ -115,7 +115,8 @@ class RaggedVerifyGraphRunner:
 
     def _static_batch(self, fb, layout: RaggedLayout):
         """The batch the tier's forward reads: ``fb`` with its tensors in the static buffers, padded to the slots
-        (loaded by ``load_ahead`` when it ran for this step's layout, else here)."""
+        (loaded by ``load_ahead`` when it ran for this step's layout, else here), and whether ``load_ahead`` loaded
+        it (then the attention plan's device half is queued too)."""
         rows, b = layout.rows, layout.batch_size
         if fb.input_ids.shape[0] != rows:
             raise RuntimeError(f"ragged verify graphs: the batch holds {fb.input_ids.shape[0]} tokens, its layout "
@@ -128,7 +129,8 @@ class RaggedVerifyGraphRunner:
                                "start")
         ahead, self._ahead = self._ahead, None
         spec = copy.copy(fb.spec_info)
-        if ahead is not None and ahead[0] is layout.counts:
+        loaded = ahead is not None and ahead[0] is layout.counts
+        if loaded:
             _, padded, seq_lens_cpu = ahead
             spec.ragged = dataclasses.replace(layout, counts=padded.counts, qo_indptr=padded.qo_indptr,
                                               mask_indptr=padded.mask_indptr)
@@ -144,7 +146,7 @@ class RaggedVerifyGraphRunner:
             seq_lens_cpu=seq_lens_cpu, spec_info=spec, next_token_logits_buffer=self.logits[:rows])
         fb.kv_loc_plan.bind_replay(static, self.model_runner.kv_index_translator,
                                    slots=self.out_cache_loc[:rows])
-        return static
+        return static, loaded
 
     def execute(self, fb):
         """The verify forward of the compacted batch ``fb`` (``fb.spec_info.ragged`` set): its logits output, rows as
@@ -156,8 +158,11 @@ class RaggedVerifyGraphRunner:
         if self.model_runner.attn_backend is not self.backend:
             raise RuntimeError("ragged verify graphs: the target's attention backend is not the one they were "
                                "built for")
-        static = self._static_batch(fb, layout)
-        self.backend.init_forward_metadata(static)
+        static, loaded = self._static_batch(fb, layout)
+        if loaded:
+            self.backend.finish_plan_ahead(static)
+        else:
+            self.backend.init_forward_metadata(static)
         captured = layout.rows not in self.capture
         model, backend = self.model_runner.model, self.backend
 

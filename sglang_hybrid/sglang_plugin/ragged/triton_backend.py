@@ -52,6 +52,25 @@ class RaggedTritonAttnBackend(TritonAttnBackend):
         layout = getattr(forward_batch.spec_info, "ragged", None)
         if layout is None or not forward_batch.forward_mode.is_target_verify():
             return super().init_forward_metadata(forward_batch)
+        self._check_ragged(forward_batch, layout)
+        self.init_forward_metadata_out_graph(forward_batch, in_capture=True)
+
+    def finish_plan_ahead(self, forward_batch) -> None:
+        """The host half of a ragged verify plan whose device half ``plan_ahead`` queued for this batch (its layout
+        padded to the slots, ``graph_runner.load_ahead``): the metadata over the buffers it wrote, launching nothing.
+        The graph runner calls it instead of ``init_forward_metadata`` for the step it loaded ahead."""
+        layout = forward_batch.spec_info.ragged
+        self._check_ragged(forward_batch, layout)
+        if forward_batch.batch_size != self.ragged_buffers.max_bs:
+            raise RuntimeError(f"ragged verify: a plan ahead is for the {self.ragged_buffers.max_bs} slots, the batch "
+                               f"holds {forward_batch.batch_size}")
+        self.forward_metadata = self._build_cuda_graph_forward_metadata(
+            forward_batch.batch_size, forward_batch.forward_mode, forward_batch.spec_info,
+            self._fill_cuda_graph_swa_out_cache_loc(forward_batch, in_capture=True))
+
+    def _check_ragged(self, forward_batch, layout) -> None:
+        """Refuse a ragged verify batch that is not compacted, does not fit the buffers or has sliding-window
+        layers."""
         if forward_batch.input_ids.shape[0] != layout.rows:
             raise RuntimeError(
                 f"ragged verify: the forward batch holds {forward_batch.input_ids.shape[0]} tokens but its layout "
@@ -64,26 +83,17 @@ class RaggedTritonAttnBackend(TritonAttnBackend):
         if self.sliding_window_size is not None and self.sliding_window_size > 0:
             raise RuntimeError("ragged verify does not plan sliding-window attention layers; "
                                "run with HYBRID setting ragged_verify=off")
-        planned, self.planned_ahead = getattr(self, "planned_ahead", None), None
-        if planned is not None and planned is layout.qo_indptr and forward_batch.batch_size == buf.max_bs:
-            # the device half ran before the read (``plan_ahead``); what is left builds the metadata on the host
-            self.forward_metadata = self._build_cuda_graph_forward_metadata(
-                forward_batch.batch_size, forward_batch.forward_mode, forward_batch.spec_info,
-                self._fill_cuda_graph_swa_out_cache_loc(forward_batch, in_capture=True))
-            return
-        self.init_forward_metadata_out_graph(forward_batch, in_capture=True)
 
     def plan_ahead(self, plan, bs: int, seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, layout) -> None:
         """The device half of a ragged verify's plan (the layout's index and mask pointers, the committed prefixes'
         KV indices) for ``bs`` requests (the slots the token-tier graphs run at) of a ``layout`` padded to them, its
-        row count not read yet (``layout.PendingLayout``): none of it depends on the rows. The step's
-        ``init_forward_metadata`` then only builds the metadata, on the host (``graph_runner.load_ahead``)."""
+        row count not read yet (``layout.PendingLayout``): none of it depends on the rows. After the read,
+        ``finish_plan_ahead`` builds the metadata, on the host (``graph_runner.load_ahead``)."""
         buf = self.ragged_buffers
         if bs != buf.max_bs or layout.width != buf.width or layout.counts.shape[0] != bs:
             raise RuntimeError(f"ragged verify: a plan ahead for {bs} slots of {layout.counts.shape[0]} requests at "
                                f"width {layout.width}; the buffers were sized for {buf.max_bs} at {buf.width}")
         self._update_target_verify_buffers(plan, bs, seq_lens, _Ragged(layout), req_pool_indices)
-        self.planned_ahead = layout.qo_indptr
 
     def _update_target_verify_buffers(self, plan, bs, seq_lens, spec_info, req_pool_indices):
         layout = getattr(spec_info, "ragged", None)
@@ -127,8 +137,6 @@ def enable(backend, max_bs: int, width: int) -> None:
     ctx = int(backend.max_context_len)
     max_rows, row_bound = max_bs * width, ctx + width
     backend.__class__ = RaggedTritonAttnBackend
-    #: the padded ``qo_indptr`` whose plan ``plan_ahead`` ran, until the step's ``init_forward_metadata`` uses it
-    backend.planned_ahead = None
     backend.ragged_buffers = RaggedVerifyBuffers(
         max_bs=max_bs, width=width, max_rows=max_rows, row_bound=row_bound,
         kv_indices=torch.zeros(max_bs * ctx, dtype=torch.int64, device=backend.device),
