@@ -431,10 +431,12 @@ def _ragged_diff(tree, seq_lens: torch.Tensor, rng: np.random.Generator) -> list
     """Ragged verify's layout before the read and its compaction (``kernels.ragged_layout``) against the torch builder
     (``ragged.layout.build_pending_layout`` of ``verify_nodes``' ancestors), as the worker calls them: half the time
     on the tree widened to a wider bucket (``widths.widen``, whose rows are not contiguous), the mask in a uint8
-    buffer sized as the Triton backend's (``row_bound`` = the longest row + the width, room for more requests), the
-    node tokens and positions of the padded batch compacted to the tier bound; the mask compared up to
-    ``mask_indptr[B]`` (no reader looks past it)."""
+    buffer sized as the Triton backend's (``row_bound`` = the longest row + the width, room for more requests), half
+    the time padded to more request slots in the same launch (against ``graph_runner.pad_requests``), the node tokens
+    and positions of the padded batch compacted to the tier bound, half the time into longer static buffers; the mask
+    compared up to ``mask_indptr[B]`` (no reader looks past it)."""
     from sglang_hybrid.kernels.ragged_layout import pending_layout
+    from sglang_hybrid.sglang_plugin.ragged.graph_runner import pad_requests
     from sglang_hybrid.sglang_plugin.ragged.layout import build_pending_layout, node_counts
     from sglang_hybrid.sglang_plugin.tree_mask import verify_nodes
     from sglang_hybrid.widths import widen
@@ -451,18 +453,30 @@ def _ragged_diff(tree, seq_lens: torch.Tensor, rng: np.random.Generator) -> list
     _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
     ref = build_pending_layout(tree.valid, anc, seq_lens, total, node_counts(tree.valid), mask_out=bufs[0],
                                row_bound=row_bound, max_rows=max_rows)
+    slots = b + int(rng.integers(0, 3)) if rng.random() < 0.5 else None
     got = pending_layout(tree.valid, tree.ancestors, seq_lens, total, mask_out=bufs[1], row_bound=row_bound,
-                         max_rows=max_rows)
+                         max_rows=max_rows, slots=slots)
     bad = [f"ragged.{n}" for n in ("counts", "token_index", "qo_indptr", "mask_indptr")
            if not torch.equal(getattr(ref, n), getattr(got, n))]
+    if slots is not None:                       # padded to the graphs' slots in the same launch
+        want, have = pad_requests(ref, slots), pad_requests(got, slots)
+        bad += [f"ragged.slots_{n}" for n in ("counts", "qo_indptr", "mask_indptr")
+                if not torch.equal(getattr(want, n), getattr(have, n))]
     end = int(ref.mask_indptr[-1])
     if not torch.equal(bufs[0][:end], bufs[1][:end]):
         bad.append("ragged.custom_mask")
     ids = torch.as_tensor(rng.integers(0, 50_000, size=b * w), dtype=torch.int64)
     positions = torch.as_tensor(rng.integers(0, 4_000, size=b * w), dtype=torch.int64)
+    out = None
+    if rng.random() < 0.5:                      # into the graphs' static buffers, longer than the rows
+        extra = int(rng.integers(0, 9))
+        out = tuple(torch.full((got.rows_bound() + extra,), -7, dtype=torch.int64) for _ in range(2))
     names = ("input_ids", "positions", "kv_write_cols")
-    bad += [f"ragged.compact_{n}" for n, x, y in zip(names, ref.compact_ahead(ids, positions),
-                                                        got.compact_ahead(ids, positions)) if not torch.equal(x, y)]
+    have = got.compact_ahead(ids, positions, out)
+    bad += [f"ragged.compact_{n}" for n, x, y in zip(names, ref.compact_ahead(ids, positions), have)
+            if not torch.equal(x, y)]
+    if out is not None and not all(h.data_ptr() == o.data_ptr() for h, o in zip(have, out)):
+        bad.append("ragged.compact_out")
     return bad
 
 

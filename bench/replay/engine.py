@@ -134,8 +134,8 @@ RAGGED_SYNC_OPS, RAGGED_SYNC_TRITON = 0, 0
 #: under the device's draft and decision, their device time does not (the verify waits on them), each charged its GPU
 #: time (``host.LaunchCost``: 2 us an operator, published; 15 us a Triton launch, measured). Not charged before
 #: 2026-12-06; 82 operators and 1 Triton launch until the layout and the compaction became one Triton launch each
-#: (``kernels.ragged_layout``, 2026-12-06)
-RAGGED_AHEAD_OPS, RAGGED_AHEAD_TRITON = 22, 3
+#: (``kernels.ragged_layout``, 2026-12-06), writing the request padding and the graphs' static inputs themselves
+RAGGED_AHEAD_OPS, RAGGED_AHEAD_TRITON = 16, 3
 RAGGED_SYNC_US = round((RAGGED_READ_US * 1e-6 + LaunchCost().host_s(RAGGED_SYNC_TRITON, RAGGED_SYNC_OPS)
                         + LaunchCost().device_s(RAGGED_AHEAD_TRITON, RAGGED_AHEAD_OPS)) * 1e6, 1)
 

@@ -36,7 +36,7 @@ GPU_COMPACT_ROWS = 1024
 
 
 @triton.jit
-def _layout_kernel(val_ptr, anc_ptr, seq_ptr, counts_ptr, index_ptr, qo_ptr, mind_ptr, mask_ptr, B,
+def _layout_kernel(val_ptr, anc_ptr, seq_ptr, counts_ptr, index_ptr, qo_ptr, mind_ptr, mask_ptr, B, SLOTS,
                    val_s0, val_s1, anc_s0, anc_s1, anc_s2,
                    W: tl.constexpr, W2: tl.constexpr, B2: tl.constexpr, CH: tl.constexpr):
     b = tl.program_id(0)
@@ -61,6 +61,15 @@ def _layout_kernel(val_ptr, anc_ptr, seq_ptr, counts_ptr, index_ptr, qo_ptr, min
     first = b == 0
     tl.store(qo_ptr, tl.zeros((), tl.int32), mask=first)
     tl.store(mind_ptr, tl.zeros((), tl.int64), mask=first)
+    # the padding requests up to the slots (the last program): no rows, their pointers repeat the last real one
+    mask_total = tl.sum(n_all * (s_all + n_all), 0)
+    last = b == B - 1
+    for p0 in range(B, SLOTS, B2):
+        p = p0 + r
+        pad = last & (p < SLOTS)
+        tl.store(counts_ptr + p, tl.zeros((B2,), tl.int64), mask=pad)
+        tl.store(qo_ptr + p + 1, tl.zeros((B2,), tl.int32) + total.to(tl.int32), mask=pad)
+        tl.store(mind_ptr + p + 1, tl.zeros((B2,), tl.int64) + mask_total, mask=pad)
     node = i.to(tl.int64)
     live = node < n
     padded_row = b64 * W + node
@@ -96,11 +105,14 @@ def _compact_kernel(index_ptr, ids_ptr, pos_ptr, ids_out, pos_out, cols_out, N, 
 
 def pending_layout(valid: torch.Tensor, ancestors: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int,
                    mask_out: Optional[torch.Tensor] = None, row_bound: Optional[int] = None,
-                   max_rows: Optional[int] = None, on_read: Optional[Callable[[list, int], None]] = None):
+                   max_rows: Optional[int] = None, on_read: Optional[Callable[[list, int], None]] = None,
+                   slots: Optional[int] = None):
     """``layout.build_pending_layout(valid, verify_nodes(...)[1], seq_lens, seq_lens_sum, node_counts(valid), ...)``
     in one launch, from the tree's own ``ancestors`` (the reflexive rule is applied here); the ``PendingLayout`` it
     returns compacts in one launch too (``PendingLayout.compact_ahead``). Same arguments and checks; its mask
-    equals the torch builder's up to ``mask_indptr[B]``."""
+    equals the torch builder's up to ``mask_indptr[B]``. ``slots`` (>= B, the token-tier graphs' request slots):
+    the counts and pointers are also written padded to them (``PendingLayout.slot_arrays``, what
+    ``graph_runner.pad_requests`` would build), in the same launch."""
     from sglang_hybrid.sglang_plugin.ragged.layout import PendingLayout, mask_numel_bound, mask_out_checked
 
     bs, w = valid.shape
@@ -112,25 +124,38 @@ def pending_layout(valid: torch.Tensor, ancestors: torch.Tensor, seq_lens: torch
     dev = valid.device
     numel = mask_numel_bound(w, bs * w, seq_lens_sum, row_bound)
     mask = torch.ones(numel, dtype=torch.bool, device=dev) if mask_out is None else mask_out_checked(mask_out, numel)
-    counts = torch.empty(bs, dtype=torch.int64, device=dev)
+    n = bs if slots is None else int(slots)
+    if n < bs:
+        raise ValueError(f"a ragged verify of {bs} requests does not fit {n} request slots")
+    counts = torch.empty(n, dtype=torch.int64, device=dev)
     token_index = torch.empty(bs * w, dtype=torch.int64, device=dev)
-    qo_indptr = torch.empty(bs + 1, dtype=torch.int32, device=dev)
-    mask_indptr = torch.empty(bs + 1, dtype=torch.int64, device=dev)
-    _layout_kernel[(bs,)](valid, ancestors, seq_lens, counts, token_index, qo_indptr, mask_indptr, mask, bs,
+    qo_indptr = torch.empty(n + 1, dtype=torch.int32, device=dev)
+    mask_indptr = torch.empty(n + 1, dtype=torch.int64, device=dev)
+    _layout_kernel[(bs,)](valid, ancestors, seq_lens, counts, token_index, qo_indptr, mask_indptr, mask, bs, n,
                           *valid.stride(), *ancestors.stride(), W=w, W2=pow2(w), B2=pow2(bs), CH=MASK_CHUNK)
-    return PendingLayout(counts=counts, token_index=token_index, qo_indptr=qo_indptr, mask_indptr=mask_indptr,
-                         custom_mask=mask, width=w, max_rows=max_rows, on_read=on_read, fused=True)
+    return PendingLayout(counts=counts[:bs], token_index=token_index, qo_indptr=qo_indptr[: bs + 1],
+                         mask_indptr=mask_indptr[: bs + 1], custom_mask=mask, width=w, max_rows=max_rows,
+                         on_read=on_read, fused=True,
+                         slot_arrays=None if slots is None else (counts, qo_indptr, mask_indptr))
 
 
-def compact_ahead(token_index: torch.Tensor, rows_bound: int, input_ids: torch.Tensor, positions: torch.Tensor):
+def compact_ahead(token_index: torch.Tensor, rows_bound: int, input_ids: torch.Tensor, positions: torch.Tensor,
+                  out: Optional[tuple] = None):
     """``(input_ids, positions, kv write columns)`` of the forward's ``rows_bound`` rows from the padded ``[B x W]``
-    node tokens and positions (``PendingLayout.gather_ahead`` of each and ``write_cols_ahead``) in one launch."""
+    node tokens and positions (``PendingLayout.gather_ahead`` of each and ``write_cols_ahead``) in one launch;
+    ``out``: two buffers of at least ``rows_bound`` rows to write the node tokens and positions into (views of them
+    returned)."""
     n = int(token_index.shape[0])
     for name, t in (("input_ids", input_ids), ("positions", positions)):
         if t.dim() != 1 or t.shape[0] != n:
             raise ValueError(f"{name} must be the padded batch's [{n}] rows, got {tuple(t.shape)}")
-    ids, pos, cols = (torch.empty(rows_bound, dtype=t.dtype, device=t.device)
-                      for t in (input_ids, positions, token_index))
+    if out is None:
+        ids, pos = (torch.empty(rows_bound, dtype=t.dtype, device=t.device) for t in (input_ids, positions))
+    else:
+        from sglang_hybrid.sglang_plugin.ragged.layout import out_rows
+
+        ids, pos = (out_rows(o, t, rows_bound) for o, t in zip(out, (input_ids, positions)))
+    cols = torch.empty(rows_bound, dtype=token_index.dtype, device=token_index.device)
     block = pow2(rows_bound) if input_ids.device.type == "cpu" else GPU_COMPACT_ROWS
     _compact_kernel[(triton.cdiv(rows_bound, block),)](token_index, input_ids, positions, ids, pos, cols, n,
                                                        rows_bound, input_ids.stride(0), positions.stride(0),

@@ -685,7 +685,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
             if self.hybrid_step.fused is not None:
                 from sglang_hybrid.kernels.ragged_layout import pending_layout
 
-                return pending_layout(tree.valid, tree.ancestors, seq_lens, seq_lens_sum, **kw)
+                return pending_layout(tree.valid, tree.ancestors, seq_lens, seq_lens_sum, slots=buffers.max_bs, **kw)
             _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
             return ragged_layout.build_pending_layout(tree.valid, anc, seq_lens, seq_lens_sum,
                                                       ragged_layout.node_counts(tree.valid), **kw)

@@ -40,6 +40,9 @@ def pad_requests(layout, slots: int):
         raise ValueError(f"a ragged verify of {b} requests does not fit {slots} request slots")
     if b == slots:
         return layout
+    padded = getattr(layout, "slot_arrays", None)
+    if padded is not None and padded[0].shape[0] == slots:     # the layout kernel padded them already
+        return dataclasses.replace(layout, counts=padded[0], qo_indptr=padded[1], mask_indptr=padded[2])
     pad = slots - b
     return dataclasses.replace(
         layout,
@@ -97,7 +100,8 @@ class RaggedVerifyGraphRunner:
                                f"{positions.shape[0]} positions and {fb.out_cache_loc.shape[0]} KV write slots")
         for dst, src in ((self.input_ids, input_ids), (self.positions, positions),
                          (self.out_cache_loc, fb.out_cache_loc)):
-            dst[:n].copy_(src)
+            if src.data_ptr() != dst.data_ptr():        # not compacted into the buffer already (compact_ahead's out)
+                dst[:n].copy_(src)
         seq_lens_cpu = self._load_requests(fb, b)
         padded = pad_requests(pending, self.slots)
         self.backend.plan_ahead(fb.kv_loc_plan, self.slots, self.seq_lens, self.req_pool_indices, padded)

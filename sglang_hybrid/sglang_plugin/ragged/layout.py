@@ -185,6 +185,9 @@ class PendingLayout:
     on_read: Callable[[list, int], None] | None = None
     #: built by the layout kernel (``kernels.ragged_layout``): ``compact_ahead`` compacts in one launch too
     fused: bool = False
+    #: ``(counts, qo_indptr, mask_indptr)`` padded to the token-tier graphs' request slots by the layout kernel
+    #: (``graph_runner.pad_requests`` takes them instead of padding), or None
+    slot_arrays: tuple | None = None
 
     def rows_bound(self) -> int:
         """Rows the forward can take whatever the counts hold: the token tier of ``B x W`` (``T <= B x W``, and a
@@ -211,15 +214,19 @@ class PendingLayout:
         out[:n] = torch.where(self.token_index < n, self.token_index, -1)
         return out
 
-    def compact_ahead(self, input_ids: torch.Tensor, positions: torch.Tensor):
+    def compact_ahead(self, input_ids: torch.Tensor, positions: torch.Tensor, out: tuple | None = None):
         """``(gather_ahead(input_ids), gather_ahead(positions), write_cols_ahead())``: the forward's rows before the
         read, in one launch when the layout kernel built this layout (``kernels.ragged_layout.compact_ahead``;
-        ``input_ids`` and ``positions`` 1-D there)."""
+        ``input_ids`` and ``positions`` 1-D there). ``out``: two 1-D buffers to hold the first two (the token-tier
+        graphs' static inputs, ``graph_runner.load_ahead``), views of them returned."""
         if self.fused:
             from sglang_hybrid.kernels.ragged_layout import compact_ahead
 
-            return compact_ahead(self.token_index, self.rows_bound(), input_ids, positions)
-        return self.gather_ahead(input_ids), self.gather_ahead(positions), self.write_cols_ahead()
+            return compact_ahead(self.token_index, self.rows_bound(), input_ids, positions, out)
+        rows = [self.gather_ahead(input_ids), self.gather_ahead(positions)]
+        if out is not None:
+            rows = [out_rows(o, t, t.shape[0]).copy_(t) for o, t in zip(out, rows)]
+        return rows[0], rows[1], self.write_cols_ahead()
 
     def read(self) -> RaggedLayout:
         """Read the node counts to the host (the step's one blocking read) and return the step's layout."""
@@ -233,6 +240,14 @@ class PendingLayout:
         return RaggedLayout(counts=self.counts, token_index=self.token_index[:total], qo_indptr=self.qo_indptr,
                             mask_indptr=self.mask_indptr, custom_mask=self.custom_mask, total=total,
                             max_nodes=max_nodes, width=self.width, rows=rows)
+
+
+def out_rows(buf: torch.Tensor, like: torch.Tensor, rows: int) -> torch.Tensor:
+    """The first ``rows`` of ``buf``, after checking that it holds them, 1-D, in ``like``'s dtype and device."""
+    if buf.dim() != 1 or buf.shape[0] < rows or buf.dtype != like.dtype or buf.device != like.device:
+        raise ValueError(f"an output buffer of {tuple(buf.shape)} {buf.dtype} on {buf.device} cannot take {rows} rows "
+                         f"of {like.dtype} on {like.device}")
+    return buf[:rows]
 
 
 def build_pending_layout(valid: torch.Tensor, ancestors: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int,
@@ -279,4 +294,5 @@ def scatter_rows(compact: torch.Tensor, layout: RaggedLayout) -> torch.Tensor:
 
 
 __all__ = ["PendingLayout", "RaggedLayout", "build_pending_layout", "build_ragged_layout", "gather_rows",
-           "kv_write_cols", "mask_numel_bound", "mask_out_checked", "node_counts", "ragged_full_mask", "scatter_rows"]
+           "kv_write_cols", "mask_numel_bound", "mask_out_checked", "node_counts", "out_rows", "ragged_full_mask",
+           "scatter_rows"]

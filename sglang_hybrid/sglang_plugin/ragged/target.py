@@ -50,11 +50,13 @@ class RaggedVerifyTarget:
             # verify preparation, the compaction and the KV write ids of every row the step can take are queued on
             # the device by then (``layout.PendingLayout``), and with the token-tier graphs their static buffers and
             # attention plan too (``graph_runner.load_ahead``); the step's rows are then the first ``rows`` of each
-            ahead = layout.compact_ahead(*padded)
-            plan.bind(fb, translator, cols=ahead[2])
             eager = getattr(self._target.model_runner, "eager_runner", None)
-            if isinstance(eager, RaggedVerifyEagerRunner):
-                eager.graphs.load_ahead(fb, layout, ahead[0], ahead[1])
+            graphs = eager.graphs if isinstance(eager, RaggedVerifyEagerRunner) else None
+            ahead = layout.compact_ahead(*padded, out=None if graphs is None else (graphs.input_ids,
+                                                                                  graphs.positions))
+            plan.bind(fb, translator, cols=ahead[2])
+            if graphs is not None:
+                graphs.load_ahead(fb, layout, ahead[0], ahead[1])
             layout = fb.spec_info.ragged = layout.read()
             fb.input_ids, fb.positions, fb.kv_loc_cols, fb.out_cache_loc = (
                 t[: layout.rows] for t in (*ahead, fb.out_cache_loc))
