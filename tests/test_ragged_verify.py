@@ -432,6 +432,38 @@ def test_ragged_pending_layout_read_equals_the_layout_built_after_the_read(seed)
     assert torch.equal(pending.write_cols_ahead()[: got.rows], kv_write_cols(want))
 
 
+def test_ragged_layout_kernels_refuse_what_they_cannot_build():
+    """``kernels.ragged_layout`` checks its host-known inputs before it launches (the kernels themselves are compared
+    with the torch builder under the interpreter, ``tests/test_fused_decision.py``): shapes that disagree, fewer slots
+    than requests, a mask buffer too small or of a dtype no attention kernel reads, rows that are not the padded
+    batch's, an output buffer too short; each error names what is wrong."""
+    from sglang_hybrid.kernels.ragged_layout import compact_ahead, pending_layout
+    from sglang_hybrid.sglang_plugin.ragged.layout import mask_numel_bound
+
+    bs, w = 3, 5
+    valid = torch.arange(w)[None] < torch.tensor([1, 3, 5])[:, None]
+    anc = torch.ones(bs, w, w, dtype=torch.bool)
+    seq = torch.tensor([4, 0, 9])
+    need = mask_numel_bound(w, bs * w, 13, 14)
+    ok = torch.ones(need, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"ancestors must be \[3, 5, 5\]"):
+        pending_layout(valid, anc[:, :4], seq, 13, mask_out=ok, row_bound=14)
+    with pytest.raises(ValueError, match=r"seq_lens \[3\]"):
+        pending_layout(valid, anc, seq[:2], 13, mask_out=ok, row_bound=14)
+    with pytest.raises(ValueError, match="does not fit 2 request slots"):
+        pending_layout(valid, anc, seq, 13, mask_out=ok, row_bound=14, slots=2)
+    with pytest.raises(ValueError, match=f"holds {need - 1} entries, this step needs up to {need}"):
+        pending_layout(valid, anc, seq, 13, mask_out=ok[:-1], row_bound=14)
+    with pytest.raises(ValueError, match="bool or uint8"):
+        pending_layout(valid, anc, seq, 13, mask_out=torch.ones(need, dtype=torch.int32), row_bound=14)
+    index = torch.arange(bs * w)
+    with pytest.raises(ValueError, match=r"input_ids must be the padded batch's \[15\] rows"):
+        compact_ahead(index, 16, torch.zeros(14, dtype=torch.int64), torch.zeros(15, dtype=torch.int64))
+    with pytest.raises(ValueError, match="cannot take 16 rows"):
+        compact_ahead(index, 16, torch.zeros(15, dtype=torch.int64), torch.zeros(15, dtype=torch.int64),
+                      out=(torch.zeros(15, dtype=torch.int64), torch.zeros(16, dtype=torch.int64)))
+
+
 def test_ragged_pending_layout_compiles_fullgraph_with_no_host_int_from_the_device():
     """The build before the read takes no host int derived from the device (``T`` and ``max(counts)`` are not
     known yet): ``torch.compile(fullgraph=True)`` traces it as a function of the device tensors only."""
