@@ -16,8 +16,9 @@ These kernels write the same arrays in one launch each:
   the compact rows (zero past ``T``) and their KV write columns (-1, SGLang's sink, past ``T``).
 
 Exact by construction: every value is a count, a sum of counts or a copied bit or integer; the torch builder stays the
-reference (``tests/test_ragged_verify.py`` compares the two on random trees). Like the fused verify input it writes
-only the requests' mask rows: entries past ``mask_indptr[B]`` are left as they were (no reader looks past them).
+reference (``bench.fused_exactness.run_ragged`` compares the two on random trees and ``run_steps`` on every decided
+tree, in ``tests/test_fused_decision.py``; the device kit on a GPU). Like the fused verify input it writes only the
+requests' mask rows: entries past ``mask_indptr[B]`` are left as they were (no reader looks past them).
 """
 from __future__ import annotations
 
