@@ -772,8 +772,9 @@ def test_hybrid_learns_the_workers_online_ngram_offset():
 
 
 def test_model_offset_option_reaches_both_engines_and_bad_values_are_refused(monkeypatch):
-    """``--model-bias-eta`` (and ``--ngram-bias-eta``) sets the offset's learning rate of both realistic engines
-    ('none': off; default: the worker's shipped setting); anything not > 0 is a usage error before any work."""
+    """``--model-bias-eta`` (and ``--ngram-bias-eta``) sets the offset's learning rate of the realistic engines
+    ('none': off; default: the worker's shipped setting, for the n-gram side "auto"); anything else not > 0 is a
+    usage error before any work."""
     from bench.replay import cli as replay
     from sglang_hybrid.sglang_plugin.config import HybridSettings
 
@@ -790,6 +791,14 @@ def test_model_offset_option_reaches_both_engines_and_bad_values_are_refused(mon
     seen.clear()
     replay.main(["--realistic"])
     assert seen["cfg"].model_bias_eta is None
+    # the n-gram offset's default, "auto", resolves as the worker resolves it: learned where verify runs ragged (the
+    # ragged launch and the ideal engine), off where it runs padded (the README's launch)
+    assert seen["cfg"].ngram_bias_eta == "auto"
+    etas = {name: e.ngram_eta for name, e in replay_realistic.Runner(seen["cfg"]).engines.items()}
+    assert etas == {"as built": None, "ideal": 0.3, replay_realistic.RAGGED: 0.3}, etas
+    seen.clear()
+    replay.main(["--realistic", "--ngram-bias-eta", "auto"])
+    assert seen["cfg"].ngram_bias_eta == "auto"
     assert seen["cfg"].jobs == len(os.sched_getaffinity(0))      # the cells run on every usable core by default
     for bad in ("0", "-1", "fast"):
         for flag in ("--model-bias-eta", "--ngram-bias-eta"):

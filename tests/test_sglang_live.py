@@ -89,7 +89,8 @@ def _assert_ragged(counters: dict, fewer: bool = True, spare_rows: bool = True) 
     with ``spare_rows``, some step had such rows (a greedy run is the same every time; a sampled one may fill its
     tiers exactly on every step: seen once, 6 steps of 56 tokens in 56 rows).
     Each forward ran as its tier's graph would: captured at the tier's first step, replayed after under the trace
-    check (``ragged.graph_capture``), and SGLang captured no target verify graphs of its own.
+    check (``ragged.graph_capture``), and SGLang captured no target verify graphs of its own. The n-gram side's
+    online offset was learned (``ngram_bias_eta``: "auto" under ragged verify, or the 0.3 a case sets).
     """
     assert counters["steps"] > 0 and counters["ragged_steps"] == counters["steps"], counters
     assert 0 < counters["ragged_tokens"] <= counters["ragged_padded_tokens"], counters
@@ -108,6 +109,8 @@ def _assert_ragged(counters: dict, fewer: bool = True, spare_rows: bool = True) 
     # SGLang was told not to capture its target verify graphs: HYBRID's token-tier graphs run the verify
     # (HybridWorkerV2._skip_target_verify_capture)
     assert counters["target_verify_graphs"] == "not captured", counters
+    # ngram_bias_eta = "auto" (or the 0.3 a case sets): the n-gram offset is learned under ragged verify
+    assert counters["ngram_offset_eta"] == 0.3, counters
     if fewer:
         assert counters["ragged_tokens"] < counters["ragged_padded_tokens"], counters
 
@@ -278,6 +281,7 @@ def test_kv_window_planning_live_equal_plain_greedy():
     counters = res["counters"]
     assert counters["ragged_steps"] == 0 and counters["steps"] > 0, counters       # padded verify, as asked
     assert counters["target_verify_graphs"] == "none", counters                    # the CPU engine captures none
+    assert counters["ngram_offset_eta"] is None, counters       # ngram_bias_eta = "auto" under padded verify: off
     assert counters["depth_steps"] == {"3": counters["steps"]}, counters
     widths = {int(w): n for w, n in counters["width_steps"].items() if n > 0}
     wider = sum(n for w, n in widths.items() if w > 3)

@@ -21,8 +21,9 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 from sglang.srt.speculative.spec_registry import get_spec  # noqa: E402
 
 from sglang_hybrid.sglang_plugin import ALGORITHM, register  # noqa: E402
-from sglang_hybrid.sglang_plugin.config import (ENV_CACHE, ENV_EAGLE3, HybridConfigError,  # noqa: E402
-                                                 HybridSettings, load_settings)
+from sglang_hybrid.sglang_plugin.config import (ENV_CACHE, ENV_EAGLE3, NGRAM_BIAS_ETA_AUTO,  # noqa: E402
+                                                 HybridConfigError, HybridSettings, load_settings,
+                                                 resolved_ngram_bias_eta)
 from sglang_hybrid.sglang_plugin.spec_algo import HybridSpecAlgo  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.usefixtures("clean_hybrid_env")]
@@ -224,8 +225,16 @@ def test_settings_validation_names_the_setting(tmp_path):
                                                 "MEASURE_COST_TABLE=on"):
         HybridSettings(draft_depths=[1]).resolved_draft_depths(4, "cpu")
     assert HybridSettings().model_bias_eta is None                              # off unless asked for
-    assert HybridSettings().ngram_bias_eta is None
+    # the n-gram side's: "auto", learned where verify runs ragged, off where padded
+    assert HybridSettings().ngram_bias_eta == "auto"
+    assert resolved_ngram_bias_eta("auto", ragged=True) == NGRAM_BIAS_ETA_AUTO == 0.3
+    assert resolved_ngram_bias_eta("auto", ragged=False) is None
+    assert resolved_ngram_bias_eta(0.1, ragged=False) == 0.1 and resolved_ngram_bias_eta(None, ragged=True) is None
     assert load_settings({"SGLANG_HYBRID_NGRAM_BIAS_ETA": "0.3"}).ngram_bias_eta == 0.3
+    assert load_settings({"SGLANG_HYBRID_NGRAM_BIAS_ETA": "none"}).ngram_bias_eta is None
+    assert load_settings({"SGLANG_HYBRID_NGRAM_BIAS_ETA": "auto"}).ngram_bias_eta == "auto"
+    with pytest.raises(HybridConfigError, match="'ngram_bias_eta' .*SGLANG_HYBRID_NGRAM_BIAS_ETA"):
+        load_settings({"SGLANG_HYBRID_NGRAM_BIAS_ETA": "fast"})
     with pytest.raises(HybridConfigError, match="'ngram_bias_eta' .*SGLANG_HYBRID_NGRAM_BIAS_ETA"):
         load_settings({"SGLANG_HYBRID_NGRAM_BIAS_ETA": "0"})
     assert load_settings({"SGLANG_HYBRID_MODEL_BIAS_ETA": "none"}).model_bias_eta is None

@@ -22,11 +22,17 @@ from bench.replay.sim import RunResult, request_stream, simulate
 
 
 def _eta_or_none(value: str):
-    """``--model-bias-eta`` / ``--ngram-bias-eta``: a learning rate > 0, or 'none' (the online offset off)."""
+    """``--model-bias-eta``: a learning rate > 0, or 'none' (the online offset off)."""
     try:
         return positive_or_none(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a learning rate > 0 or 'none', got {value!r}") from None
+
+
+def _eta_auto_or_none(value: str):
+    """``--ngram-bias-eta``: a learning rate > 0, 'none' (off) or 'auto' (the worker's default: on where verify runs
+    ragged, off where padded)."""
+    return "auto" if value.strip().lower() == "auto" else _eta_or_none(value)
 
 
 def _positive_or_zero(value: str) -> float:
@@ -124,9 +130,10 @@ def main(argv=None) -> int:
     rg.add_argument("--model-bias-eta", type=_eta_or_none, default=EngineConfig.model_bias_eta, metavar="ETA",
                     help="learning rate of HYBRID's online EAGLE offset (the worker's setting model_bias_eta; "
                          "default: as shipped, off)")
-    rg.add_argument("--ngram-bias-eta", type=_eta_or_none, default=EngineConfig.ngram_bias_eta, metavar="ETA",
-                    help="learning rate of HYBRID's online n-gram offset (the worker's setting ngram_bias_eta; "
-                         "default: as shipped, off)")
+    rg.add_argument("--ngram-bias-eta", type=_eta_auto_or_none, default=EngineConfig.ngram_bias_eta, metavar="ETA",
+                    help="learning rate of HYBRID's online n-gram offset (the worker's setting ngram_bias_eta), "
+                         "'none' or 'auto'; default: as shipped, auto (learned where verify runs ragged, the ideal "
+                         "engine's included, off where padded)")
     rg.add_argument("--ngram-logit-shift", type=float, default=0.0, metavar="X",
                     help="a what-if: move every cell of the n-gram calibration (--ngram-calibration, default the "
                          "shipped table) by X on the logit, as a stand-in for a table fit closer to the workload "

@@ -169,8 +169,9 @@ class EngineConfig:
     #: default (None: off); the model-only baselines run without it, as the reference loop's do
     model_bias_eta: Optional[float] = None
     #: HYBRID's online offset on the n-gram side's calibrated logit: the worker's setting ``ngram_bias_eta`` and its
-    #: default (None: off)
-    ngram_bias_eta: Optional[float] = None
+    #: default, "auto" (learned where verify runs ragged, the ideal engine's included, off where padded:
+    #: ``ngram_eta``); a rate; None: off
+    ngram_bias_eta: object = "auto"
     #: kernel launches of the decision per step; None: counted from the worker's code for the policy's configuration
     #: and batch size (``bench.step_launches``)
     launches: Optional[int] = None
@@ -231,6 +232,14 @@ class EngineConfig:
         if self.price_context is not None:
             return self.price_context
         return "blend" if self.cost_tables == "measured" else "start"
+
+    @property
+    def ngram_eta(self) -> Optional[float]:
+        """The n-gram offset's learning rate this engine runs at: ``ngram_bias_eta`` resolved as the worker resolves
+        it (``config.resolved_ngram_bias_eta``) for its verify layout (the ideal engine verifies ragged)."""
+        from sglang_hybrid.sglang_plugin.config import resolved_ngram_bias_eta
+
+        return resolved_ngram_bias_eta(self.ngram_bias_eta, ragged=self.verify != "padded" or not self.as_built)
 
     @classmethod
     def ideal(cls, **kw) -> "EngineConfig":
@@ -316,8 +325,9 @@ class EngineConfig:
     def _depth_text(self) -> str:
         bias = ("; HYBRID's online EAGLE offset off" if self.model_bias_eta is None
                 else f"; HYBRID's online EAGLE offset eta={self.model_bias_eta:g}")
-        bias += ("; n-gram offset off" if self.ngram_bias_eta is None
-                 else f"; n-gram offset eta={self.ngram_bias_eta:g}")
+        auto = " (ngram_bias_eta=auto)" if self.ngram_bias_eta == "auto" else ""
+        bias += (f"; n-gram offset off{auto}" if self.ngram_eta is None
+                 else f"; n-gram offset eta={self.ngram_eta:g}{auto}")
         if self.depths is None:
             return f"EAGLE depth fixed at {self.num_steps}{bias}"
         return (f"EAGLE depth chosen by DecisionStep among {self.depths}, applied {self.depth_lag} step(s) later "
@@ -462,7 +472,7 @@ class EnginePolicy(P.Policy):
                                              widths=self.widths, depths=self.depths)
         self._draft_tables: dict = {}
         self.bias_eta = engine.model_bias_eta if ngram else None
-        self.ngram_bias_eta = engine.ngram_bias_eta if ngram else None
+        self.ngram_bias_eta = engine.ngram_eta if ngram else None
         self.late = LateNgram(engine.proposal_width, engine.ngram_k, engine.ngram_lag, engine.context_lookup) if (
             ngram and engine.as_built) else None
         self.stats: dict = {}

@@ -175,8 +175,8 @@ class Config:
     adaptive_depth: bool = True
     #: HYBRID's online EAGLE offset (``EngineConfig.model_bias_eta``; None: off)
     model_bias_eta: Optional[float] = EngineConfig.model_bias_eta
-    #: HYBRID's online n-gram offset (``EngineConfig.ngram_bias_eta``; None: off)
-    ngram_bias_eta: Optional[float] = EngineConfig.ngram_bias_eta
+    #: HYBRID's online n-gram offset (``EngineConfig.ngram_bias_eta``: "auto", a rate, or None: off)
+    ngram_bias_eta: object = EngineConfig.ngram_bias_eta
     #: the n-gram calibration every core-decided policy prices with (the worker's setting ``ngram_calibration``;
     #: None: the shipped table)
     ngram_calibration: Optional[Path] = None

@@ -37,7 +37,7 @@ from sglang_hybrid.step import Decision, DecisionStep, ModelDraft, NgramDraft
 from sglang_hybrid.survival import chain_parents
 
 from . import alignment, context_lookup
-from .config import ENV_PREFIX, HybridConfigError, HybridSettings
+from .config import ENV_PREFIX, HybridConfigError, HybridSettings, resolved_ngram_bias_eta
 from .metrics import HybridCounters
 
 
@@ -97,12 +97,10 @@ class HybridStep:
         self.model_bias_gen = (torch.full((pool_size,), -1, dtype=torch.int64, device=self.device)
                                if self.model_bias_eta is not None else None)
         #: the same for the n-gram side (setting ``ngram_bias_eta``): each request's offset on the n-gram table's
-        #: calibrated logit, learned from how its n-gram chains fared
-        self.ngram_bias_eta = settings.ngram_bias_eta
-        self.ngram_bias = (torch.zeros(pool_size, dtype=torch.float32, device=self.device)
-                           if self.ngram_bias_eta is not None else None)
-        self.ngram_bias_gen = (torch.full((pool_size,), -1, dtype=torch.int64, device=self.device)
-                               if self.ngram_bias_eta is not None else None)
+        #: calibrated logit, learned from how its n-gram chains fared. "auto" depends on the verify layout, which the
+        #: worker decides later (``set_ngram_bias_eta``); until then, and outside the worker, off (the padded rule)
+        self._pool_size = pool_size
+        self.set_ngram_bias_eta(resolved_ngram_bias_eta(settings.ngram_bias_eta, ragged=False))
         #: what ``after_verify`` counts and learns from, kept by ``select``: (slots, generations, model chain, offsets
         #: used or None, acceptances priced)
         self._model_step: Optional[tuple] = None
@@ -112,6 +110,17 @@ class HybridStep:
         #: overwrites it at its next replay (SGLang recycles graph outputs through a shared memory pool, and the
         #: draft-extend graph replays before ``after_verify`` reads the chain); static, so the copy is capturable
         self._chain = torch.zeros((pool_size, num_steps), dtype=torch.int64, device=self.device)
+
+    def set_ngram_bias_eta(self, eta: Optional[float]) -> None:
+        """Learn each request's n-gram offset at rate ``eta`` from now on (None: off), with the offsets at zero: the
+        worker resolves ``ngram_bias_eta = "auto"`` once it knows whether verify runs ragged
+        (``config.resolved_ngram_bias_eta``), before the first step and before the start-up memory check counts the
+        offsets' buffers."""
+        self.ngram_bias_eta = eta
+        self.ngram_bias = (torch.zeros(self._pool_size, dtype=torch.float32, device=self.device)
+                           if eta is not None else None)
+        self.ngram_bias_gen = (torch.full((self._pool_size,), -1, dtype=torch.int64, device=self.device)
+                               if eta is not None else None)
 
     def restrict_widths(self, widths) -> None:
         """Decide among ``widths`` only from now on (a subset of ``self.widths`` that keeps the full width): the

@@ -108,6 +108,9 @@ class HybridCounters:
         #: (verify runs ragged: ``HybridWorkerV2._skip_target_verify_capture``), "dropped" (ragged verify, and SGLang
         #: captured them anyway: ``_drop_target_verify_graphs``) or "none" (SGLang captured none)
         self.target_verify_graphs: Optional[str] = None
+        #: the learning rate of the n-gram side's online offset the worker runs at (setting ``ngram_bias_eta``,
+        #: "auto" resolved by the verify layout at start), None when off
+        self.ngram_offset_eta: Optional[float] = None
         self.totals = torch.zeros(SIZE, dtype=torch.float64, device=self.device)
         self.log_interval = log_interval
         self._host_steps = 0
@@ -196,6 +199,7 @@ class HybridCounters:
         out["draft_cost_table"] = self.draft_cost_table
         out["runtime_parts"] = self.runtime_parts
         out["target_verify_graphs"] = self.target_verify_graphs
+        out["ngram_offset_eta"] = self.ngram_offset_eta
         return out
 
     def maybe_log(self) -> Optional[dict]:

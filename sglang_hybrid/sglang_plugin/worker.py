@@ -59,7 +59,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 from sglang_hybrid.cost import ContextCostModel
 
 from . import memory_budget, runtime_states, startup_costs
-from .config import ENV_PREFIX, load_settings
+from .config import ENV_PREFIX, load_settings, resolved_ngram_bias_eta
 from .hybrid_step import HybridStep
 from .metrics import HybridCounters
 from .ngram_host import NgramFeeder
@@ -401,6 +401,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
         super().init_cuda_graphs()
         self._measure_cost_table()
         self._ragged = self._ragged_decided()
+        self._resolve_ngram_bias_eta()
         self._build_runtime_states()
         if self._ragged:
             self._enable_ragged()
@@ -409,6 +410,19 @@ class HybridWorkerV2(EAGLEWorkerV2):
             runner = self.target_worker.model_runner
             captured = runner.decode_cuda_graph_runner not in (None, getattr(runner, "eager_runner", None))
             self.counters.target_verify_graphs = "captured" if captured else "none"
+
+    def _resolve_ngram_bias_eta(self) -> None:
+        """``ngram_bias_eta = "auto"``: the n-gram offset learned where verify runs ragged, off where it runs padded
+        (``config.resolved_ngram_bias_eta``), now that the layout is decided; before the memory check counts its
+        buffers (``_build_runtime_states``)."""
+        if self.hybrid_step is None:
+            return
+        if self.settings.ngram_bias_eta == "auto":
+            eta = resolved_ngram_bias_eta("auto", self._ragged)
+            self.hybrid_step.set_ngram_bias_eta(eta)
+            logger.info("HYBRID: n-gram online offset %s (setting ngram_bias_eta=auto, %s verify)",
+                        "off" if eta is None else f"learned at eta={eta:g}", "ragged" if self._ragged else "padded")
+        self.counters.ngram_offset_eta = self.hybrid_step.ngram_bias_eta
 
     def _measure_cost_table(self) -> None:
         """Without a ``cost_table``, time the target verify now and price with that table; without a
