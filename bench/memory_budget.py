@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from sglang_hybrid.sglang_plugin import memory_budget as mb
-from sglang_hybrid.sglang_plugin.config import HybridSettings
+from sglang_hybrid.sglang_plugin.config import HybridSettings, resolved_ngram_bias_eta
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB, MiB = mb.GiB, mb.MiB
@@ -189,7 +189,9 @@ def hybrid_budget(case: H200Case, settings: HybridSettings, *, steps: int = STEP
         pool_size=running, num_steps=steps, ngram_k=settings.ngram_k, proposal_width=proposal_width(settings, steps),
         context_cols=case.context + 4 + full,                # SGLang's req_to_token row (allocation_sizing.py ~96)
         model_bias=False, fused=True, max_bs=dep.max_bs or running, width=full, depths=len(depths),
-        mask_entries=mb.workspace_mask_entries(dep, full))
+        mask_entries=mb.workspace_mask_entries(dep, full),
+        # the n-gram offset's buffers where the worker learns it (ngram_bias_eta: "auto" = under ragged verify)
+        ngram_bias=resolved_ngram_bias_eta(settings.ngram_bias_eta, ragged) is not None)
     if tier_graphs:
         if not ragged or dep.attention_backend != "triton":
             raise ValueError("token-tier graphs run ragged verify on the Triton backend")
