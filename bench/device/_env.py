@@ -1,6 +1,7 @@
 """Shared plumbing of the device jobs: where outputs go, which device runs, the carried Rust extension, timing."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -40,6 +41,20 @@ def use_carried_extension() -> str:
     except ImportError as e:
         return f"missing ({e})"
     return f"ok ({Path(_ngram.__file__).name})"
+
+
+@contextlib.contextmanager
+def no_host_sync(active: bool = True):
+    """Run the block under ``torch.cuda.set_sync_debug_mode("error")`` (any host sync raises), restored after it
+    whatever happens; ``active`` False (the CPU mode): the block runs unchecked."""
+    if not active:
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 def environment() -> dict:

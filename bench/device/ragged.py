@@ -218,12 +218,8 @@ def check_ahead_kernels(x, dev, on_gpu: bool, check, rec: dict, log) -> None:
     kernel_path()                                                           # compile / warm up
     if on_gpu:
         torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-    try:
+    with _env.no_host_sync(on_gpu):
         got = tuple(t.clone() for t in kernel_path())
-    finally:
-        if on_gpu:
-            torch.cuda.set_sync_debug_mode(0)
     end = int(want[3][-1])
     names = ("counts", "token_index", "qo_indptr", "mask_indptr", "custom_mask", "input_ids", "positions",
              "kv_write_cols")
@@ -282,12 +278,8 @@ def run(log=print) -> dict:
     run_step()                                                              # warm-up (one-time initialisation)
     if on_gpu:
         torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-    try:
+    with _env.no_host_sync(on_gpu):
         eager1 = tuple(t.clone() for t in run_step())
-    finally:
-        if on_gpu:
-            torch.cuda.set_sync_debug_mode(0)
     if on_gpu:
         rec["eager_no_sync"] = True
         log("[ragged] eager build + consumer under set_sync_debug_mode('error'): no host sync")
@@ -317,11 +309,8 @@ def run(log=print) -> dict:
         a.copy_(b)
     counts.copy_(node_counts(x["valid"]))
     if on_gpu:
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with _env.no_host_sync():
             graph.replay()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
         torch.cuda.synchronize()
         rec["replay_no_sync"] = True
         got = tuple(t.clone() for t in static)

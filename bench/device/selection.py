@@ -209,19 +209,13 @@ def check_batch_gpu(batch: int, cost_doc, iters: int, log, config=DEPLOYED) -> d
     want = tuple(t.clone() for t in want)
     run_step(gpu_step, x_gpu, seq_lens_sum, buf_gpu)                     # one-time init (not sync-checked)
     torch.cuda.synchronize()
-    try:
-        torch.cuda.set_sync_debug_mode("error")
+    with _env.no_host_sync():
         eager = run_step(gpu_step, x_gpu, seq_lens_sum, buf_gpu)
         eager = tuple(t.clone() for t in eager)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     rec["eager_no_sync"] = True
     graph, static = _env.capture(lambda: run_step(gpu_step, x_gpu, seq_lens_sum, buf_gpu))
-    try:
-        torch.cuda.set_sync_debug_mode("error")
+    with _env.no_host_sync():
         graph.replay()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     rec["replay_no_sync"] = True
     rec["replay_vs_eager_cuda"] = compare(static, eager, exact_floats=True) or "equal"
@@ -320,9 +314,7 @@ def run(cost_doc=None, log=print) -> dict:
         name = config_name(config)
         try:
             rec = (check_batch_gpu(b, cost_doc, 50, log, config) if on_gpu else check_batch_cpu(b, log, config))
-        except Exception as e:  # report every batch, then fail
-            if on_gpu:
-                torch.cuda.set_sync_debug_mode(0)
+        except Exception as e:  # report every batch, then fail (_env.no_host_sync restored the sync mode)
             failures += 1
             rec = {"config": name, "batch": b, "error": _env.failure(e)}
             log(f"  {name} B={b}: FAILED {rec['error']}")
