@@ -92,14 +92,11 @@ class HybridStep:
         #: per slot: the online offset on the EAGLE side's calibrated logit (``request_bias``) and the slot generation
         #: it was learned for (-1: none yet); None when the setting ``model_bias_eta`` is off
         self.model_bias_eta = settings.model_bias_eta
-        self.model_bias = (torch.zeros(pool_size, dtype=torch.float32, device=self.device)
-                           if self.model_bias_eta is not None else None)
-        self.model_bias_gen = (torch.full((pool_size,), -1, dtype=torch.int64, device=self.device)
-                               if self.model_bias_eta is not None else None)
+        self._pool_size = pool_size
+        self.model_bias, self.model_bias_gen = self._offset_buffers(self.model_bias_eta)
         #: the same for the n-gram side (setting ``ngram_bias_eta``): each request's offset on the n-gram table's
         #: calibrated logit, learned from how its n-gram chains fared. "auto" depends on the verify layout, which the
         #: worker decides later (``set_ngram_bias_eta``); until then, and outside the worker, off (the padded rule)
-        self._pool_size = pool_size
         self.set_ngram_bias_eta(resolved_ngram_bias_eta(settings.ngram_bias_eta, ragged=False))
         #: what ``after_verify`` counts and learns from, kept by ``select``: (slots, generations, model chain, offsets
         #: used or None, acceptances priced)
@@ -117,10 +114,15 @@ class HybridStep:
         (``config.resolved_ngram_bias_eta``), before the first step and before the start-up memory check counts the
         offsets' buffers."""
         self.ngram_bias_eta = eta
-        self.ngram_bias = (torch.zeros(self._pool_size, dtype=torch.float32, device=self.device)
-                           if eta is not None else None)
-        self.ngram_bias_gen = (torch.full((self._pool_size,), -1, dtype=torch.int64, device=self.device)
-                               if eta is not None else None)
+        self.ngram_bias, self.ngram_bias_gen = self._offset_buffers(eta)
+
+    def _offset_buffers(self, eta: Optional[float]) -> tuple:
+        """One side's online offsets per request slot, zero, and the slot generation each was learned for (-1: none
+        yet); ``(None, None)`` where that side's offset is off (``eta`` None)."""
+        if eta is None:
+            return None, None
+        return (torch.zeros(self._pool_size, dtype=torch.float32, device=self.device),
+                torch.full((self._pool_size,), -1, dtype=torch.int64, device=self.device))
 
     def restrict_widths(self, widths) -> None:
         """Decide among ``widths`` only from now on (a subset of ``self.widths`` that keeps the full width): the

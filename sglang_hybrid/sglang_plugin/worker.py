@@ -700,11 +700,10 @@ class HybridWorkerV2(EAGLEWorkerV2):
                 from sglang_hybrid.kernels.ragged_layout import pending_layout
 
                 return pending_layout(tree.valid, tree.ancestors, seq_lens, seq_lens_sum, slots=buffers.max_bs, **kw)
-            _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
-            return ragged_layout.build_pending_layout(tree.valid, anc, seq_lens, seq_lens_sum,
-                                                      ragged_layout.node_counts(tree.valid), **kw)
         counts = ragged_layout.node_counts(tree.valid)
         _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
+        if buffers is not None:
+            return ragged_layout.build_pending_layout(tree.valid, anc, seq_lens, seq_lens_sum, counts, **kw)
         host = counts.tolist()
         total, max_nodes = sum(host), max(host)
         self.counters.on_ragged(host, width, total)
