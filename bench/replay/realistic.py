@@ -590,6 +590,18 @@ def all_cells(runner: Runner, mode: str) -> list:
     return [(k, runner.cell(*k)) for k in keys]
 
 
+def reach_note(runner: Runner, source, w: str, b: int, cell: dict) -> str:
+    """What the same cell reads for the ragged launch and for the oracle, against the same best model-only policy:
+    where a target sits above the oracle's ratio, no selector over these two chain drafters reaches it in this
+    simulation, and the verdict's reader should see that beside the miss."""
+    parts = []
+    ragged = runner.cell(source, RAGGED, w, b) if RAGGED in runner.engines else None
+    if ragged is not None:
+        parts.append(f"ragged_verify=on {ragged['vs_model'][0]:.2f}")
+    parts.append(f"the oracle {cell['oracle'] / cell['model']:.2f}")
+    return "; " + ", ".join(parts)
+
+
 def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
     """The targets (issue 28's, and the engine issues' that this run measures), each (name, met, detail)."""
     v = []
@@ -606,7 +618,8 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
         b, c = worst(w, bs, "vs_model")
         v.append((f"issue 28: {name}: HYBRID / best model-only >= {tgt:.2f} ({tag})", c is not None and
                   c["vs_model"][0] >= tgt, "not run" if c is None else
-                  f"{fmt_ci(c['vs_model'])} vs {c['model_name']}" + (f" (worst B={b})" if len(bs) > 1 else "")))
+                  f"{fmt_ci(c['vs_model'])} vs {c['model_name']}" + (f" (worst B={b})" if len(bs) > 1 else "")
+                  + reach_note(runner, head, w, b, c)))
     rule_cells = [(w, b) for w in ("code", "code-edit", "mixed") for b in (4, 32) if b in cfg.batches]
     got = [(w, b, runner.cell(head, "as built", w, b)) for w, b in rule_cells]
     got = [(w, b, c) for w, b, c in got if c is not None]
