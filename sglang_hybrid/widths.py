@@ -61,8 +61,8 @@ def default_buckets(max_width: int) -> tuple[int, ...]:
     mixed x batch 4, 32, 128) adding it was 0.3-5.7 % faster in every batch-32 cell (mixed most) and never slower;
     every width from 2 to 13 gained nothing more (docs/benchmarks.md).
     Each bucket is one more set of captured graphs per draft depth in SGLang, so the set stays small. Width 1 (no draft
-    verified) is left out by default: the draft forwards have already run by then, so verifying nothing rarely wins;
-    add it explicitly when skipping is what you want."""
+    verified) is left out: the draft forwards have already run by then, so verifying nothing rarely wins (the plugin's
+    ``verify_widths`` setting refuses it: HYBRID does not switch to SGLang's zero-step draft)."""
     ws = [w for w in (2, 4, 6, 7, 8, 16, 32) if w < max_width]
     return check_buckets(ws, max_width)
 

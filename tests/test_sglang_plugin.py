@@ -246,6 +246,8 @@ def test_settings_validation_names_the_setting(tmp_path):
         load_settings({"SGLANG_HYBRID_VERIFY_WIDTHS": "2,4"})
     with pytest.raises(HybridConfigError, match="NGRAM_OPTIONS: must be a JSON object"):
         load_settings({"SGLANG_HYBRID_NGRAM_OPTIONS": "min_match=2"})
+    with pytest.raises(HybridConfigError, match="'ngram_options' .*'max_draft' is set by the plugin.*NGRAM_K"):
+        load_settings({"SGLANG_HYBRID_NGRAM_OPTIONS": '{"max_draft": 4}'})
     f = tmp_path / "h.json"
     f.write_text(json.dumps({"mode": "merge", "n_nodse": 4}))
     with pytest.raises(HybridConfigError, match="n_nodse"):

@@ -9,7 +9,7 @@ Sources, later wins:
 1. ``SGLANG_HYBRID_CONFIG=/path/file.json`` or ``.toml``: a table of the fields below (TOML may nest them under
    ``[hybrid]``).
 2. ``SGLANG_HYBRID_<FIELD>`` for any single field, e.g. ``SGLANG_HYBRID_MODE=choose``,
-   ``SGLANG_HYBRID_NGRAM_K=6``, ``SGLANG_HYBRID_NGRAM_OPTIONS='{"min_match": 2}'`` (JSON for dict values).
+   ``SGLANG_HYBRID_NGRAM_K=6``, ``SGLANG_HYBRID_NGRAM_OPTIONS='{"min_match": 2}'`` (JSON for dict and list values).
 
 Unknown keys, unknown ``SGLANG_HYBRID_*`` variables, wrong types and out-of-range values raise ``HybridConfigError``
 naming the setting and its source: nothing silently falls back to a default. The few ``SGLANG_HYBRID_*`` variables
@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 # Every environment variable of HYBRID is named here: ``ENV_PREFIX + FIELD.upper()`` sets one field of
 # ``HybridSettings``; the constants below are the rest.
@@ -51,7 +51,7 @@ def resolved_ngram_bias_eta(setting, ragged: bool) -> Optional[float]:
     """The learning rate of the n-gram side's online offset for the setting ``ngram_bias_eta`` (a rate, None or
     "auto") on an engine whose verify runs ragged (``ragged``) or padded. Why "auto" depends on the layout: a ragged
     verify prices every n-gram node by the calibration, so a table that under-values a request's long copies cuts them
-    short (the offset learns the request's own rate: +0.4 to +8.7 % in every simulated headline cell of the ragged
+    short (the offset learns the request's own rate: +0.0 to +8.7 % in the simulated headline cells of the ragged
     launch), while a padded step verifies its width whatever the price says and gains nothing from it."""
     if setting == "auto":
         return NGRAM_BIAS_ETA_AUTO if ragged else None
@@ -151,6 +151,16 @@ class HybridSettings(BaseModel):
     counters_file: Optional[str] = Field(
         None, description="also write the cumulative counters as JSON to this file at every log line (rank 0; "
                           "the self-check reads it)")
+
+    @field_validator("ngram_options")
+    @classmethod
+    def _ngram_options_leave_max_draft(cls, options: dict) -> dict:
+        """``max_draft`` is the plugin's to set (``ngram_k`` at start, each step's width at run time): given here it
+        would meet the plugin's own value in ``NgramDrafter(...)`` as a duplicate keyword."""
+        if "max_draft" in options:
+            raise ValueError("'max_draft' is set by the plugin from 'ngram_k' (the n-gram chain length); set "
+                             f"{ENV_PREFIX}NGRAM_K instead and drop it from the options")
+        return options
 
     def resolved_n_nodes(self, num_steps: int) -> int:
         if self.n_nodes is not None:
