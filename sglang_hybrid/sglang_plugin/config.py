@@ -127,8 +127,8 @@ class HybridSettings(BaseModel):
     ngram_donate: bool = Field(True, description="donate finished responses to the shared n-gram corpus")
     ngram_options: dict = Field(
         default_factory=dict, description="extra keyword options for NgramDrafter (e.g. min_match, "
-                                          "corpus_cap_tokens, use_corpus, donate_prompts), checked by constructing "
-                                          "one at start")
+                                          "corpus_cap_tokens, use_corpus, donate_prompts; not max_draft, which "
+                                          "ngram_k sets), checked by constructing one at start")
     decision_kernels: Literal["auto", "fused", "torch"] = Field(
         "auto", description="how the per-step device work runs: fused = eight Triton launches with the cost "
                             "tables measured at start, seven with a user's (sglang_hybrid.kernels; CUDA, or the CPU "
