@@ -53,7 +53,6 @@ class DrafterAdapter:
     """Interface of one drafter under replay. Subclasses map it onto their engine's real calls."""
 
     name: str = "?"
-    supports_tree: bool = False
 
     def start(self, rid: int, prompt: np.ndarray) -> None:
         raise NotImplementedError
@@ -89,7 +88,6 @@ class OursAdapter(DrafterAdapter):
     """`sglang_hybrid.ngram.NgramDrafter` with its defaults (shared corpus on: finished responses are donated)."""
 
     name = "ours"
-    supports_tree = True
 
     def __init__(self, max_draft: int = 8, max_nodes: int = 64, **kw):
         from sglang_hybrid.ngram import NgramDrafter
@@ -142,7 +140,6 @@ class VllmNgramAdapter(DrafterAdapter):
     (building a real one needs a model). Defaults are vLLM's: ``prompt_lookup_min = prompt_lookup_max = 5``.
     """
 
-    supports_tree = False
     memory_note = "no state beyond the engine's int32 token buffer (4 B/token, which vLLM holds anyway)"
 
     def __init__(self, k: int = 8, min_n: int = 5, max_n: int = 5, max_model_len: int = 1 << 16,
@@ -212,7 +209,6 @@ class ArcticAdapter(DrafterAdapter):
     ``max_spec_factor = 1.0``, ``min_token_prob = 0.1``. Finished responses stay in its global tree."""
 
     name = "arctic"
-    supports_tree = True
 
     def __init__(self, max_tree_depth: int = 24, max_cached_requests: int = 10000, max_spec_factor: float = 1.0,
                  min_token_prob: float = 0.1):
@@ -289,7 +285,6 @@ class SglangAdapter(DrafterAdapter):
         self.width = width
         self.depth = max_trie_depth
         self.insert_prompt = insert_prompt
-        self.supports_tree = breadth is None
         self.name = name or ("sglang" + ("+prompt" if insert_prompt else "") + ("" if breadth is None else "-chain"))
         self.ctx: Dict[int, _Context] = {}
 

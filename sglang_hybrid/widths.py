@@ -142,15 +142,13 @@ class WidthChoice(NamedTuple):
     cost table, expected tokens per step without one); ``b_star``: draft slots paid for at that width,
     ``R * (width - 1)`` (0-dim int64); ``lam``: the price of the next slot, the goodput lost per extra draft slot if
     the next wider bucket were verified (0-dim float32, 0 without a cost table or at the widest bucket); ``depth``:
-    the chosen model-draft depth (0-dim int64; with one depth candidate, that depth); ``plan_goodput [D, J]``: ``G``
-    per (depth, width) pair."""
+    the chosen model-draft depth (0-dim int64; with one depth candidate, that depth)."""
 
     width: torch.Tensor
     goodput: torch.Tensor
     b_star: torch.Tensor
     lam: torch.Tensor
     depth: torch.Tensor
-    plan_goodput: torch.Tensor
 
 
 def choose_width(tree: VerifyTree, buckets: torch.Tensor, cost: Optional[CostTables] = None,
@@ -223,7 +221,7 @@ def choose_plan(survival: torch.Tensor, valid: torch.Tensor, buckets: torch.Tens
     b_star = r.to(torch.int64) * (width - 1)
     depth = depths.gather(0, d_i.reshape(1))[0]
     goodput = goodput.to(f32)
-    return WidthChoice(width, goodput.index_select(0, d_i.reshape(1))[0], b_star, lam, depth, goodput)
+    return WidthChoice(width, goodput.index_select(0, d_i.reshape(1))[0], b_star, lam, depth)
 
 
 def truncate(tree: VerifyTree, width: int) -> VerifyTree:

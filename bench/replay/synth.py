@@ -26,7 +26,7 @@ from typing import List
 import numpy as np
 
 from bench import data
-from bench.replay.traces import Trace, TraceRequest
+from bench.replay.traces import TraceRequest
 
 KAPPA = 6.0          # Beta concentration of the simulated confidences
 COPY_MATCH = 4       # "long" n-gram match: at least this many context tokens matched
@@ -272,17 +272,3 @@ def with_eagle(bank, tokens: np.ndarray, probs: np.ndarray, trees: "SimulatedEag
     b.eagle_tokens, b.eagle_probs = tokens, probs
     b.eagle_trees = trees
     return b
-
-
-def as_trace(bank, tokens, probs, alpha, alpha_copy) -> Trace:
-    """The simulated drafter's rows as an ordinary trace (e.g. to write with `replay_traces.write_trace`)."""
-    from sglang_hybrid.reference import trace as TR
-
-    reqs = []
-    for i, r in enumerate(bank.requests):
-        sl = slice(bank.offset[i], bank.offset[i] + bank.lengths[i])
-        reqs.append(TraceRequest(r.id, r.workload, r.prompt, r.output, tokens[sl].astype(np.int32), probs[sl]))
-    header = TR.TraceHeader(model="real text (cl100k tokens; no target model run)",
-                            draft_model=f"SIMULATED drafter alpha={alpha:g} alpha_copy={alpha_copy:g}",
-                            temperature=0.0, eagle_k=int(tokens.shape[1]), created="bench.replay.synth")
-    return Trace(header, reqs)

@@ -63,17 +63,6 @@ class Result:
     steps: list[StepRecord] = field(default_factory=list)
     finished_by: str = ""
 
-    @property
-    def mean_accepted(self) -> float:
-        return sum(s.accepted for s in self.steps) / max(1, len(self.steps))
-
-
-def _kv_layers(cache):
-    """(keys, values) tensor pairs of a transformers DynamicCache (v5 `layers`, v4 `key_cache`)."""
-    if hasattr(cache, "layers"):
-        return [(lay, "keys", "values") for lay in cache.layers]
-    return [(cache, i, i) for i in range(len(cache.key_cache))]
-
 
 def compact_cache(cache, keep: torch.Tensor) -> None:
     """Keep only cache positions `keep` (1-D, in the order given) in every layer."""

@@ -25,8 +25,6 @@ from typing import NamedTuple
 
 import torch
 
-FEATURES = ("match_len", "count", "total", "source")
-
 
 class ProposalBuffers(NamedTuple):
     """Slot-indexed device buffers (``P`` = request-pool size, ``K`` = n-gram width, ``R`` = ring length)."""
