@@ -5,15 +5,43 @@ use crate::table::TransitionTable;
 
 /// Token id reserved as the document separator inside corpus automata. Never a valid token: the
 /// [`Drafter`](crate::Drafter) rejects ids above `i32::MAX`, so a match can never span two documents.
+///
+/// ```
+/// use rust_ngram::{Corpus, Drafter, DrafterConfig, SEPARATOR, SLOT_STATIC};
+/// let mut c = Corpus::new(0);
+/// c.add_static(&[1, 2]);
+/// assert_eq!(c.slot(SLOT_STATIC).unwrap().tokens(), &[1, 2, SEPARATOR]); // one document, then the separator
+/// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+/// assert!(d.start(1, &[1, SEPARATOR]).is_err()); // never a token of a request
+/// ```
 pub const SEPARATOR: u32 = u32::MAX;
 
 /// The root state (the empty string). Present in every automaton, even an empty one.
+///
+/// ```
+/// use rust_ngram::{SuffixAutomaton, ROOT};
+/// let sam = SuffixAutomaton::from_tokens(&[1, 2]);
+/// assert_eq!(sam.find(&[]), Some(ROOT)); // the empty pattern
+/// assert_eq!((sam.state_len(ROOT), sam.suffix_link(ROOT)), (0, None));
+/// assert_eq!(SuffixAutomaton::new().num_states(), 1); // only the root
+/// ```
 pub const ROOT: u32 = 0;
 
 /// A matched string inside an automaton: the state that holds it and its length.
 ///
 /// Invariant (when produced by this crate): `len` lies in the length range of `state`, i.e.
 /// `state_len(suffix_link(state)) < len <= state_len(state)`, or `state == ROOT && len == 0`.
+///
+/// ```
+/// use rust_ngram::{Match, SuffixAutomaton, ROOT};
+/// let sam = SuffixAutomaton::from_tokens(&[1, 2, 3, 2, 3]);
+/// let m = sam.match_suffix(&[9, 3]); // "3" occurs, "9 3" does not
+/// assert_eq!(m.len, 1);
+/// // "3" and "2 3" end at the same positions, so one state holds both: `len` is within its length range.
+/// assert_eq!(Some(m.state), sam.find(&[2, 3]));
+/// assert_eq!(sam.state_len(m.state), 2);
+/// assert_eq!(Match::default(), Match { state: ROOT, len: 0 }); // the empty match
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Match {
     /// State of the automaton holding the matched string.
@@ -28,6 +56,16 @@ pub struct Match {
 /// (which has no continuation yet) is useless to it. `occurrences` is therefore exactly the `total` feature of a
 /// [`DraftToken`](crate::DraftToken), and `last_end` is the end position of the most recent occurrence that can be
 /// copied from.
+///
+/// ```
+/// use rust_ngram::{StateStats, SuffixAutomaton};
+/// let mut sam = SuffixAutomaton::from_tokens(&[1, 2, 1, 2]);
+/// // "1 2" ends at positions 1 and 3; only the one at 1 is followed by a token.
+/// let s = sam.find(&[1, 2]).unwrap();
+/// assert_eq!(sam.stats(s), StateStats { occurrences: 1, last_end: Some(1) });
+/// let s = sam.find(&[1]).unwrap(); // ends at 0 and 2, both followed
+/// assert_eq!(sam.stats(s), StateStats { occurrences: 2, last_end: Some(2) });
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct StateStats {
     /// Number of end positions `e` of the state's strings with `e + 1 < text length`.
@@ -100,6 +138,14 @@ impl Default for SuffixAutomaton {
 
 impl SuffixAutomaton {
     /// An empty automaton (only the root). Allocates almost nothing until the first token.
+    ///
+    /// ```
+    /// use rust_ngram::{Match, SuffixAutomaton};
+    /// let sam = SuffixAutomaton::new();
+    /// assert!(sam.is_empty());
+    /// assert_eq!(sam.num_states(), 1); // the root
+    /// assert_eq!(sam.longest_repeated_suffix(), Match::default());
+    /// ```
     pub fn new() -> Self {
         let mut lct = Lct::default();
         lct.push(Stat::default());
@@ -119,6 +165,16 @@ impl SuffixAutomaton {
     /// room for 2.5 n (at 2 n it doubled to 4 n near the end of every real prompt: a copy, and 16 B/token of slack);
     /// the token vector gets room for n / 8 + 64 more tokens, so the first accepted tokens of a request do not copy
     /// (and page-fault) its whole context inside a decode step.
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// let mut sam = SuffixAutomaton::with_capacity(1000);
+    /// assert!(sam.is_empty());
+    /// let reserved = sam.memory_bytes();
+    /// assert!(reserved > 1000 * 4);
+    /// sam.extend_from_slice(&(0..1000).map(|i| i * 7 % 37).collect::<Vec<u32>>());
+    /// assert!(sam.memory_bytes() <= reserved + 64); // no array regrew (a few bytes of scratch space aside)
+    /// ```
     pub fn with_capacity(n: usize) -> Self {
         let states = 2 * n + 1;
         let mut lct = Lct::with_capacity(states);
@@ -136,6 +192,15 @@ impl SuffixAutomaton {
     }
 
     /// Builds an automaton over `tokens`.
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// let a = SuffixAutomaton::from_tokens(&[1, 2, 1]);
+    /// let mut b = SuffixAutomaton::new();
+    /// b.extend_from_slice(&[1, 2, 1]);
+    /// assert_eq!(a.tokens(), b.tokens());
+    /// assert_eq!((a.num_states(), a.longest_repeated_suffix()), (b.num_states(), b.longest_repeated_suffix()));
+    /// ```
     pub fn from_tokens(tokens: &[u32]) -> Self {
         let mut s = Self::with_capacity(tokens.len());
         s.extend_from_slice(tokens);
@@ -143,31 +208,75 @@ impl SuffixAutomaton {
     }
 
     /// The text so far.
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// let mut sam = SuffixAutomaton::from_tokens(&[4, 5]);
+    /// sam.push(6);
+    /// assert_eq!(sam.tokens(), &[4, 5, 6]);
+    /// ```
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
     }
 
     /// Number of tokens appended so far.
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// let mut sam = SuffixAutomaton::new();
+    /// assert_eq!(sam.len(), 0);
+    /// sam.extend_from_slice(&[7, 7, 7]);
+    /// assert_eq!(sam.len(), 3);
+    /// ```
     pub fn len(&self) -> usize {
         self.tokens.len()
     }
 
     /// True when no token was appended.
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// assert!(SuffixAutomaton::new().is_empty());
+    /// assert!(!SuffixAutomaton::from_tokens(&[1]).is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.tokens.is_empty()
     }
 
     /// Number of states (at most `2 n - 1` for `n >= 2`, plus the root).
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// // The root, "1", "1 2", "1 2 2", and "2" (split off when the second 2 arrived).
+    /// assert_eq!(SuffixAutomaton::from_tokens(&[1, 2, 2]).num_states(), 5);
+    /// assert_eq!(SuffixAutomaton::from_tokens(&[1, 2, 3]).num_states(), 4); // distinct tokens: one state each
+    /// ```
     pub fn num_states(&self) -> usize {
         self.st.len()
     }
 
     /// Number of transitions (at most `3 n - 4` for `n >= 3`).
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// let sam = SuffixAutomaton::from_tokens(&[1, 2, 2]);
+    /// assert_eq!(sam.num_transitions(), 5); // 3 n - 4 for n = 3
+    /// // From the root by 1, 2 and 3, plus "1" -> "1 2" -> "1 2 3".
+    /// assert_eq!(SuffixAutomaton::from_tokens(&[1, 2, 3]).num_transitions(), 5);
+    /// ```
     pub fn num_transitions(&self) -> usize {
         self.trans.len()
     }
 
     /// Heap bytes held (allocated capacity, not just the used part).
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// let small = SuffixAutomaton::from_tokens(&[1, 2, 3]);
+    /// let large = SuffixAutomaton::from_tokens(&(0..10_000).collect::<Vec<u32>>());
+    /// assert!(large.memory_bytes() >= 10_000 * 4); // at least the tokens themselves
+    /// assert!(small.memory_bytes() < large.memory_bytes());
+    /// ```
     pub fn memory_bytes(&self) -> usize {
         self.tokens.capacity() * 4
             + self.st.capacity() * std::mem::size_of::<StateRec>()
@@ -177,6 +286,16 @@ impl SuffixAutomaton {
     }
 
     /// Releases spare vector capacity (the transition table keeps its power-of-two size).
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// let mut sam = SuffixAutomaton::with_capacity(10_000);
+    /// sam.extend_from_slice(&[1, 2, 3]);
+    /// let reserved = sam.memory_bytes();
+    /// sam.shrink_to_fit();
+    /// assert!(sam.memory_bytes() < reserved);
+    /// assert_eq!(sam.tokens(), &[1, 2, 3]); // the contents are unchanged
+    /// ```
     pub fn shrink_to_fit(&mut self) {
         self.tokens.shrink_to_fit();
         self.st.shrink_to_fit();
@@ -185,23 +304,58 @@ impl SuffixAutomaton {
     }
 
     /// Length of the longest string of `state`.
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// let sam = SuffixAutomaton::from_tokens(&[1, 2, 3, 2, 3]);
+    /// let s = sam.find(&[3]).unwrap();
+    /// assert_eq!(sam.state_len(s), 2); // "3" shares its end positions with "2 3", the state's longest string
+    /// assert_eq!(sam.state_len(sam.find(&[1, 2, 3]).unwrap()), 3);
+    /// ```
     pub fn state_len(&self, state: u32) -> u32 {
         self.st[state as usize].len
     }
 
     /// Suffix link of `state` (the state of its longest suffix with more end positions); `None` for the root.
+    ///
+    /// ```
+    /// use rust_ngram::{SuffixAutomaton, ROOT};
+    /// let sam = SuffixAutomaton::from_tokens(&[1, 2, 3, 2, 3]);
+    /// let s = sam.find(&[1, 2, 3]).unwrap(); // ends at 2 only
+    /// let l = sam.suffix_link(s).unwrap();
+    /// assert_eq!(Some(l), sam.find(&[2, 3])); // ends at 2 and 4
+    /// assert_eq!(sam.suffix_link(l), Some(ROOT));
+    /// assert_eq!(sam.suffix_link(ROOT), None);
+    /// ```
     pub fn suffix_link(&self, state: u32) -> Option<u32> {
         let l = self.st[state as usize].link;
         (l != NIL).then_some(l)
     }
 
     /// The state reached from `state` by `token`, if the extended string occurs.
+    ///
+    /// ```
+    /// use rust_ngram::{SuffixAutomaton, ROOT};
+    /// let sam = SuffixAutomaton::from_tokens(&[1, 2, 3]);
+    /// let s = sam.transition(ROOT, 1).unwrap();
+    /// assert_eq!(sam.transition(s, 2), sam.find(&[1, 2]));
+    /// assert_eq!(sam.transition(s, 3), None); // "1 3" does not occur
+    /// ```
     #[inline]
     pub fn transition(&self, state: u32, token: u32) -> Option<u32> {
         self.trans.get(state, token)
     }
 
     /// Out-transitions of `state` as `(token, target)`, most recently created first.
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// let sam = SuffixAutomaton::from_tokens(&[5, 1, 5, 2]);
+    /// let s = sam.find(&[5]).unwrap();
+    /// let out: Vec<(u32, u32)> = sam.transitions(s).collect();
+    /// // "5" was followed by 1, later by 2: the newer transition comes first.
+    /// assert_eq!(out, [(2, sam.find(&[5, 2]).unwrap()), (1, sam.find(&[5, 1]).unwrap())]);
+    /// ```
     pub fn transitions(&self, state: u32) -> impl Iterator<Item = (u32, u32)> + '_ {
         let mut e = self.st[state as usize].head;
         std::iter::from_fn(move || {
@@ -215,6 +369,14 @@ impl SuffixAutomaton {
     }
 
     /// State spelled by `pattern` from the root, if `pattern` occurs in the text.
+    ///
+    /// ```
+    /// use rust_ngram::{SuffixAutomaton, ROOT};
+    /// let sam = SuffixAutomaton::from_tokens(&[1, 2, 3]);
+    /// assert!(sam.find(&[2, 3]).is_some());
+    /// assert_eq!(sam.find(&[3, 2]), None);
+    /// assert_eq!(sam.find(&[]), Some(ROOT));
+    /// ```
     pub fn find(&self, pattern: &[u32]) -> Option<u32> {
         let mut s = ROOT;
         for &t in pattern {
@@ -225,6 +387,16 @@ impl SuffixAutomaton {
 
     /// The longest suffix of the text that also ends before the last position (the context a drafter continues).
     /// `len == 0` (the root) when even the last token never occurred before.
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// let sam = SuffixAutomaton::from_tokens(&[1, 2, 3, 1, 2]);
+    /// let m = sam.longest_repeated_suffix();
+    /// assert_eq!(m.len, 2); // "1 2" also ends at position 1
+    /// assert_eq!(Some(m.state), sam.find(&[1, 2]));
+    /// // The last token never occurred before: the empty match.
+    /// assert_eq!(SuffixAutomaton::from_tokens(&[1, 2, 3]).longest_repeated_suffix().len, 0);
+    /// ```
     pub fn longest_repeated_suffix(&self) -> Match {
         if self.last == ROOT {
             return Match::default();
@@ -235,6 +407,17 @@ impl SuffixAutomaton {
 
     /// Matching-statistics step: given `m`, the longest suffix of some external sequence `X` that occurs in this
     /// text, returns the longest suffix of `X + [token]` that occurs. Amortised O(1) over a sequence.
+    ///
+    /// ```
+    /// use rust_ngram::{Match, SuffixAutomaton};
+    /// let sam = SuffixAutomaton::from_tokens(&[1, 2, 3]);
+    /// let m = sam.advance(Match::default(), 1);
+    /// let m = sam.advance(m, 2);
+    /// assert_eq!((m.len, Some(m.state)), (2, sam.find(&[1, 2])));
+    /// // "1 2 1" does not occur; its longest suffix that does is "1".
+    /// assert_eq!(sam.advance(m, 1).len, 1);
+    /// assert_eq!(sam.advance(m, 9), Match::default()); // 9 never occurs
+    /// ```
     pub fn advance(&self, m: Match, token: u32) -> Match {
         let mut state = m.state;
         let mut len = m.len;
@@ -269,6 +452,17 @@ impl SuffixAutomaton {
     }
 
     /// Exact occurrence statistics of `state` (amortised O(log n); `&mut` because the link-cut tree splays).
+    ///
+    /// ```
+    /// use rust_ngram::{StateStats, SuffixAutomaton};
+    /// let mut sam = SuffixAutomaton::from_tokens(&[7, 8, 7, 9, 7]);
+    /// let s = sam.find(&[7]).unwrap();
+    /// // "7" ends at 0, 2 and 4; the one at 4 is not followed yet.
+    /// assert_eq!(sam.stats(s), StateStats { occurrences: 2, last_end: Some(2) });
+    /// sam.push(8);
+    /// let s = sam.find(&[7]).unwrap();
+    /// assert_eq!(sam.stats(s), StateStats { occurrences: 3, last_end: Some(4) });
+    /// ```
     pub fn stats(&mut self, state: u32) -> StateStats {
         let s = self.lct.get(state);
         StateStats { occurrences: s.cnt, last_end: (s.last > 0).then(|| (s.last - 1) as usize) }
@@ -277,6 +471,18 @@ impl SuffixAutomaton {
     /// Number of occurrences of (any string of) `state` followed by `token`; 0 when there is none.
     ///
     /// This equals the occurrences of the extended string, including the one at the very end of the text.
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// let mut sam = SuffixAutomaton::from_tokens(&[1, 2, 1, 3, 1, 2]);
+    /// let s = sam.find(&[1]).unwrap();
+    /// assert_eq!(sam.continuation_count(s, 2), 2); // "1 2" at 0..=1 and at the very end
+    /// assert_eq!(sam.continuation_count(s, 3), 1);
+    /// assert_eq!(sam.continuation_count(s, 4), 0);
+    /// // The "followed" statistics of "1 2" itself leave out the occurrence at the end.
+    /// let t = sam.find(&[1, 2]).unwrap();
+    /// assert_eq!(sam.stats(t).occurrences, 1);
+    /// ```
     pub fn continuation_count(&mut self, state: u32, token: u32) -> u32 {
         let Some(t) = self.transition(state, token) else { return 0 };
         let st = self.stats(state);
@@ -293,6 +499,14 @@ impl SuffixAutomaton {
     }
 
     /// Appends several tokens.
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// let mut sam = SuffixAutomaton::from_tokens(&[1, 2]);
+    /// sam.extend_from_slice(&[3, 1, 2]);
+    /// assert_eq!(sam.tokens(), &[1, 2, 3, 1, 2]);
+    /// assert_eq!(sam.longest_repeated_suffix().len, 2);
+    /// ```
     pub fn extend_from_slice(&mut self, tokens: &[u32]) {
         self.tokens.reserve(tokens.len());
         for (j, &t) in tokens.iter().enumerate() {
@@ -333,6 +547,17 @@ impl SuffixAutomaton {
     }
 
     /// Appends one token (amortised O(1) automaton work + amortised O(log n) statistics work).
+    ///
+    /// ```
+    /// use rust_ngram::SuffixAutomaton;
+    /// let mut sam = SuffixAutomaton::new();
+    /// for t in [4, 5, 4] {
+    ///     sam.push(t);
+    /// }
+    /// assert_eq!(sam.longest_repeated_suffix().len, 1); // "4" occurred before
+    /// sam.push(5);
+    /// assert_eq!(sam.longest_repeated_suffix().len, 2); // so did "4 5"
+    /// ```
     pub fn push(&mut self, c: u32) {
         let i = self.tokens.len() as u32;
         let prev_last = self.last;

@@ -3,6 +3,16 @@
 use crate::automaton::{Match, SuffixAutomaton, SEPARATOR};
 
 /// Where a draft token was copied from (the `source` column of [`DraftRows`](crate::DraftRows): `0` or `1`).
+///
+/// ```
+/// use rust_ngram::{DraftBatch, Drafter, DrafterConfig, Source};
+/// assert_eq!((Source::Context as i8, Source::Corpus as i8), (0, 1)); // the values in `DraftRows::source`
+/// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+/// d.start(1, &[1, 2, 1]).unwrap();
+/// let mut out = DraftBatch::new(1, 1);
+/// d.propose(&[1], 1, &mut out.rows()).unwrap();
+/// assert_eq!(out.source[0], Source::Context as i8);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(i8)]
 pub enum Source {
@@ -15,7 +25,18 @@ pub enum Source {
 /// One drafted token with its features, exactly the per-token columns of [`DraftRows`](crate::DraftRows).
 ///
 /// Invariants: `1 <= count <= total`; `depth >= 1`; `parent < own index` (topological order, `-1` = child of the
-/// last committed token); `match_len >= 1` unless the drafter was configured with `min_match == 0`.
+/// last committed token); `match_len >= 1` for the drafts of a [`Drafter`](crate::Drafter) (a [`chain_draft`]
+/// called directly from the empty match gives `match_len == 0`).
+///
+/// ```
+/// use rust_ngram::{chain_draft, DraftToken, Source, SuffixAutomaton};
+/// let mut sam = SuffixAutomaton::from_tokens(&[1, 2, 3, 1, 2]);
+/// let m = sam.longest_repeated_suffix(); // "1 2", followed once (by 3)
+/// let mut out = Vec::new();
+/// chain_draft(&mut sam, m, 1, Source::Context, &mut out);
+/// let d = DraftToken { token: 3, parent: -1, depth: 1, match_len: 2, count: 1, total: 1, source: Source::Context };
+/// assert_eq!(out, [d]);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DraftToken {
     /// The drafted token id.
@@ -233,6 +254,21 @@ impl ChainCursor {
 }
 
 /// Tuning of [`tree_draft`].
+///
+/// ```
+/// use rust_ngram::{tree_draft, DraftToken, Source, SuffixAutomaton, TreeParams};
+/// // "1 2" was followed by 3 only; its suffix "2" also by 4.
+/// let mut sam = SuffixAutomaton::from_tokens(&[5, 1, 2, 3, 9, 2, 4, 1, 2]);
+/// let m = sam.longest_repeated_suffix();
+/// let mut tree = |max_backoff| {
+///     let mut out = Vec::new();
+///     tree_draft(&mut sam, m, 4, &TreeParams { max_backoff, ..Default::default() }, Source::Context, &mut out);
+///     out
+/// };
+/// let roots = |t: Vec<DraftToken>| t.iter().filter(|d| d.parent == -1).map(|d| d.token).collect::<Vec<u32>>();
+/// assert_eq!(roots(tree(0)), [3]); // only "1 2" is consulted
+/// assert_eq!(roots(tree(1)), [3, 4]); // one suffix link down: "2"
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TreeParams {
     /// Shorter contexts (suffix links) consulted per node besides its own match; gives prose alternatives.

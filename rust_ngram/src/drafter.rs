@@ -8,6 +8,15 @@ use crate::corpus::{rematch, Corpus, CorpusChange, CORPUS_SLOTS, SLOT_ACTIVE, SL
 use crate::draft::{chain_draft, chain_draft_group, tree_draft, DraftToken, Source, TreeParams};
 
 /// Configuration of a [`Drafter`]. Every field has a sensible default ([`DrafterConfig::default`]).
+///
+/// ```
+/// use rust_ngram::{Drafter, DrafterConfig};
+/// let cfg = DrafterConfig { max_draft: 4, vocab_size: Some(32_000), ..Default::default() };
+/// assert_eq!((cfg.max_nodes, cfg.min_match, cfg.use_corpus), (64, 1, true));
+/// let d = Drafter::new(cfg.clone()).unwrap();
+/// assert_eq!(d.config(), &cfg);
+/// assert!(Drafter::new(DrafterConfig { min_match: 0, ..Default::default() }).is_err());
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct DrafterConfig {
     /// Largest chain length `k` accepted by [`Drafter::propose`] (default 8).
@@ -100,6 +109,18 @@ impl fmt::Display for DrafterError {
 impl std::error::Error for DrafterError {}
 
 /// Result alias of this module.
+///
+/// ```
+/// use rust_ngram::{Drafter, DrafterConfig, DrafterError, Result};
+/// fn context_or_zero(d: &Drafter, id: u64) -> Result<usize> {
+///     match d.context_len(id) {
+///         Err(DrafterError::UnknownRequest(_)) => Ok(0),
+///         other => other,
+///     }
+/// }
+/// let d = Drafter::new(DrafterConfig::default()).unwrap();
+/// assert_eq!(context_or_zero(&d, 3), Ok(0));
+/// ```
 pub type Result<T> = std::result::Result<T, DrafterError>;
 
 #[derive(Clone, Debug)]
@@ -164,6 +185,18 @@ pub struct DraftRows<'a> {
 }
 
 /// Owned version of [`DraftRows`] for Rust callers.
+///
+/// ```
+/// use rust_ngram::{DraftBatch, Drafter, DrafterConfig};
+/// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+/// d.start(1, &[1, 2, 3, 1, 2]).unwrap();
+/// d.start(2, &[4, 4]).unwrap();
+/// let mut out = DraftBatch::new(2, 3);
+/// d.propose(&[1, 2], 3, &mut out.rows()).unwrap();
+/// assert_eq!(out.lengths, [3, 3]);
+/// assert_eq!(out.tokens, [3, 1, 2, 4, 4, 4]);
+/// assert_eq!(out.match_len[..3], [2, 3, 4]);
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DraftBatch {
     /// Columns per row.
@@ -187,7 +220,15 @@ pub struct DraftBatch {
 }
 
 impl DraftBatch {
-    /// Zeroed buffers for `batch` rows of `width` columns.
+    /// Buffers for `batch` rows of `width` columns, filled with padding (`-1` tokens and parents, 0 elsewhere).
+    ///
+    /// ```
+    /// use rust_ngram::DraftBatch;
+    /// let out = DraftBatch::new(2, 3);
+    /// assert_eq!((out.width, out.tokens.len(), out.lengths.len()), (3, 6, 2));
+    /// assert_eq!(out.tokens, [-1; 6]); // already padding: -1 tokens and parents, 0 elsewhere
+    /// assert_eq!(out.count, [0; 6]);
+    /// ```
     pub fn new(batch: usize, width: usize) -> Self {
         let n = batch * width;
         DraftBatch {
@@ -204,6 +245,17 @@ impl DraftBatch {
     }
 
     /// Borrows the buffers as [`DraftRows`].
+    ///
+    /// ```
+    /// use rust_ngram::{DraftBatch, Drafter, DrafterConfig};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// d.start(1, &[1, 2, 1]).unwrap();
+    /// let mut out = DraftBatch::new(1, 2);
+    /// let rows = out.rows();
+    /// assert_eq!((rows.width, rows.tokens.len(), rows.lengths.len()), (2, 2, 1));
+    /// d.propose(&[1], 2, &mut out.rows()).unwrap();
+    /// assert_eq!(out.tokens, [2, 1]);
+    /// ```
     pub fn rows(&mut self) -> DraftRows<'_> {
         DraftRows {
             width: self.width,
@@ -219,6 +271,18 @@ impl DraftBatch {
     }
 
     /// The valid draft tokens of row `b`.
+    ///
+    /// ```
+    /// use rust_ngram::{DraftBatch, Drafter, DrafterConfig};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// d.start(1, &[1, 2, 1]).unwrap();
+    /// d.start(2, &[3]).unwrap(); // nothing to copy from
+    /// let mut out = DraftBatch::new(2, 4);
+    /// d.propose(&[1, 2], 4, &mut out.rows()).unwrap();
+    /// assert_eq!(out.row_tokens(0), &[2, 1, 2, 1]); // the loop "1 2" continued
+    /// assert!(out.row_tokens(1).is_empty());
+    /// assert_eq!(out.tokens[4..], [-1; 4]); // the padding row_tokens leaves out
+    /// ```
     pub fn row_tokens(&self, b: usize) -> &[i32] {
         &self.tokens[b * self.width..b * self.width + self.lengths[b] as usize]
     }
@@ -288,9 +352,10 @@ enum Kind {
 /// Per-request suffix automata plus a shared corpus; the engine-facing drafter.
 ///
 /// Lifecycle of a request: [`start`](Self::start) (prompt) → any number of [`extend`](Self::extend) (accepted
-/// tokens) and proposals → [`finish`](Self::finish) (optionally donating the response, i.e. the tokens after the
-/// prompt, to the shared corpus; the automaton's memory is released) → [`remove`](Self::remove) (forgets the id).
-/// A finished request still answers proposals, with empty rows.
+/// tokens) and proposals → [`finish`](Self::finish) (optionally donating the context to the shared corpus: prompt
+/// and response, or the response alone with [`DrafterConfig::donate_prompts`] off; the automaton's memory is
+/// released) → [`remove`](Self::remove) (forgets the id). A finished request still answers proposals, with empty
+/// rows.
 ///
 /// Draft source: the request's own context, unless a corpus automaton matches a strictly longer suffix of the
 /// context (then the corpus, marked `source = 1`). Every call validates all of its arguments before changing
@@ -361,7 +426,17 @@ fn batch_mut<'a>(requests: &'a mut Map<Request>, ids: &[u64]) -> Vec<&'a mut Req
 const CHUNK: usize = 16;
 
 impl Drafter {
-    /// A drafter with the given configuration; rejects `max_draft == 0` or `max_nodes == 0`.
+    /// A drafter with the given configuration; rejects `max_draft`, `max_nodes` or `min_match` of 0 and a
+    /// `vocab_size` outside `[1, 2^31]`.
+    ///
+    /// ```
+    /// use rust_ngram::{Drafter, DrafterConfig, DrafterError};
+    /// let d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// assert_eq!(d.num_requests(), 0);
+    /// let bad = Drafter::new(DrafterConfig { max_draft: 0, ..Default::default() });
+    /// assert!(matches!(bad, Err(DrafterError::InvalidArgument(_))));
+    /// assert!(Drafter::new(DrafterConfig { vocab_size: Some(0), ..Default::default() }).is_err());
+    /// ```
     pub fn new(cfg: DrafterConfig) -> Result<Self> {
         if cfg.max_draft == 0 || cfg.max_nodes == 0 || cfg.min_match == 0 {
             return Err(DrafterError::InvalidArgument("max_draft, max_nodes and min_match must be >= 1".into()));
@@ -374,11 +449,27 @@ impl Drafter {
     }
 
     /// The configuration.
+    ///
+    /// ```
+    /// use rust_ngram::{Drafter, DrafterConfig};
+    /// let d = Drafter::new(DrafterConfig { max_draft: 4, ..Default::default() }).unwrap();
+    /// assert_eq!(d.config().max_draft, 4);
+    /// assert_eq!(d.config().max_nodes, DrafterConfig::default().max_nodes);
+    /// ```
     pub fn config(&self) -> &DrafterConfig {
         &self.cfg
     }
 
     /// The shared corpus (read-only).
+    ///
+    /// ```
+    /// use rust_ngram::{Drafter, DrafterConfig, SLOT_ACTIVE};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// d.start(1, &[1, 2]).unwrap();
+    /// d.extend(1, &[3]).unwrap();
+    /// d.finish(1, true).unwrap();
+    /// assert_eq!(d.corpus().slot(SLOT_ACTIVE).unwrap().len(), 4); // 1 2 3 and the separator
+    /// ```
     pub fn corpus(&self) -> &Corpus {
         &self.corpus
     }
@@ -392,6 +483,15 @@ impl Drafter {
     }
 
     /// Registers request `id` with its prompt (may be empty).
+    ///
+    /// ```
+    /// use rust_ngram::{Drafter, DrafterConfig, DrafterError};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// d.start(1, &[1, 2, 3]).unwrap();
+    /// d.start(2, &[]).unwrap(); // an empty prompt is fine
+    /// assert_eq!(d.start(1, &[4]), Err(DrafterError::DuplicateRequest(1)));
+    /// assert_eq!(d.context_len(1), Ok(3)); // unchanged
+    /// ```
     pub fn start(&mut self, id: u64, prompt: &[u32]) -> Result<()> {
         if self.requests.contains_key(&id) {
             return Err(DrafterError::DuplicateRequest(id));
@@ -422,6 +522,20 @@ impl Drafter {
     }
 
     /// Appends accepted tokens (any number, including none) to request `id`.
+    ///
+    /// ```
+    /// use rust_ngram::{DraftBatch, Drafter, DrafterConfig, DrafterError};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// d.start(1, &[1, 2, 3, 1]).unwrap();
+    /// d.extend(1, &[2]).unwrap();
+    /// d.extend(1, &[]).unwrap();
+    /// assert_eq!(d.context_len(1), Ok(5));
+    /// let mut out = DraftBatch::new(1, 2);
+    /// d.propose(&[1], 2, &mut out.rows()).unwrap();
+    /// assert_eq!(out.row_tokens(0), &[3, 1]); // after "1 2"
+    /// d.finish(1, false).unwrap();
+    /// assert_eq!(d.extend(1, &[3]), Err(DrafterError::Finished(1)));
+    /// ```
     pub fn extend(&mut self, id: u64, tokens: &[u32]) -> Result<()> {
         self.check_tokens(tokens)?;
         let r = self.requests.get_mut(&id).ok_or(DrafterError::UnknownRequest(id))?;
@@ -435,6 +549,18 @@ impl Drafter {
     /// Appends `tokens[offsets[b]..offsets[b + 1]]` to request `ids[b]` for every `b`, in parallel with the
     /// `parallel` feature. `offsets` has `ids.len() + 1` non-decreasing entries ending at `tokens.len()`; ids must
     /// be distinct.
+    ///
+    /// ```
+    /// use rust_ngram::{Drafter, DrafterConfig};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// d.start(1, &[1, 2]).unwrap();
+    /// d.start(2, &[5]).unwrap();
+    /// d.extend_batch(&[1, 2], &[3, 6, 7], &[0, 1, 3]).unwrap(); // [3] to request 1, [6, 7] to request 2
+    /// assert_eq!((d.context_len(1), d.context_len(2)), (Ok(3), Ok(3)));
+    /// // A repeated id is rejected, and nothing is appended.
+    /// assert!(d.extend_batch(&[1, 1], &[4, 5], &[0, 1, 2]).is_err());
+    /// assert_eq!(d.context_len(1), Ok(3));
+    /// ```
     pub fn extend_batch(&mut self, ids: &[u64], tokens: &[u32], offsets: &[usize]) -> Result<()> {
         if offsets.len() != ids.len() + 1
             || offsets[0] != 0
@@ -508,7 +634,19 @@ impl Drafter {
         }
     }
 
-    /// Adds a document to the static external corpus (outside the cap, never evicted).
+    /// Adds a document to the static external corpus (outside the cap, never evicted). Validated, then ignored when
+    /// [`DrafterConfig::use_corpus`] is off or the document is empty.
+    ///
+    /// ```
+    /// use rust_ngram::{DraftBatch, Drafter, DrafterConfig, Source};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// d.add_corpus(&[10, 11, 12, 13]).unwrap();
+    /// d.start(1, &[9, 10, 11]).unwrap();
+    /// let mut out = DraftBatch::new(1, 3);
+    /// d.propose(&[1], 3, &mut out.rows()).unwrap();
+    /// assert_eq!(out.row_tokens(0), &[12, 13]); // stops at the end of the document
+    /// assert_eq!(out.source[0], Source::Corpus as i8);
+    /// ```
     pub fn add_corpus(&mut self, tokens: &[u32]) -> Result<()> {
         self.check_tokens(tokens)?;
         if !self.cfg.use_corpus || tokens.is_empty() {
@@ -558,31 +696,90 @@ impl Drafter {
     }
 
     /// Forgets request `id` (finished or not) and frees everything it held.
+    ///
+    /// ```
+    /// use rust_ngram::{Drafter, DrafterConfig, DrafterError};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// d.start(1, &[1]).unwrap();
+    /// d.remove(1).unwrap(); // finishing first is optional
+    /// assert!(!d.contains(1));
+    /// assert_eq!(d.remove(1), Err(DrafterError::UnknownRequest(1)));
+    /// d.start(1, &[2]).unwrap(); // the id can be used again
+    /// ```
     pub fn remove(&mut self, id: u64) -> Result<()> {
         self.requests.remove(&id).map(|_| ()).ok_or(DrafterError::UnknownRequest(id))
     }
 
     /// True when `id` is registered (started and not removed).
+    ///
+    /// ```
+    /// use rust_ngram::{Drafter, DrafterConfig};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// d.start(1, &[1]).unwrap();
+    /// d.finish(1, false).unwrap();
+    /// assert!(d.contains(1)); // finished but not removed
+    /// d.remove(1).unwrap();
+    /// assert!(!d.contains(1));
+    /// ```
     pub fn contains(&self, id: u64) -> bool {
         self.requests.contains_key(&id)
     }
 
     /// Registered requests (finished ones included until removed).
+    ///
+    /// ```
+    /// use rust_ngram::{Drafter, DrafterConfig};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// d.start(1, &[]).unwrap();
+    /// d.start(2, &[]).unwrap();
+    /// d.finish(2, false).unwrap();
+    /// assert_eq!(d.num_requests(), 2); // finished requests count until removed
+    /// d.remove(2).unwrap();
+    /// assert_eq!(d.num_requests(), 1);
+    /// ```
     pub fn num_requests(&self) -> usize {
         self.requests.len()
     }
 
     /// Context length (prompt + accepted tokens) of request `id`; 0 once finished.
+    ///
+    /// ```
+    /// use rust_ngram::{Drafter, DrafterConfig, DrafterError};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// d.start(1, &[1, 2, 3]).unwrap();
+    /// d.extend(1, &[4]).unwrap();
+    /// assert_eq!(d.context_len(1), Ok(4));
+    /// d.finish(1, false).unwrap();
+    /// assert_eq!(d.context_len(1), Ok(0)); // the automaton was released
+    /// assert_eq!(d.context_len(9), Err(DrafterError::UnknownRequest(9)));
+    /// ```
     pub fn context_len(&self, id: u64) -> Result<usize> {
         self.requests.get(&id).map(|r| r.sam.len()).ok_or(DrafterError::UnknownRequest(id))
     }
 
     /// Heap bytes held by request `id`'s automaton.
+    ///
+    /// ```
+    /// use rust_ngram::{Drafter, DrafterConfig, SuffixAutomaton};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// d.start(1, &(0..1000).collect::<Vec<u32>>()).unwrap();
+    /// assert!(d.request_memory_bytes(1).unwrap() > 1000 * 4);
+    /// d.finish(1, false).unwrap(); // releases the automaton: an empty one remains
+    /// assert_eq!(d.request_memory_bytes(1), Ok(SuffixAutomaton::new().memory_bytes()));
+    /// ```
     pub fn request_memory_bytes(&self, id: u64) -> Result<usize> {
         self.requests.get(&id).map(|r| r.sam.memory_bytes()).ok_or(DrafterError::UnknownRequest(id))
     }
 
     /// Heap bytes held by all requests and the corpus (approximate for the hash map of requests).
+    ///
+    /// ```
+    /// use rust_ngram::{Drafter, DrafterConfig};
+    /// let mut d = Drafter::new(DrafterConfig::default()).unwrap();
+    /// let empty = d.memory_bytes();
+    /// d.start(1, &(0..1000).collect::<Vec<u32>>()).unwrap();
+    /// assert!(d.memory_bytes() >= empty + d.request_memory_bytes(1).unwrap());
+    /// ```
     pub fn memory_bytes(&self) -> usize {
         self.requests.values().map(|r| r.sam.memory_bytes()).sum::<usize>()
             + self.requests.capacity() * std::mem::size_of::<(u64, Request)>()
@@ -591,6 +788,19 @@ impl Drafter {
 
     /// Chain drafts of `k` tokens (`1 <= k <= max_draft`) for each of `ids` (repeats allowed) into `out`
     /// (`width == k`, slices of `ids.len() * k` and `ids.len()`).
+    ///
+    /// ```
+    /// use rust_ngram::{DraftBatch, Drafter, DrafterConfig};
+    /// let mut d = Drafter::new(DrafterConfig { max_draft: 4, ..Default::default() }).unwrap();
+    /// d.start(1, &[1, 2, 3, 1, 2]).unwrap();
+    /// d.start(2, &[5, 6]).unwrap();
+    /// let mut out = DraftBatch::new(3, 2);
+    /// d.propose(&[1, 2, 1], 2, &mut out.rows()).unwrap(); // repeated ids are allowed
+    /// assert_eq!(out.row_tokens(0), &[3, 1]);
+    /// assert!(out.row_tokens(1).is_empty()); // "6" never occurred before
+    /// assert_eq!(out.row_tokens(2), out.row_tokens(0));
+    /// assert!(d.propose(&[1], 5, &mut DraftBatch::new(1, 5).rows()).is_err()); // k > max_draft
+    /// ```
     pub fn propose(&mut self, ids: &[u64], k: usize, out: &mut DraftRows<'_>) -> Result<()> {
         if k == 0 || k > self.cfg.max_draft {
             return Err(DrafterError::InvalidArgument(format!(
