@@ -28,6 +28,10 @@ GPU_BLOCK_ROWS = 8
 GPU_LOOP_ROWS = 32
 #: on the CPU interpreter one program takes the whole batch up to this many rows (each program costs interpreter time)
 INTERPRETER_BLOCK_ROWS = 256
+#: set (to any non-empty value) to run the interpreter with the GPU's rows per program: its launches then have the
+#: compiled path's shapes and program counts (``bench.gpu_compile`` records them; exactness runs check the
+#: multi-program paths a GPU takes), at more interpreter time per batch
+GPU_TILES_ENV = "HYBRID_INTERPRETER_GPU_TILES"
 #: context positions the prompt lookup compares per loop iteration
 LOOKUP_CHUNK = 256
 #: FULL_MASK prefix columns written per loop iteration
@@ -39,9 +43,13 @@ def pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def _block_rows(device: torch.device, gpu_rows: int = GPU_BLOCK_ROWS) -> int:
-    """Rows per program (or per loop iteration): ``gpu_rows`` on a GPU, the whole batch in the CPU interpreter."""
-    return INTERPRETER_BLOCK_ROWS if device.type == "cpu" else gpu_rows
+def rows_per_program(device: torch.device, gpu_rows: int = GPU_BLOCK_ROWS,
+                     interpreter_rows: int = INTERPRETER_BLOCK_ROWS) -> int:
+    """Rows per program (or per loop iteration): ``gpu_rows`` on a GPU; in the CPU interpreter ``interpreter_rows``
+    (the whole batch: each program costs it time), or ``gpu_rows`` where ``GPU_TILES_ENV`` is set."""
+    if device.type == "cpu" and not os.environ.get(GPU_TILES_ENV):
+        return interpreter_rows
+    return gpu_rows
 
 
 def _interpreted() -> bool:
@@ -88,7 +96,7 @@ class FusedDecisionStep:
         if not available(self.device):
             raise ValueError(f"Triton cannot run on {self.device} here (CUDA with Triton, or the CPU with "
                              "TRITON_INTERPRET=1 set before Triton is imported)")
-        self.block_rows = _block_rows(self.device)
+        self.block_rows = rows_per_program(self.device)
         self._buckets = torch.tensor(decide.widths, dtype=torch.int64, device=self.device)
         self._depths = {}
 
@@ -195,7 +203,7 @@ def fused_proposals(buffers, context, slots: torch.Tensor, cur_gen: torch.Tensor
     bias = alloc(ws, "bias", (b,), torch.float32, dev) if model_bias is not None else None
     nbias = alloc(ws, "ngram_bias", (b,), torch.float32, dev) if ngram_bias is not None else None
     ctx_len = context.tokens.shape[1] - 1 if context is not None else 1
-    block = _block_rows(dev)
+    block = rows_per_program(dev)
     kp._prepare_kernel[(triton.cdiv(b, block),)](
         slots, seq_lens, cur_gen, root_tokens, buffers.tokens, buffers.length, buffers.at, buffers.gen,
         buffers.match_len, buffers.count, buffers.total, buffers.source, buffers.ring,
@@ -291,7 +299,7 @@ def fused_after_verify(step, tree, slots: torch.Tensor, seq_lens_before: torch.T
         S=s, S2=pow2(s), HAS_BIAS=bias is not None, ETA=float(step.model_bias_eta or 0.0), NGRAM=ng is not None,
         K=k, K2=pow2(k), NG_BIAS=ng is not None and ng[2] is not None, NG_ETA=float(step.ngram_bias_eta or 0.0),
         W=w, W2=pow2(w),
-        BB=_block_rows(slots.device, GPU_LOOP_ROWS),
+        BB=rows_per_program(slots.device, GPU_LOOP_ROWS),
         C_ACC=m.ACC["none"], C_TESTED=m.MODEL_TESTED, C_PRED=m.MODEL_PRED, C_HIT=m.MODEL_HIT,
         C_NTESTED=m.NGRAM_TESTED, C_NPRED=m.NGRAM_PRED, C_NHIT=m.NGRAM_HIT)
 

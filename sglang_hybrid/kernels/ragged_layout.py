@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import pow2
+from . import pow2, rows_per_program
 
 #: prefix columns of the mask written per loop iteration
 MASK_CHUNK = 256
@@ -157,7 +157,7 @@ def compact_ahead(token_index: torch.Tensor, rows_bound: int, input_ids: torch.T
 
         ids, pos = (out_rows(o, t, rows_bound) for o, t in zip(out, (input_ids, positions)))
     cols = torch.empty(rows_bound, dtype=token_index.dtype, device=token_index.device)
-    block = pow2(rows_bound) if input_ids.device.type == "cpu" else GPU_COMPACT_ROWS
+    block = rows_per_program(input_ids.device, GPU_COMPACT_ROWS, pow2(rows_bound))
     _compact_kernel[(triton.cdiv(rows_bound, block),)](token_index, input_ids, positions, ids, pos, cols, n,
                                                        rows_bound, input_ids.stride(0), positions.stride(0),
                                                        BLOCK=block)
