@@ -579,11 +579,23 @@ impl SuffixAutomaton {
                 let q_parent = self.st[q as usize].link;
                 let stat = self.lct.cut(q);
                 let clone = self.new_state(self.st[p as usize].len + 1, stat);
+                // The clone lists q's edges in q's order, newest first (`transitions`' order, which `tree_draft`'s
+                // `scan_limit` relies on): each copy is appended after the last, not prepended as `add_edge` does.
                 let mut e = self.st[q as usize].head;
+                let mut tail = NIL;
                 while e != NIL {
                     let Edge { token, next } = self.edges[e as usize];
                     let target = self.trans.get(q, token).expect("edge list and table agree");
-                    self.add_edge(clone, token, target);
+                    if self.trans.set(clone, token, target) {
+                        let copy = self.edges.len() as u32;
+                        self.edges.push(Edge { token, next: NIL });
+                        if tail == NIL {
+                            self.st[clone as usize].head = copy;
+                        } else {
+                            self.edges[tail as usize].next = copy;
+                        }
+                        tail = copy;
+                    }
                     e = next;
                 }
                 self.st[clone as usize].link = q_parent;

@@ -50,6 +50,29 @@ proptest! {
         prop_assert!(sam.num_states() <= 2 * t.len().max(1));
     }
 
+    /// Every state lists its out-transitions newest first: by the first occurrence of the state's strings followed
+    /// by the token, latest first (`transitions`' contract; a state split off another keeps its order).
+    #[test]
+    fn transitions_are_listed_newest_first(t in text(60)) {
+        let sam = SuffixAutomaton::from_tokens(&t);
+        for a in 0..t.len() {
+            for l in 1..=4.min(t.len() - a) {
+                let p = &t[a..a + l];
+                let s = sam.find(p).expect("a substring occurs");
+                // first end (index of the following token) of `p` followed by each token, in order of appearance
+                let mut first: Vec<(usize, u32)> = Vec::new();
+                for e in l..t.len() {
+                    if &t[e - l..e] == p && !first.iter().any(|&(_, tok)| tok == t[e]) {
+                        first.push((e, t[e]));
+                    }
+                }
+                let want: Vec<u32> = first.iter().rev().map(|&(_, tok)| tok).collect();
+                let got: Vec<u32> = sam.transitions(s).map(|(tok, _)| tok).collect();
+                prop_assert_eq!(got, want, "pattern {:?} in {:?}", p, t);
+            }
+        }
+    }
+
     /// Chain drafts copy exactly what the by-definition reference copies, with the same features.
     #[test]
     fn chain_draft_matches_brute_force(t in text(80), k in 1usize..10) {
