@@ -243,7 +243,7 @@ impl SuffixAutomaton {
         self.tokens.is_empty()
     }
 
-    /// Number of states (at most `2 n - 1` for `n >= 2`, plus the root).
+    /// Number of states, the root included: at most `2 n - 1` for `n >= 2` tokens (`[1, 2, 2]` reaches it).
     ///
     /// ```
     /// use rust_ngram::SuffixAutomaton;
