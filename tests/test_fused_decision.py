@@ -5,7 +5,8 @@ before Triton is first imported. What is compared (``bench/fused_exactness.py``,
 target): the decision on random and adversarial batches (``FusedDecisionStep`` against ``DecisionStep``) and on steps
 recorded from the CPU reference loop on real text, and the worker's whole device step (``HybridStep`` with
 ``decision_kernels`` fused against torch: select, the verify input's links and mask, after_verify, over evolving
-batches), and ragged verify's layout kernels against the torch builder, with positive controls that must be caught.
+batches), and ragged verify's layout kernels against the torch builder, with positive controls that must be caught;
+and all three again at the rows per program a GPU launches (a batch spread over many programs).
 Also: the fused step's launch count, that it reads nothing back to the host, and the errors for what it does not
 cover.
 """
@@ -17,15 +18,16 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _interpreted(code: str, timeout: int = 900) -> dict:
-    """Run ``code`` under Triton's interpreter; it prints one JSON line last."""
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+def _interpreted(code: str, timeout: int = 900, env_extra: Optional[dict] = None) -> dict:
+    """Run ``code`` under Triton's interpreter (and ``env_extra``); it prints one JSON line last."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", **(env_extra or {}))
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -72,6 +74,28 @@ def test_fused_ragged_layout_equals_torch(exactness):
     res = exactness["ragged"]
     assert res["batches"] == 150
     assert res["failed"] == 0, res
+
+
+def test_fused_path_equals_torch_at_the_gpu_rows_per_program():
+    """The same comparisons with the rows per program a GPU launches (``kernels.GPU_TILES_ENV``: 8 rows a program for
+    the decision, 32 per loop iteration after verify, 1,024 for the compaction), so a batch spans many programs as
+    on a GPU, where the interpreter otherwise takes it whole in one: the paths by which programs share a batch
+    (offsets over earlier requests, loops over row blocks) are compared too."""
+    from sglang_hybrid.kernels import GPU_BLOCK_ROWS, GPU_TILES_ENV
+
+    res = _interpreted("""
+        import json
+        import torch
+        import bench.fused_exactness as fe
+        from sglang_hybrid.kernels import rows_per_program
+        print(json.dumps({"rows": rows_per_program(torch.device("cpu")),
+                          "decision": fe.run(120, seed=21, progress=False),
+                          "steps": fe.run_steps(8, seed=22, progress=False),
+                          "ragged": fe.run_ragged(60, seed=23, progress=False)}))
+    """, env_extra={GPU_TILES_ENV: "1"})
+    assert res.pop("rows") == GPU_BLOCK_ROWS                # the switch took: a GPU's rows, not the whole batch
+    assert (res["decision"]["batches"], res["steps"]["batches"], res["ragged"]["batches"]) == (120, 48, 60), res
+    assert all(r["failed"] == 0 for r in res.values()), res
 
 
 @pytest.mark.real_model
