@@ -538,12 +538,17 @@ impl SuffixAutomaton {
         id
     }
 
-    fn add_edge(&mut self, from: u32, token: u32, to: u32) {
-        if self.trans.set(from, token, to) {
-            let e = self.edges.len() as u32;
-            self.edges.push(Edge { token, next: self.st[from as usize].head });
-            self.st[from as usize].head = e;
+    /// Sets `from --token--> to`; a new transition also joins `from`'s edge list, right after the edge `prev`
+    /// (`NIL`: at the head, where the newest goes). Returns the new edge, or `prev` when the transition existed.
+    fn add_edge(&mut self, from: u32, token: u32, to: u32, prev: u32) -> u32 {
+        if !self.trans.set(from, token, to) {
+            return prev;
         }
+        let e = self.edges.len() as u32;
+        let link = if prev == NIL { &mut self.st[from as usize].head } else { &mut self.edges[prev as usize].next };
+        let next = std::mem::replace(link, e);
+        self.edges.push(Edge { token, next });
+        e
     }
 
     /// Appends one token (amortised O(1) automaton work + amortised O(log n) statistics work).
@@ -565,7 +570,7 @@ impl SuffixAutomaton {
         let cur = self.new_state(self.st[prev_last as usize].len + 1, Stat::default());
         let mut p = prev_last;
         while p != NIL && self.trans.get(p, c).is_none() {
-            self.add_edge(p, c, cur);
+            self.add_edge(p, c, cur, NIL);
             p = self.st[p as usize].link;
         }
         let parent = if p == NIL {
@@ -580,22 +585,13 @@ impl SuffixAutomaton {
                 let stat = self.lct.cut(q);
                 let clone = self.new_state(self.st[p as usize].len + 1, stat);
                 // The clone lists q's edges in q's order, newest first (`transitions`' order, which `tree_draft`'s
-                // `scan_limit` relies on): each copy is appended after the last, not prepended as `add_edge` does.
+                // `scan_limit` relies on): each copy goes after the previous one, not at the head.
                 let mut e = self.st[q as usize].head;
                 let mut tail = NIL;
                 while e != NIL {
                     let Edge { token, next } = self.edges[e as usize];
                     let target = self.trans.get(q, token).expect("edge list and table agree");
-                    if self.trans.set(clone, token, target) {
-                        let copy = self.edges.len() as u32;
-                        self.edges.push(Edge { token, next: NIL });
-                        if tail == NIL {
-                            self.st[clone as usize].head = copy;
-                        } else {
-                            self.edges[tail as usize].next = copy;
-                        }
-                        tail = copy;
-                    }
+                    tail = self.add_edge(clone, token, target, tail);
                     e = next;
                 }
                 self.st[clone as usize].link = q_parent;
