@@ -145,7 +145,7 @@ def _jit_function(module: str, name: str):
 
 
 def compile_records(records: list, archs) -> list:
-    """Compile every record for every ``archs`` entry; one result per (record, arch):
+    """Compile every record for every ``archs`` entry (keys of ``MAX_SHARED``); one result per (record, arch):
     ``{"kernel", "arch", "ok", "error", "shared", "num_warps", "seconds"}``."""
     from triton.runtime import driver
 
@@ -167,15 +167,15 @@ def compile_records(records: list, archs) -> list:
                                      **{k: _rebuild(v) for k, v in rec["kwargs"].items()})
                 md = compiled.metadata
                 res.update(shared=int(md.shared), num_warps=int(md.num_warps))
-                limit = MAX_SHARED.get(arch)
-                if limit is not None and md.shared > limit:
-                    res["error"] = f"shared memory {md.shared} B over sm_{arch}'s {limit} B"
+                if md.shared > MAX_SHARED[arch]:
+                    res["error"] = f"shared memory {md.shared} B over sm_{arch}'s {MAX_SHARED[arch]} B"
                 elif md.num_warps * 32 > MAX_THREADS:
                     res["error"] = f"{md.num_warps} warps: {md.num_warps * 32} threads over {MAX_THREADS}"
                 else:
                     res["ok"] = True
             except Exception as e:     # noqa: BLE001 -- every compiler error is a finding to report, not a crash
-                res["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:400] if str(e).strip() else ''}"
+                lines = str(e).strip().splitlines()
+                res["error"] = f"{type(e).__name__}: {lines[-1][:400] if lines else ''}"
             res["seconds"] = round(time.perf_counter() - t0, 2)
             out.append(res)
     return out
