@@ -16,19 +16,20 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.interpreted import run_interpreted
+
 from sglang_hybrid.sglang_plugin.ragged.graph_capture import (GraphReplayMismatch, TracedEagerCapture, capture_kind,
                                                               kernel_launch, trace_forward)
 from sglang_hybrid.sglang_plugin.ragged.graph_runner import pad_requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_ragged_verify import ATOL, REPO, dense_reference, make_case, plugin_layout  # noqa: E402
+from test_ragged_verify import ATOL, dense_reference, make_case, plugin_layout  # noqa: E402
 
 pytestmark = pytest.mark.sglang
 #: the tier both batches run at, the request slots and the full width the graph is captured for
@@ -299,11 +300,7 @@ def test_ragged_graph_replay_with_sglang_triton_kernel_matches_dense_reference(t
     if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None:
         pytest.skip("sglang/triton are not installed (scripts/setup.sh installs them)")
     out = tmp_path / "replays.pt"
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(out)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_interpreted(Path(__file__).resolve(), out)
     _check_replays(*torch.load(out))
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,12 +26,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.interpreted import run_interpreted
+
 pytestmark = pytest.mark.sglang
 HEAD_DIM = 64
 ATOL = 1e-4
 #: The kernel's query tile on this machine (``_get_block_sizes_for_extend_attention(64, 64)`` without CUDA or HIP).
 BLOCK_M = 64
-REPO = Path(__file__).resolve().parents[1]
 
 
 # ----------------------------------------------------------------------------------------------- case construction
@@ -238,11 +238,7 @@ def run_kernel(cases: dict, tmp: Path) -> dict:
     names = list(cases)
     inp, out = tmp / "cases.pt", tmp / "outputs.pt"
     torch.save([{a: cases[n][a] for a in KERNEL_ARGS} for n in names], inp)
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "kernel", str(inp), str(out)], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_interpreted(Path(__file__).resolve(), "kernel", inp, out)
     results = torch.load(out)
     for n, r in zip(names, results):
         print(f"{n}: kernel {r['seconds']:.2f} s")
@@ -813,11 +809,7 @@ def test_ragged_verify_flashinfer_plan_args_give_the_dense_reference(tmp_path):
     inp, out = tmp_path / "case.pt", tmp_path / "args.pt"
     torch.save({"req_to_token": req_to_token, "req_pool_indices": pool_rows, "seq_lens": seq_lens, "window": window,
                 "width": width, "layout": layout}, inp)
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "flashinfer_args", str(inp), str(out)],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_interpreted(Path(__file__).resolve(), "flashinfer_args", inp, out)
     args = torch.load(out, weights_only=False)
     kv_indices, kv_indptr, qo_indptr, mask = args
     assert torch.equal(qo_indptr, layout.qo_indptr) and mask.dtype == torch.bool

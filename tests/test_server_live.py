@@ -40,6 +40,7 @@ CODE = next(i for i, p in enumerate(PROMPTS) if "prompt" in p)         # a code 
 CHAT = next(i for i, p in enumerate(PROMPTS) if "messages" in p)       # the chat: /v1/chat/completions
 
 from sglang_hybrid.cpu_engine.torch_attention import DECODE_SWAP_LOG, SWAP_LOG, TORCH_ATTENTION_ENV  # noqa: E402
+from sglang_hybrid.cpu_engine.torch_kv_indices import KV_INDICES_SWAP_LOG  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.live_sglang]
 #: hang guards (seconds), not speed checks: a server start (about 45 s alone on a 2-core machine), one request, a run
@@ -53,6 +54,9 @@ DISCONNECT_TOKENS = 400
 #: the most draft tokens one verify step can accept with the server's defaults: n_nodes = 3 EAGLE steps + ngram_k 8
 MAX_DRAFTS_PER_STEP = 11
 SOURCES = {"none", "model", "ngram", "mixed"}
+
+#: what a CPU engine process logs when the torch twins replace SGLang's Triton kernels (``TORCH_ATTENTION_ENV``)
+TWIN_LOGS = (SWAP_LOG, DECODE_SWAP_LOG, KV_INDICES_SWAP_LOG)
 
 
 def _free_port() -> int:
@@ -395,7 +399,7 @@ def test_server_load_with_disconnects_equal_plain_server(servers, load_run, refe
     completed response equals the plain server's greedy answer, and speculation ran on each."""
     hybrid, _ = servers
     log = hybrid.log.read_text(errors="replace")
-    assert SWAP_LOG in log and DECODE_SWAP_LOG in log                   # the twins ran, as asked
+    assert all(twin in log for twin in TWIN_LOGS)                   # the twins ran, as asked
     completed, kinds = 0, set()
     for c, (reqs, res) in enumerate(zip(load_run["plan"], load_run["results"])):
         assert not isinstance(res, Exception), f"client {c}: {res!r}\n{hybrid.tail()}"

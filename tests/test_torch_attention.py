@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.interpreted import run_interpreted
+
 ATOL = 2e-3
 #: (seed, KV length per request, q heads, kv heads, head dim, rows of kv_indptr beyond the batch)
 DECODE = {
@@ -91,11 +91,7 @@ def kernel_outputs(tmp_path_factory) -> dict:
     if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None:
         pytest.skip("sglang/triton are not installed (scripts/setup.sh installs them)")
     out = tmp_path_factory.mktemp("decode_twin") / "kernel.pt"
-    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(out)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_interpreted(Path(__file__).resolve(), out)
     return torch.load(out)
 
 

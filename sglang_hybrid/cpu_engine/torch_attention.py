@@ -175,12 +175,16 @@ def swap_decode_kernel(module) -> None:
 
 
 def install_when_imported() -> bool:
-    """If ``TORCH_ATTENTION_ENV`` is set in this process: swap both kernels now (module imported) or right after its
+    """If ``TORCH_ATTENTION_ENV`` is set in this process: swap both kernels, and the draft step's KV-index kernel
+    (``torch_kv_indices``, the draft plan's other interpreted kernel), now (module imported) or right after its
     import. Returns whether it is set. Called by the stand-in ``sgl_kernel`` at import."""
     if not os.environ.get(TORCH_ATTENTION_ENV):
         return False
+    from .torch_kv_indices import TRITON_BACKEND, swap_kv_indices_kernel
+
     patch_after_import(EXTEND_ATTENTION, swap_kernel)
     patch_after_import(DECODE_ATTENTION, swap_decode_kernel)
+    patch_after_import(TRITON_BACKEND, swap_kv_indices_kernel)
     return True
 
 

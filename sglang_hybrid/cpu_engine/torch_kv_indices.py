@@ -1,0 +1,140 @@
+"""A torch twin of SGLang's Triton kernel ``generate_draft_decode_kv_indices`` for the CPU engine (a test switch, not
+a deployment one; the same switch as the attention twins, ``torch_attention.TORCH_ATTENTION_ENV``).
+
+Why: with the attention twins on, the EAGLE draft step's remaining interpreted kernel is this one. SGLang's Triton
+multi-step draft backend (``TritonMultiStepDraftBackend.common_template``) launches it once per draft plan to lay out
+every draft step's KV indices and ``kv_indptr``: in Triton's interpreter, a few tens of milliseconds a plan at four
+requests. A py-spy profile of a start with the cost tables measured at start (docs/benchmarks.md, section 3d) found
+it three-quarters of the draft-table probe and 21 % of both probes' samples: a GPU kernel of microseconds emulated on
+the CPU, charged to the start-up measurement that issue 25 bounds (at most +10 %), and to every draft step of the live
+cases that run the twins.
+
+What it computes, exactly as the kernel (``sglang.kernels.ops.speculative.cache_locs``), for the launch grid
+``(steps, requests, topk)`` (or ``(NUM_STEPS x blocks, requests, topk)``): for draft step ``s`` (``s + 1`` draft
+tokens so far) and request ``b``'s branch ``t``, its committed KV ids (or, under a draft window, its ``sink_size``
+first and most recent ones) then its ``s + 1`` draft slots, at the offset the kernel writes them, in row ``s`` of
+``kv_indices``; and ``kv_indptr[s, z]`` at the branch's start ``z = b x topk + t`` (branch 0 writes the end, entry
+``requests x topk``, instead; entry 0 is left as it was, zero in the backend's buffer). Ids are read through the
+``KVIndexTable``'s row source as the kernel reads them: token or page entries (``ENTRY_PAGE_SIZE``), translated
+through ``v2p`` (``TRANSLATE``).
+
+Checked against the kernel (interpreter) on ``tests/test_torch_kv_indices.py``'s batches: chains and top-k branches,
+several steps, contexts longer than the kernel's copy block, page entries, translation, a draft window with sinks, the
+block-split grid. Refuses by name a grid it cannot read (a callable) and a non-contiguous buffer (the kernel's pointer
+arithmetic assumes rows ``stride`` apart). Nothing in the plugin imports this module.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from sglang_hybrid.sglang_plugin.ragged.graph_capture import kernel_launch
+
+#: the module whose name ``generate_draft_decode_kv_indices`` the Triton draft backend calls (imported there from
+#: ``sglang.srt.speculative.spec_utils`` at its own import, so the twin replaces that module's name)
+TRITON_BACKEND = "sglang.srt.layers.attention.triton_backend"
+#: logged once per process when the twin replaces the kernel
+KV_INDICES_SWAP_LOG = ("CPU engine: the draft step's KV indices are laid out by the torch twin of SGLang's Triton "
+                       "kernel generate_draft_decode_kv_indices (sglang_hybrid/cpu_engine/torch_kv_indices.py)")
+logger = logging.getLogger(__name__)
+
+
+def _flat(name: str, t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the flat array the kernel's pointer arithmetic addresses; refuses a layout that is not that."""
+    if not t.is_contiguous():
+        raise NotImplementedError(f"generate_draft_decode_kv_indices_torch: {name} is not contiguous (the kernel "
+                                  f"addresses it as one flat array)")
+    return t.view(-1)
+
+
+def draft_decode_kv_indices(grid, req_pool_indices, req_to_token, paged_kernel_lens, kv_indices, kv_indptr, positions,
+                            row_stride, kv_indices_stride, kv_indptr_stride, bs_upper, iter_upper, num_tokens_upper,
+                            page_size, window_size=0, sink_size=0, NUM_STEPS=0, ENTRY_PAGE_SIZE=1, v2p=None,
+                            TRANSLATE=False) -> None:
+    """``generate_draft_decode_kv_indices[grid](...)`` in torch, writing ``kv_indices`` and ``kv_indptr`` in place
+    (the module docstring says what). Stands in for one kernel launch (``kernel_launch``), as the attention twins."""
+    with kernel_launch("generate_draft_decode_kv_indices_torch", (grid,), dict(locals())):
+        if callable(grid) or len(grid) != 3:
+            raise NotImplementedError("generate_draft_decode_kv_indices_torch: needs the grid as a (steps, requests, "
+                                      f"topk) tuple, got {grid!r}")
+        steps = int(NUM_STEPS) or int(grid[0])
+        num_seqs, topk = int(grid[1]), int(grid[2])
+        out, ptr = _flat("kv_indices", kv_indices), _flat("kv_indptr", kv_indptr)
+        table = _flat("req_to_token", req_to_token)
+        rows = req_pool_indices[:num_seqs].long().tolist()
+        lens = paged_kernel_lens[:num_seqs].long().tolist()
+        pos = positions.long()
+        cap = int(window_size) + int(sink_size) if window_size > 0 else None
+
+        def load(row: int, at: torch.Tensor) -> torch.Tensor:
+            # _load_token_ids: a row's token entries, or page entries expanded, then through v2p
+            base = row * int(row_stride)
+            if ENTRY_PAGE_SIZE == 1:
+                ids = table[base + at].long()
+            else:
+                ids = table[base + at // ENTRY_PAGE_SIZE].long() * ENTRY_PAGE_SIZE + at % ENTRY_PAGE_SIZE
+            if TRANSLATE:
+                negative = ids < 0
+                page = torch.where(negative, 0, ids // page_size)
+                phys = v2p[page].long() * page_size + ids % page_size
+                ids = torch.where(negative, 0, phys.clamp_min(0))
+            return ids
+
+        for s in range(steps):
+            iters = s + 1
+            row_out, row_ptr = s * int(kv_indices_stride), s * int(kv_indptr_stride)
+            cum = 0
+            for b in range(num_seqs):
+                seq_len = lens[b]
+                if cap is None:
+                    seq_len_w, s_eff, recent_start = seq_len, 0, 0
+                else:
+                    seq_len_w = min(seq_len, cap)
+                    s_eff = min(int(sink_size), seq_len)
+                    recent_start = seq_len - (seq_len_w - s_eff)
+                offsets = torch.arange(seq_len_w)
+                prefix = load(rows[b], torch.where(offsets < s_eff, offsets, recent_start + offsets - s_eff))
+                draft = torch.arange(iters)
+                for t in range(topk):
+                    at = cum * topk + b * iters * topk + t * (seq_len_w + iters)
+                    out[row_out + at:row_out + at + seq_len_w] = prefix.to(out.dtype)
+                    if page_size == 1 or topk == 1:
+                        first = seq_len + t * steps
+                    else:
+                        last_page = seq_len % page_size
+                        pages = (last_page + steps + page_size - 1) // page_size
+                        first = seq_len // page_size * page_size + t * pages * page_size + last_page
+                    out[row_out + at + seq_len_w:row_out + at + seq_len_w + iters] = \
+                        load(rows[b], first + draft).to(out.dtype)
+                    z = b * topk + t or num_seqs * topk
+                    before = pos[:min(z, int(num_tokens_upper))]
+                    if cap is not None:
+                        before = before.clamp_max(cap)
+                    ptr[row_ptr + z] = int(before.sum()) + z * iters
+                cum += seq_len_w
+
+
+class _LaunchByGrid:
+    """What ``kernel[grid](...)`` reads: indexing by the grid gives the call."""
+
+    __name__ = "generate_draft_decode_kv_indices_torch"
+
+    def __getitem__(self, grid):
+        return functools.partial(draft_decode_kv_indices, grid)
+
+
+#: the twin as the backend calls the kernel: ``generate_draft_decode_kv_indices_torch[grid](...)``
+generate_draft_decode_kv_indices_torch = _LaunchByGrid()
+
+
+def swap_kv_indices_kernel(module) -> None:
+    """Replace ``generate_draft_decode_kv_indices`` in SGLang's Triton backend module with the twin, and say so in the
+    process's log (``KV_INDICES_SWAP_LOG``)."""
+    module.generate_draft_decode_kv_indices = generate_draft_decode_kv_indices_torch
+    logger.warning(KV_INDICES_SWAP_LOG)
+
+
+__all__ = ["KV_INDICES_SWAP_LOG", "TRITON_BACKEND", "draft_decode_kv_indices", "generate_draft_decode_kv_indices_torch",
+           "swap_kv_indices_kernel"]

@@ -1,0 +1,26 @@
+"""Run a test's kernel side in a subprocess under Triton's CPU interpreter.
+
+Why a subprocess: ``TRITON_INTERPRET`` is read when Triton is imported, and the test process has imported Triton
+without it (the suite also compiles kernels for GPUs, ``tests/test_gpu_compile.py``). The tests that compare SGLang's
+Triton kernels with a torch twin or a dense reference run their own file as a script in a child with the interpreter
+on, one thread (the kernels' numpy emulation gains nothing from more on two cores), the repository on the path.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_interpreted(script, *args, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python script *args`` with ``TRITON_INTERPRET=1``, ``OMP_NUM_THREADS=1`` and the repository first on
+    ``PYTHONPATH``; fails the calling test with the child's stderr when it exits non-zero."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run([sys.executable, str(script), *map(str, args)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
