@@ -93,7 +93,8 @@ def _extend_attention(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer
             paged_kv=page_size != 1, score_mod=score_mod is not None or aux_tensors is not None,
             kv_scales=float(k_scale) != 1.0 or float(v_scale) != 1.0)
     scale = sm_scale or 1.0 / q_extend.shape[-1] ** 0.5
-    group = q_extend.shape[1] // k_extend.shape[1]
+    kv_heads = k_extend.shape[1]
+    group = q_extend.shape[1] // kv_heads
     qo = qo_indptr.tolist()
     kvp = kv_indptr.tolist()
     masks = mask_indptr.tolist() if custom_mask is not None else None
@@ -106,8 +107,8 @@ def _extend_attention(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer
                              "kernel would leave its later rows unwritten (a metadata bug)")
         idx = kv_indices[kvp[b]:kvp[b + 1]].long()
         p = idx.shape[0]
-        keys = torch.cat([k_buffer[idx], k_extend[q0:q0 + n]]).float().repeat_interleave(group, dim=1)
-        vals = torch.cat([v_buffer[idx], v_extend[q0:q0 + n]]).float().repeat_interleave(group, dim=1)
+        keys = torch.cat([k_buffer[idx], k_extend[q0:q0 + n]]).float()
+        vals = torch.cat([v_buffer[idx], v_extend[q0:q0 + n]]).float()
         if custom_mask is not None:
             allowed = custom_mask[masks[b]:masks[b] + n * (p + n)].view(n, p + n) != 0
             if is_causal and bool(allowed[:, p:].triu(1).any()):
@@ -121,10 +122,13 @@ def _extend_attention(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer
             own = torch.ones(n, n, dtype=torch.bool, device=q_extend.device)
             allowed = torch.cat([torch.ones(n, p, dtype=torch.bool, device=q_extend.device),
                                  own.tril() if is_causal else own], 1)
-        scores = torch.einsum("qhd,shd->hqs", q_extend[q0:q0 + n].float(), keys) * scale
-        scores = scores.masked_fill(~allowed[None], float("-inf"))
-        out = torch.einsum("hqs,shd->qhd", scores.softmax(-1), vals)
-        o_extend[q0:q0 + n] = out.to(o_extend.dtype)
+        # query head h = kv head h // group, its g-th: a (kv head, g) view of the query heads reads each KV head
+        # once, where repeating the keys and values per query head would copy them ``group`` times
+        queries = q_extend[q0:q0 + n].float().unflatten(1, (kv_heads, group))
+        scores = torch.einsum("qkgd,skd->kgqs", queries, keys) * scale
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out = torch.einsum("kgqs,skd->qkgd", scores.softmax(-1), vals)
+        o_extend[q0:q0 + n] = out.flatten(1, 2).to(o_extend.dtype)
 
 
 def decode_attention_torch(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
@@ -146,7 +150,8 @@ def decode_attention_torch(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn
         _refuse("decode", sinks=sinks is not None, logit_cap=bool(logit_cap and logit_cap > 0),
                 xai_temperature=xai_temperature_len is not None and xai_temperature_len > 0, mla=bool(has_mla),
                 paged_kv=page_size != 1, score_mod=score_mod is not None or aux_tensors is not None)
-        group = q.shape[1] // k_buffer.shape[-2]
+        kv_heads = k_buffer.shape[-2]
+        group = q.shape[1] // kv_heads
         scale = float(sm_scale) * float(k_scale)
         kvp = kv_indptr[:q.shape[0] + 1].tolist()
         for b in range(q.shape[0]):
@@ -154,10 +159,10 @@ def decode_attention_torch(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn
             if idx.numel() == 0:
                 raise ValueError(f"decode_attention_torch: request {b} has no KV rows (kv_indptr {kvp[b]} to "
                                  f"{kvp[b + 1]}); a decode step always reads at least its own token")
-            keys = k_buffer[idx].float().repeat_interleave(group, dim=1)
-            vals = v_buffer[idx].float().repeat_interleave(group, dim=1)
-            probs = (torch.einsum("hd,shd->hs", q[b].float(), keys) * scale).softmax(-1)
-            o[b] = (torch.einsum("hs,shd->hd", probs, vals) * float(v_scale)).to(o.dtype)
+            keys, vals = k_buffer[idx].float(), v_buffer[idx].float()
+            queries = q[b].float().unflatten(0, (kv_heads, group))        # query head h reads KV head h // group
+            probs = (torch.einsum("kgd,skd->kgs", queries, keys) * scale).softmax(-1)
+            o[b] = (torch.einsum("kgs,skd->kgd", probs, vals).flatten(0, 1) * float(v_scale)).to(o.dtype)
 
 
 def swap_kernel(module) -> None:
