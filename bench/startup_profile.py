@@ -7,12 +7,12 @@ EAGLE head, the live suite's settings: 4 running requests, a 1,024-token context
 ``measure_cost_table`` on and off, alternately, ``--rounds`` times each, every start in a fresh process. Start-up is
 the wall time of the ``sglang.Engine(...)`` call (until the engine serves); after it, one 2-token request makes the
 worker write its counters, whose ``cost_table`` says what the measurement found and how long it took. Prints per
-start the time, the first request's time (a start without the measurement pays its first forward's one-time costs
-there, which the measurement's warm-up pays during the start) and, for ``on``, the measured tables (the verify's and
-the draft forward's, ``draft_cost_table``, which also turns on adaptive drafting and so builds the shallower depths'
-runtime states); then the median start-up per setting, their ratio, the median of the rounds' paired differences,
-the medians of start plus first request, and the target of issue 25: start-up grows by at most 10 % with the
-measurement (MET / MISSED).
+start the time, the first request's time (a start without the measurement would pay its first forward's one-time
+costs there, which the measurement's warm-up pays during the start) and, for ``on``, the measured tables (the
+verify's and the draft forward's, ``draft_cost_table``, which also turns on adaptive drafting and so builds the
+shallower depths' runtime states) with the rounds the start's budget afforded (``startup_costs.StartBudget``); then
+the median start-up per setting, their ratio, the median of the rounds' paired differences, the medians of start
+plus first request, and the target of issue 25: start-up grows by at most 10 % with the measurement (MET / MISSED).
 
 Both run extend and decode attention, and the draft plan's KV-index kernel, with the torch twins of SGLang's Triton
 kernels (``HYBRID_CPU_ENGINE_TORCH_ATTENTION``): in Triton's interpreter, the CPU engine's default, one verify probe
@@ -105,7 +105,9 @@ def main(argv=None) -> int:
                         print(f"{line}: the engine reported no measured {what} table ({table})", file=sys.stderr)
                         return 1
                     pairs = ", ".join(f"T({n})={1e3 * t:.0f} ms" for n, t in zip(table["sizes"], table["seconds"]))
-                    line += f"; {what} measured in {table['meta']['seconds_spent']:.1f} s: {pairs}"
+                    meta = table["meta"]
+                    line += (f"; {what} measured in {meta['seconds_spent']:.1f} s ({meta['rounds']} round(s), budget "
+                             f"{meta['start_budget_s']:.2f} s): {pairs}")
             elif any(t is not None for t in tables.values()):
                 print(f"{line}: a table was set with the measurement off ({tables})", file=sys.stderr)
                 return 1

@@ -248,7 +248,8 @@ def profile(fn: Callable[[int], object], sizes: Sequence[int], warmup: int = 2, 
 
 def profile_interleaved(fn: Callable[[int], object], sizes: Sequence[int], rounds: int = 2,
                         sync: Optional[Callable[[], None]] = None, meta: Optional[dict] = None,
-                        monotone: bool = False, warmup: bool = True) -> CostModel:
+                        monotone: bool = False, warmup: bool = True,
+                        more: Optional[Callable[[float], bool]] = None) -> CostModel:
     """Time ``fn(n)`` at each probe size in ``rounds`` round-robin passes over the sizes, after one warm-up call at
     the smallest; the minimum per size.
 
@@ -260,7 +261,10 @@ def profile_interleaved(fn: Callable[[int], object], sizes: Sequence[int], round
     ``sync`` as in ``profile``. ``monotone``: each size's time is raised to the largest time of the sizes below it
     (a running maximum), so that a noisy sample can never make the table decrease (which ``CostModel`` refuses beyond
     ``MAX_NOISE_DROP``): for a table measured where no one can rerun it by hand. ``warmup`` False: no warm-up call,
-    for a second table timed right after a first at the same sizes, whose calls already paid those costs."""
+    for a second table timed right after a first at the same sizes, whose calls already paid those costs. ``more``:
+    asked after each round but the last, with that round's seconds, whether to run another (a start-up's time budget,
+    ``startup_costs.StartBudget``); the first round always runs, so every size has a time. ``meta["rounds"]`` is the
+    number of rounds run."""
     sizes = sorted(int(n) for n in sizes)
     if not sizes:
         raise ValueError("profile_interleaved: need at least one probe size")
@@ -269,14 +273,18 @@ def profile_interleaved(fn: Callable[[int], object], sizes: Sequence[int], round
     if warmup:
         fn(sizes[0])
     times: dict = {n: [] for n in sizes}
-    for _ in range(rounds):
+    run = 0
+    while run < rounds:
         for n in sizes:
             if sync:
                 sync()                      # the warm-up's asynchronous work is not this call's
             times[n].append(_timed_call(fn, n, sync))
+        run += 1
+        if run < rounds and more is not None and not more(sum(t[-1] for t in times.values())):
+            break
     m = dict(meta or {})
     m.setdefault("warmup", "one call at the smallest size" if warmup else "none (the sizes' calls were warm)")
-    m.setdefault("rounds", rounds)
+    m.setdefault("rounds", run)
     m.setdefault("statistic", "minimum over interleaved rounds" + (", then running maximum" if monotone else ""))
     secs = np.array([min(times[n]) for n in sizes])
     return CostModel(sizes, np.maximum.accumulate(secs) if monotone else secs, m)

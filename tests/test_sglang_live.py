@@ -27,6 +27,7 @@ pytest.importorskip("sglang.srt.entrypoints.engine", reason="sglang is not insta
 from sglang_hybrid.cpu_engine.kv_window import COMMIT_LOG, EXTEND_LOG  # noqa: E402
 from sglang_hybrid.cpu_engine.torch_attention import DECODE_SWAP_LOG, SWAP_LOG, TORCH_ATTENTION_ENV  # noqa: E402
 from sglang_hybrid.cpu_engine.torch_kv_indices import KV_INDICES_SWAP_LOG  # noqa: E402
+from sglang_hybrid.sglang_plugin.startup_costs import ROUNDS  # noqa: E402
 from tests.live_sglang_driver import REFERENCE_CACHE  # noqa: E402
 from sglang_hybrid.widths import measured_table_buckets  # noqa: E402
 
@@ -147,6 +148,10 @@ def _assert_measured_price(counters: dict) -> None:
     assert all(t > 0 for t in draft["seconds"]) and draft["seconds"] == sorted(draft["seconds"]), draft
     assert draft["meta"]["seconds_spent"] > 0, draft
     assert draft["meta"]["context_tokens"] == [draft["short_context"], draft["long_context"]], draft
+    # the rounds the start's budget afforded (StartBudget: the first always), one budget for both tables
+    for t in (table, draft):
+        assert 1 <= t["meta"]["rounds"] <= ROUNDS and t["meta"]["start_budget_s"] > 0, t["meta"]
+    assert table["meta"]["start_budget_s"] == draft["meta"]["start_budget_s"]
     assert counters["depth_steps"] and set(counters["depth_steps"]) <= {"1", "2", "3"}, counters["depth_steps"]
 
 

@@ -147,6 +147,68 @@ def test_profile_interleaved_monotone_absorbs_a_noisy_probe(monkeypatch):
     assert "running maximum" in m.meta["statistic"]
 
 
+def test_profile_interleaved_asks_before_each_later_round(monkeypatch):
+    """``more`` is asked after every round but the last, with that round's seconds; False stops there, with every
+    size timed once and ``meta["rounds"]`` saying so."""
+    fn, calls = _fake_clock(monkeypatch, lambda n, i: float(n))
+    asked = []
+    m = profile_interleaved(fn, [2, 4], rounds=3, more=lambda s: asked.append(s) or False)
+    assert calls == [2, 2, 4] and asked == [6.0] and m.meta["rounds"] == 1 and m.seconds.tolist() == [2.0, 4.0]
+    calls.clear(), asked.clear()
+    m = profile_interleaved(fn, [2, 4], rounds=3, more=lambda s: asked.append(s) or True)
+    assert calls == [2] + [2, 4] * 3 and asked == [6.0, 6.0] and m.meta["rounds"] == 3
+
+
+def test_start_budget_allows_a_round_while_the_measurement_fits_its_share_of_the_start():
+    """The budget is ``share`` of the time since the process started, read when the budget is made; a further round
+    fits while the time measured so far plus that round (the last round's time) stays within it."""
+    from sglang_hybrid.sglang_plugin.startup_costs import START_SHARE, StartBudget
+
+    now = [100.0]
+    budget = StartBudget(share=0.05, started=20.0, clock=lambda: now[0])      # 80 s into the start: 4 s to spend
+    assert budget.seconds == pytest.approx(4.0)
+    assert budget.more(1.0)                                                  # 0 + 1 <= 4
+    now[0] = 102.5
+    assert budget.more(1.5) and not budget.more(1.6)                         # 2.5 + 1.5 fits, 2.5 + 1.6 does not
+    # a GPU start (minutes of loading and graph capture) affords both rounds of a probe of a fraction of a second;
+    # the CPU engine's (about 10 s before the probes, a quarter of a second a forward) one
+    assert StartBudget(started=0.0, clock=lambda: 120.0).more(0.4)
+    assert not StartBudget(started=0.0, clock=lambda: 10.0).more(0.53)
+    assert START_SHARE <= 0.1
+    for bad in (0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="share"):
+            StartBudget(share=bad, started=0.0)
+
+
+def test_start_budget_follows_the_groups_decision():
+    """Under tensor parallelism each rank's clock decides alone; ``agree`` (the worker's broadcast from rank 0)
+    gets the local decision and its answer is the budget's, either way."""
+    from sglang_hybrid.sglang_plugin.startup_costs import StartBudget
+
+    seen = []
+    says_no = StartBudget(started=0.0, clock=lambda: 1000.0, agree=lambda local: seen.append(local) or False)
+    says_yes = StartBudget(started=0.0, clock=lambda: 1.0, agree=lambda local: seen.append(local) or True)
+    assert not says_no.more(0.1) and says_yes.more(5.0) and seen == [True, False]
+
+
+def test_probes_with_a_spent_budget_time_each_size_once():
+    """With the budget spent after the first round, the probe plan is a warm-up, one round over every size, and the
+    short context's forward; the table records the one round and the budget."""
+    from sglang_hybrid.sglang_plugin import startup_costs
+
+    calls, now = [], [10.0]
+
+    def forward(n):                                                        # each forward 0.1 s on the budget's clock
+        calls.append(n)
+        now[0] += 0.1
+
+    spent = startup_costs.StartBudget(started=3.0, clock=lambda: now[0])   # 0.35 s: spent by a warm-up and a round
+    short, long = startup_costs._profile_contexts((64, 512), lambda c: None, forward, [12, 24, 48], [1, 2, 4],
+                                                  None, spent)
+    assert calls == [12, 12, 24, 48] + [48] * startup_costs.SHORT_ROUNDS
+    assert long.meta["rounds"] == 1 and short.meta["rounds"] == 1
+
+
 def test_measured_table_default_widths_are_eagles_the_full_tree_and_the_extras_that_fit():
     """With the table measured at start (the default on a GPU), the engine verifies at plain EAGLE's width (steps + 1),
     the whole tree, and the extras (their geometric middle, then one narrower than EAGLE's), the price picking per

@@ -13,9 +13,10 @@ autotune kernels): a TARGET_VERIFY forward of ``B`` requests x the full verify w
 input: every request at the same context, its KV read from and written to the pool's padding slot; the mask a chain's
 tree, ``chain_mask``, in place of SGLang's all-ones dummy, which shows nodes their descendants), logits for every row
 as a real verify computes them. One forward per batch size in ``probe_batch_sizes`` (powers of two up to the
-running-request limit, and the limit), ``ROUNDS`` times round robin after one warm-up forward, the minimum per size
-(``cost.profile_interleaved``), then at the shorter context (below) ``SHORT_ROUNDS`` forwards at the largest size only
-(``short_from_one_probe``), the device synchronised around each. The table's sizes are ``B x W`` batch tokens, the
+running-request limit, and the limit), ``ROUNDS`` times round robin after one warm-up forward (the rounds after the
+first only while the start's time budget allows: ``StartBudget``), the minimum per size
+(``cost.profile_interleaved``), then at the shorter context (below) ``SHORT_ROUNDS`` forwards at the largest size
+only (``short_from_one_probe``), the device synchronised around each. The table's sizes are ``B x W`` batch tokens, the
 ``T(n)`` of ``sglang_hybrid.cost``; below ``W`` it is flat (the price then takes the narrowest verify as free), past
 its end the last slope continues.
 
@@ -43,13 +44,15 @@ start-up depth's buffers (``shared_draft_steps``): none on Triton, each depth's 
 FlashInfer (``memory_budget``). Why by default: the realistic replay's decomposition (docs/sglang.md, "A price out of
 the box"). Like the verify probe it runs eager, its step plan included, so on a GPU it overstates small batches.
 
-Tensor parallelism: every rank runs the same probes in the same order (the forward's collectives need all of them);
+Tensor parallelism: every rank runs the same probes in the same order (the forward's collectives need all of them;
+how many rounds the start's budget affords is rank 0's decision, broadcast);
 rank 0's table is the one that decides (its trees are broadcast), the others are measured alike and logged.
 """
 from __future__ import annotations
 
 import logging
 import time
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -66,8 +69,13 @@ PROFILE_CONTEXT = 2048
 #: dominate, as they do for the short chats of a real trace (the replay's "blend", docs/benchmarks.md section 1)
 SHORT_CONTEXT_FRACTION = 8
 #: timed forwards per batch size at the longer context (round robin over the sizes, the minimum), after one warm-up
-#: forward
+#: forward: the second round only where the start's budget allows it (``StartBudget``)
 ROUNDS = 2
+#: the measurements' share of the start: a round after the first runs only while both tables' measurement, that round
+#: included, stays within this share of the time the process had spent starting when the measurement began (issue
+#: 25: start-up grows by at most 10 % with the tables measured; the rest of the 10 % is the first rounds, which
+#: always run, and noise)
+START_SHARE = 0.05
 #: timed forwards at the shorter context, all at the largest batch size, warm by then (the minimum); the other sizes
 #: follow by ``short_from_one_probe``
 SHORT_ROUNDS = 1
@@ -103,12 +111,50 @@ def profile_contexts(context_len: int, width: int) -> tuple:
     return (short, long) if short < long else (long,)
 
 
-def _profile_contexts(contexts: tuple, at_context, forward, sizes: list, requests: list, sync) -> list:
+class StartBudget:
+    """How many probe rounds a start affords: the first always, each later one only while the measurement so far
+    plus that round (timed as the round before it) stays within ``share`` of the time the process had spent starting
+    when the budget was made.
+
+    Why: the probes cost forwards, and what a forward costs against a start differs by orders of magnitude. On a GPU a
+    start loads the weights and captures graphs for tens of seconds to minutes before the probes run, and a round of
+    eager forwards takes a fraction of a second: the budget allows every round. On SGLang's CPU engine a 135M model's
+    verify forward of 48 tokens takes a quarter of a second against a 16 s start: one round (``bench.startup_profile``,
+    docs/benchmarks.md section 3d). A forward long enough to exhaust the budget is also one whose timing noise is a
+    small part of it, which is what the second round's minimum is for.
+
+    ``agree``: under tensor parallelism every rank must run the same forwards (their collectives meet), and each rank's
+    clock would decide alone; ``agree(local)`` returns the group's decision (rank 0's, broadcast: the worker's
+    ``_rank0_decides``). ``started``: the process's start time (``time.time()`` clock; default: the OS's record of this
+    process's creation, through ``psutil``)."""
+
+    def __init__(self, share: float = START_SHARE, started: Optional[float] = None,
+                 agree: Optional[Callable[[bool], bool]] = None, clock: Callable[[], float] = time.time):
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share!r}")
+        if started is None:
+            import psutil
+
+            started = psutil.Process().create_time()
+        self._clock, self._agree = clock, agree
+        self._began = clock()
+        self.seconds = share * max(0.0, self._began - float(started))
+
+    def more(self, last_round_s: float) -> bool:
+        """Whether another round, assumed to take ``last_round_s`` like the one before it, fits the budget."""
+        local = (self._clock() - self._began) + float(last_round_s) <= self.seconds
+        return self._agree(local) if self._agree is not None else local
+
+
+def _profile_contexts(contexts: tuple, at_context, forward, sizes: list, requests: list, sync,
+                      budget: Optional[StartBudget] = None) -> list:
     """The tables at ``contexts`` (shortest first; ``at_context(c)`` sets the probe buffers to context ``c``): at the
-    longest, ``ROUNDS`` round robin after a warm-up; at a shorter one, ``SHORT_ROUNDS`` forwards at the largest size
-    (warm by then), the other sizes by ``short_from_one_probe``. ``requests``: the requests of each size's probe."""
+    longest, ``ROUNDS`` round robin after a warm-up (the rounds after the first as ``budget`` allows); at a shorter
+    one, ``SHORT_ROUNDS`` forwards at the largest size (warm by then), the other sizes by ``short_from_one_probe``.
+    ``requests``: the requests of each size's probe."""
     at_context(contexts[-1])
-    long = profile_interleaved(forward, sizes, rounds=ROUNDS, sync=sync, monotone=True)
+    long = profile_interleaved(forward, sizes, rounds=ROUNDS, sync=sync, monotone=True,
+                               more=budget.more if budget is not None else None)
     if len(contexts) == 1:
         return [long]
     at_context(contexts[0])
@@ -160,7 +206,8 @@ def chain_mask(batch: int, width: int, context: int, device) -> torch.Tensor:
     return rows.reshape(-1).repeat(batch)
 
 
-def measure_verify_costs(model_runner, *, width: int, max_batch: int, context_len: int) -> CostModel:
+def measure_verify_costs(model_runner, *, width: int, max_batch: int, context_len: int,
+                         budget: Optional[StartBudget] = None) -> CostModel:
     """``T(n)`` of the target verify at ``n = B x width`` batch tokens for ``B`` in ``probe_batch_sizes(max_batch)``,
     timed on ``model_runner`` (SGLang's target ``ModelRunner``); see the module docstring. The table's ``meta`` says
     how it was measured and how long it took."""
@@ -184,15 +231,18 @@ def measure_verify_costs(model_runner, *, width: int, max_batch: int, context_le
         buffers.seq_lens_cpu.fill_(context)
         buffers.custom_mask = chain_mask(max(batches), width, context, device)
 
-    tables = _profile_contexts(contexts, at_context, forward, [b * width for b in batches], list(batches), sync)
+    tables = _profile_contexts(contexts, at_context, forward, [b * width for b in batches], list(batches), sync,
+                               budget)
     meta = {"source": "measured at start (sglang_hybrid.sglang_plugin.startup_costs)",
             "forward": "SGLang dummy TARGET_VERIFY forward, eager", "verify_width": width,
             "batch_sizes": list(batches), "device": str(device),
-            "seconds_spent": round(time.perf_counter() - started, 3)}
+            "seconds_spent": round(time.perf_counter() - started, 3),
+            **({"start_budget_s": round(budget.seconds, 3)} if budget is not None else {})}
     return _at_contexts(tables, contexts, meta)
 
 
-def measure_draft_costs(draft_worker, *, max_batch: int, context_len: int) -> CostModel:
+def measure_draft_costs(draft_worker, *, max_batch: int, context_len: int,
+                        budget: Optional[StartBudget] = None) -> CostModel:
     """``T(B)`` of one EAGLE draft decode forward of ``B`` requests (top-k 1: one token each, its KV at
     ``profile_context`` tokens) for ``B`` in ``probe_batch_sizes(max_batch)``, timed on ``draft_worker`` (SGLang's
     ``EagleDraftWorker``) as it runs an eager draft step: its multi-step backend plans every step
@@ -243,9 +293,10 @@ def measure_draft_costs(draft_worker, *, max_batch: int, context_len: int) -> Co
         buffers.seq_lens_cpu.fill_(c)
         buffers.positions.fill_(c)
 
-    tables = _profile_contexts(contexts, at_context, forward, list(batches), list(batches), sync)
+    tables = _profile_contexts(contexts, at_context, forward, list(batches), list(batches), sync, budget)
     meta = {"source": "measured at start (sglang_hybrid.sglang_plugin.startup_costs)",
             "forward": "one EAGLE draft decode forward (top-k 1), eager, its step plan included",
             "what": "one EAGLE draft forward by batch", "batch_sizes": list(batches), "device": str(device),
-            "seconds_spent": round(time.perf_counter() - started, 3)}
+            "seconds_spent": round(time.perf_counter() - started, 3),
+            **({"start_budget_s": round(budget.seconds, 3)} if budget is not None else {})}
     return _at_contexts(tables, contexts, meta)

@@ -438,7 +438,8 @@ class HybridWorkerV2(EAGLEWorkerV2):
                             "price)")
             return
         runner = self.target_worker.model_runner
-        sizes = dict(max_batch=int(runner.max_running_requests), context_len=int(runner.model_config.context_len))
+        sizes = dict(max_batch=int(runner.max_running_requests), context_len=int(runner.model_config.context_len),
+                     budget=startup_costs.StartBudget(agree=self._rank0_decides))
         if settings.measures_cost_table(step.device.type):
             table = self._measured("target verify's cost table", f"{ENV_PREFIX}COST_TABLE",
                                    lambda: startup_costs.measure_verify_costs(
@@ -450,6 +451,19 @@ class HybridWorkerV2(EAGLEWorkerV2):
                                    lambda: startup_costs.measure_draft_costs(self._draft_worker, **sizes))
             step.set_draft_cost(table, "measured")
             self._log_measured(f"draft cost table (EAGLE depths {list(step.depths)})", table)
+
+    def _rank0_decides(self, local: bool) -> bool:
+        """Rank 0's ``local`` on every rank of the tensor-parallel group (``get_dp_tp_group``, as ``TreeBroadcast``):
+        the start-up probes' rounds are decided by each rank's clock, and every rank must run the same forwards, whose
+        collectives meet. One broadcast of one flag per decision, at start only; ``local`` for a group of one."""
+        from sglang.srt.layers.dp_attention import get_dp_tp_group
+
+        group = get_dp_tp_group()
+        if group is None or getattr(group, "world_size", 1) <= 1:
+            return local
+        flag = torch.tensor([int(local)], dtype=torch.int64, device=self.device)
+        group.broadcast(flag, src=0)
+        return bool(flag.item())
 
     @staticmethod
     def _measured(what: str, setting: str, measure):
