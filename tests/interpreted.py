@@ -24,3 +24,29 @@ def run_interpreted(script, *args, timeout: int = 600) -> subprocess.CompletedPr
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
+
+
+def interpreted_outputs(script, tmp_path_factory, label: str):
+    """What ``script OUT`` (a test file's kernel side) saved to ``OUT`` with ``torch.save``, run under the
+    interpreter; skips the calling test where SGLang or Triton is not installed."""
+    import importlib.util
+
+    import pytest
+    import torch
+
+    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None:
+        pytest.skip("sglang/triton are not installed (scripts/setup.sh installs them)")
+    out = tmp_path_factory.mktemp(label) / "kernel.pt"
+    run_interpreted(script, out)
+    return torch.load(out)
+
+
+def enter_interpreter() -> None:
+    """First lines of a kernel side run by ``run_interpreted``: check the interpreter is on, keep vLLM (installed
+    beside SGLang where the anchors are, ``HYBRID_ANCHORS=1``) out of SGLang's optional imports, as the other kernel
+    sides do, one torch thread."""
+    import torch
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    sys.modules.setdefault("vllm", None)
+    torch.set_num_threads(1)

@@ -11,15 +11,13 @@ The extend twin is checked in ``test_ragged_verify.py``.
 """
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.interpreted import run_interpreted
+from tests.interpreted import enter_interpreter, interpreted_outputs
 
 ATOL = 2e-3
 #: (seed, KV length per request, q heads, kv heads, head dim, rows of kv_indptr beyond the batch)
@@ -78,9 +76,7 @@ def cases() -> dict:
 
 def _kernel_main(out: str) -> None:
     """Subprocess entry (``TRITON_INTERPRET=1``): every case through SGLang's Triton decode kernel."""
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    sys.modules.setdefault("vllm", None)
-    torch.set_num_threads(1)
+    enter_interpreter()
     from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
 
     torch.save({name: run_decode(decode_attention_fwd, case) for name, case in cases().items()}, out)
@@ -88,11 +84,7 @@ def _kernel_main(out: str) -> None:
 
 @pytest.fixture(scope="module")
 def kernel_outputs(tmp_path_factory) -> dict:
-    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None:
-        pytest.skip("sglang/triton are not installed (scripts/setup.sh installs them)")
-    out = tmp_path_factory.mktemp("decode_twin") / "kernel.pt"
-    run_interpreted(Path(__file__).resolve(), out)
-    return torch.load(out)
+    return interpreted_outputs(Path(__file__).resolve(), tmp_path_factory, "decode_twin")
 
 
 def test_decode_twin_matches_sglang_decode_kernel(kernel_outputs):

@@ -10,15 +10,13 @@ subprocess (this file as a script): ``TRITON_INTERPRET`` must be set before Trit
 """
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.interpreted import run_interpreted
+from tests.interpreted import enter_interpreter, interpreted_outputs
 
 POOL_ROWS, POOL_LEN, MAX_BS = 12, 640, 8
 #: name -> (seed, context per request, steps, topk, page_size, ENTRY_PAGE_SIZE, translate, window, sink, block-split)
@@ -92,9 +90,7 @@ def cases() -> dict:
 
 def _kernel_main(out: str) -> None:
     """Subprocess entry (``TRITON_INTERPRET=1``): every case through SGLang's Triton kernel."""
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    sys.modules.setdefault("vllm", None)
-    torch.set_num_threads(1)
+    enter_interpreter()
     from sglang.kernels.ops.speculative.cache_locs import generate_draft_decode_kv_indices
 
     torch.save({name: launch(generate_draft_decode_kv_indices, case) for name, case in cases().items()}, out)
@@ -102,11 +98,7 @@ def _kernel_main(out: str) -> None:
 
 @pytest.fixture(scope="module")
 def kernel_outputs(tmp_path_factory) -> dict:
-    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None:
-        pytest.skip("sglang/triton are not installed (scripts/setup.sh installs them)")
-    out = tmp_path_factory.mktemp("kv_indices_twin") / "kernel.pt"
-    run_interpreted(Path(__file__).resolve(), out)
-    return torch.load(out)
+    return interpreted_outputs(Path(__file__).resolve(), tmp_path_factory, "kv_indices_twin")
 
 
 def test_kv_indices_twin_writes_what_the_kernel_writes(kernel_outputs):
