@@ -273,13 +273,11 @@ def profile_interleaved(fn: Callable[[int], object], sizes: Sequence[int], round
     if warmup:
         fn(sizes[0])
     times: dict = {n: [] for n in sizes}
-    run = 0
-    while run < rounds:
+    for run in range(1, rounds + 1):
         for n in sizes:
             if sync:
                 sync()                      # the warm-up's asynchronous work is not this call's
             times[n].append(_timed_call(fn, n, sync))
-        run += 1
         if run < rounds and more is not None and not more(sum(t[-1] for t in times.values())):
             break
     m = dict(meta or {})

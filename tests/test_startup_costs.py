@@ -207,6 +207,7 @@ def test_probes_with_a_spent_budget_time_each_size_once():
                                                   None, spent)
     assert calls == [12, 12, 24, 48] + [48] * startup_costs.SHORT_ROUNDS
     assert long.meta["rounds"] == 1 and short.meta["rounds"] == 1
+    assert long.meta["start_budget_s"] == short.meta["start_budget_s"] == pytest.approx(0.35)
 
 
 def test_measured_table_default_widths_are_eagles_the_full_tree_and_the_extras_that_fit():

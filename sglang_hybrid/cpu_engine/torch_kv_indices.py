@@ -65,8 +65,10 @@ def draft_decode_kv_indices(grid, req_pool_indices, req_to_token, paged_kernel_l
         table = _flat("req_to_token", req_to_token)
         rows = req_pool_indices[:num_seqs].long().tolist()
         lens = paged_kernel_lens[:num_seqs].long().tolist()
-        pos = positions.long()
         cap = int(window_size) + int(sink_size) if window_size > 0 else None
+        # the kernel's kv_indptr entry z sums the first z positions (window-capped), the same for every step: once
+        pos = positions[:int(num_tokens_upper)].long()
+        pos_sums = [0] + (pos if cap is None else pos.clamp_max(cap)).cumsum(0).tolist()
 
         def load(row: int, at: torch.Tensor) -> torch.Tensor:
             # _load_token_ids: a row's token entries, or page entries expanded, then through v2p
@@ -109,10 +111,7 @@ def draft_decode_kv_indices(grid, req_pool_indices, req_to_token, paged_kernel_l
                     out[row_out + at + seq_len_w:row_out + at + seq_len_w + iters] = \
                         load(rows[b], first + draft).to(out.dtype)
                     z = b * topk + t or num_seqs * topk
-                    before = pos[:min(z, int(num_tokens_upper))]
-                    if cap is not None:
-                        before = before.clamp_max(cap)
-                    ptr[row_ptr + z] = int(before.sum()) + z * iters
+                    ptr[row_ptr + z] = pos_sums[min(z, len(pos_sums) - 1)] + z * iters
                 cum += seq_len_w
 
 

@@ -154,7 +154,8 @@ def _profile_contexts(contexts: tuple, at_context, forward, sizes: list, request
     ``requests``: the requests of each size's probe."""
     at_context(contexts[-1])
     long = profile_interleaved(forward, sizes, rounds=ROUNDS, sync=sync, monotone=True,
-                               more=budget.more if budget is not None else None)
+                               meta={} if budget is None else {"start_budget_s": round(budget.seconds, 3)},
+                               more=None if budget is None else budget.more)
     if len(contexts) == 1:
         return [long]
     at_context(contexts[0])
@@ -236,8 +237,7 @@ def measure_verify_costs(model_runner, *, width: int, max_batch: int, context_le
     meta = {"source": "measured at start (sglang_hybrid.sglang_plugin.startup_costs)",
             "forward": "SGLang dummy TARGET_VERIFY forward, eager", "verify_width": width,
             "batch_sizes": list(batches), "device": str(device),
-            "seconds_spent": round(time.perf_counter() - started, 3),
-            **({"start_budget_s": round(budget.seconds, 3)} if budget is not None else {})}
+            "seconds_spent": round(time.perf_counter() - started, 3)}
     return _at_contexts(tables, contexts, meta)
 
 
@@ -297,6 +297,5 @@ def measure_draft_costs(draft_worker, *, max_batch: int, context_len: int,
     meta = {"source": "measured at start (sglang_hybrid.sglang_plugin.startup_costs)",
             "forward": "one EAGLE draft decode forward (top-k 1), eager, its step plan included",
             "what": "one EAGLE draft forward by batch", "batch_sizes": list(batches), "device": str(device),
-            "seconds_spent": round(time.perf_counter() - started, 3),
-            **({"start_budget_s": round(budget.seconds, 3)} if budget is not None else {})}
+            "seconds_spent": round(time.perf_counter() - started, 3)}
     return _at_contexts(tables, contexts, meta)

@@ -453,13 +453,12 @@ class HybridWorkerV2(EAGLEWorkerV2):
             self._log_measured(f"draft cost table (EAGLE depths {list(step.depths)})", table)
 
     def _rank0_decides(self, local: bool) -> bool:
-        """Rank 0's ``local`` on every rank of the tensor-parallel group (``get_dp_tp_group``, as ``TreeBroadcast``):
-        the start-up probes' rounds are decided by each rank's clock, and every rank must run the same forwards, whose
-        collectives meet. One broadcast of one flag per decision, at start only; ``local`` for a group of one."""
-        from sglang.srt.layers.dp_attention import get_dp_tp_group
-
-        group = get_dp_tp_group()
-        if group is None or getattr(group, "world_size", 1) <= 1:
+        """Rank 0's ``local`` on every rank of the tree broadcast's group (``TreeBroadcast``, built with the step in
+        ``alloc_memory_pool``): the start-up probes' rounds are decided by each rank's clock, and every rank must run
+        the same forwards, whose collectives meet. One broadcast of one flag per decision, at start only; ``local``
+        for a group of one."""
+        group = self.tree_broadcast.group
+        if group is None:
             return local
         flag = torch.tensor([int(local)], dtype=torch.int64, device=self.device)
         group.broadcast(flag, src=0)
