@@ -177,9 +177,9 @@ def hybrid_budget(case: H200Case, settings: HybridSettings, *, steps: int = STEP
     verify part). ``depths`` / ``widths``: the states' shapes (default: ``settings``' resolved ones;
     ``depths`` are also the fused step's candidate depths). HYBRID's own buffers: online offsets off, fused step,
     prompt lookup on (the defaults). Under ``ragged`` SGLang's target verify graphs are not captured
-    (``HybridWorkerV2._skip_target_verify_capture``). ``tier_graphs`` (ragged on the Triton backend): the verify runs
-    in HYBRID's token-tier CUDA graphs, as the worker runs it at TP 1 (the plan's buffers and the graphs' own counted
-    as ``_start_budget`` counts them)."""
+    (``HybridWorkerV2._skip_target_verify_capture``). ``tier_graphs`` (ragged): the verify runs in HYBRID's token-tier
+    CUDA graphs, as the worker runs it at TP 1 on Triton and FlashInfer (the plan's buffers and the graphs' own
+    counted as ``_start_budget`` counts them)."""
     rd, rw = settings.resolved_shapes(steps)
     depths = tuple(depths) if depths is not None else rd
     widths = tuple(widths) if widths is not None else rw
@@ -193,9 +193,10 @@ def hybrid_budget(case: H200Case, settings: HybridSettings, *, steps: int = STEP
         # the n-gram offset's buffers where the worker learns it (ngram_bias_eta: "auto" = under ragged verify)
         ngram_bias=resolved_ngram_bias_eta(settings.ngram_bias_eta, ragged) is not None)
     if tier_graphs:
-        if not ragged or dep.attention_backend != "triton":
-            raise ValueError("token-tier graphs run ragged verify on the Triton backend")
-        own = replace(own, fixed=own.fixed + mb.ragged_triton_bytes(dep, running, full, tier_graphs=True))
+        if not ragged:
+            raise ValueError("token-tier graphs run ragged verify (ragged=True)")
+        extra = mb.ragged_triton_bytes if dep.attention_backend == "triton" else mb.ragged_flashinfer_bytes
+        own = replace(own, fixed=own.fixed + extra(dep, running, full, tier_graphs=True))
     pairs = [(d, full) for d in depths] if ragged else [(d, w) for d in depths for w in widths]
     return mb.budget(dep, [(steps, full), *pairs], layout=layout, max_draft_tokens=full, own=own,
                      target_verify_graphs=not ragged)
@@ -220,7 +221,8 @@ def default_launch_widths(running: int, steps: int, ngram_k: int, n_nodes: Optio
                          extras)
 
 
-#: the HYBRID layouts the table prints: (label, cost_table, draft_cost_table, measure_cost_table, ragged)
+#: the HYBRID layouts the table prints: (label, cost_table, draft_cost_table, measure_cost_table, ragged); the ragged
+#: one in its token-tier graphs, as ``ragged_verify=on`` runs at TP 1
 LAYOUTS = (("HYBRID as built, both cost tables", True, True, "off", False),
            ("HYBRID ragged, both cost tables", True, True, "off", True),
            ("HYBRID, cost_table only (widths)", True, False, "off", False),
@@ -231,7 +233,7 @@ LAYOUTS = (("HYBRID as built, both cost tables", True, True, "off", False),
 
 def layouts(case: H200Case) -> list:
     """Plain EAGLE (``STEPS`` steps) and the HYBRID layouts of ``LAYOUTS`` at ``case`` (the ragged one as
-    ``ragged_verify=on`` builds it on FlashInfer: one verify part, the verify eager)."""
+    ``ragged_verify=on`` builds it on FlashInfer at TP 1: one verify part, the verify in its token-tier graphs)."""
     out = [mb.eagle_budget(case.dep, STEPS)]
     for label, table, draft_table, measure, ragged in LAYOUTS:
         widths = None
@@ -239,7 +241,7 @@ def layouts(case: H200Case) -> list:
             widths = default_launch_widths(case.running, STEPS, NGRAM_K, context=case.context)
             label = f"{label} ({','.join(map(str, widths))})"
         out.append(hybrid_budget(case, hybrid_settings(table, draft_table, measure=measure), layout=label,
-                                 widths=widths, ragged=ragged))
+                                 widths=widths, ragged=ragged, tier_graphs=ragged))
     return out
 
 

@@ -15,9 +15,10 @@
 #   PYTHON=python3
 #   ONLY="HYBRID EAGLE" (subset of algorithms)   SKIP_CHECK=1 (skip the greedy checks)
 #   SKIP_RAGGED=1 (skip the ragged-verify greedy checks: HYBRID with SGLANG_HYBRID_RAGGED_VERIFY=on on the Triton
-#       backend, its verify forward in HYBRID's token-tier CUDA graphs, and on the FlashInfer backend, its verify
-#       forward eager, both beside SGLang's draft graphs, each against plain decoding on the same backend; both with
-#       adaptive drafting, EAGLE depths 1 to STEPS, under a flat 1 ms draft cost table unless
+#       and on the FlashInfer backend, its verify forward in HYBRID's token-tier CUDA graphs beside SGLang's draft
+#       graphs, each against plain decoding on the same backend and against the same launch with the verify forward
+#       eager (SGLANG_HYBRID_RAGGED_GRAPHS=false: a captured tier equals the eager forward); all
+#       with adaptive drafting, EAGLE depths 1 to STEPS, under a flat 1 ms draft cost table unless
 #       SGLANG_HYBRID_DRAFT_COST_TABLE gives one: the depths below STEPS capture their draft graphs in the start-up
 #       depth's buffers, docs/sglang.md "Runtime states"; their counters go to logs/counters_<run>.json)
 #   EAGLE_ALGO=EAGLE|EAGLE3 (baseline's algorithm name; default guessed from the draft's name)
@@ -108,11 +109,11 @@ algo_args() {
     esac
 }
 
-# Ragged verify (docs/sglang.md, "Ragged verify"): "<algo>_RAGGED" launches <algo> on Triton (SGLang captures no
-# target verify graphs; HYBRID runs its verify forward in its own token-tier CUDA graphs), "<algo>_RAGGEDFI" on
-# FlashInfer (its verify forward eager; after SERVER_ARGS, so these flags win), HYBRID with ragged verify forced on
-# and drafting adaptively (a draft cost table: the flat one below unless the caller gives one), so that every EAGLE
-# depth's draft graphs are captured and replayed.
+# Ragged verify (docs/sglang.md, "Ragged verify"): "<algo>_RAGGED" launches <algo> on Triton, "<algo>_RAGGEDFI" on
+# FlashInfer (after SERVER_ARGS, so these flags win; SGLang captures no target verify graphs, HYBRID runs its verify
+# forward in its own token-tier CUDA graphs), "<algo>_RAGGEDEAGER" and "<algo>_RAGGEDFIEAGER" the same with that
+# forward eager; HYBRID with ragged verify forced on and drafting adaptively (a draft cost table: the flat one below
+# unless the caller gives one), so that every EAGLE depth's draft graphs are captured and replayed.
 RAGGED_ARGS="--attention-backend triton"
 RAGGEDFI_ARGS="--attention-backend flashinfer"
 RAGGED_DRAFT_TABLE=${SGLANG_HYBRID_DRAFT_COST_TABLE:-$OUT/data/draft_cost_flat_1ms.json}
@@ -120,15 +121,17 @@ RAGGED_DRAFT_TABLE=${SGLANG_HYBRID_DRAFT_COST_TABLE:-$OUT/data/draft_cost_flat_1
     || $PY -c "import sys; from sglang_hybrid.cost import CostModel; CostModel.linear(0.001, 0.0).save(sys.argv[1])" \
         "$RAGGED_DRAFT_TABLE"
 
-start_server() {  # $1 = algorithm, or algorithm_RAGGED, or algorithm_RAGGEDFI
+start_server() {  # $1 = algorithm, or algorithm_ + RAGGED, RAGGEDEAGER, RAGGEDFI or RAGGEDFIEAGER
     local log="$OUT/logs/server_$1.log" extra="" ragged="${SGLANG_HYBRID_RAGGED_VERIFY:-auto}"
-    local draft_table="${SGLANG_HYBRID_DRAFT_COST_TABLE:-}"
+    local draft_table="${SGLANG_HYBRID_DRAFT_COST_TABLE:-}" graphs="${SGLANG_HYBRID_RAGGED_GRAPHS:-true}"
     case "$1" in
         *_RAGGED) extra=$RAGGED_ARGS; ragged=on; draft_table=$RAGGED_DRAFT_TABLE ;;
         *_RAGGEDFI) extra=$RAGGEDFI_ARGS; ragged=on; draft_table=$RAGGED_DRAFT_TABLE ;;
+        *_RAGGEDEAGER) extra=$RAGGED_ARGS; ragged=on; draft_table=$RAGGED_DRAFT_TABLE; graphs=false ;;
+        *_RAGGEDFIEAGER) extra=$RAGGEDFI_ARGS; ragged=on; draft_table=$RAGGED_DRAFT_TABLE; graphs=false ;;
     esac
     # shellcheck disable=SC2046,SC2086
-    SGLANG_HYBRID_RAGGED_VERIFY=$ragged SGLANG_HYBRID_DRAFT_COST_TABLE=$draft_table \
+    SGLANG_HYBRID_RAGGED_VERIFY=$ragged SGLANG_HYBRID_DRAFT_COST_TABLE=$draft_table SGLANG_HYBRID_RAGGED_GRAPHS=$graphs \
         SGLANG_HYBRID_COUNTERS_FILE="${SGLANG_HYBRID_COUNTERS_FILE:-$OUT/logs/counters_$1.json}" \
         $PY -m sglang.launch_server --model-path "$MODEL" --port "$PORT" \
         --max-running-requests 128 $(algo_args "${1%%_RAGGED*}") $SERVER_ARGS $extra >"$log" 2>&1 &
@@ -188,7 +191,9 @@ EOF
 
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
     CHECK_RUNS="none HYBRID"
-    [ "${SKIP_RAGGED:-0}" = 1 ] || CHECK_RUNS="$CHECK_RUNS none_RAGGED HYBRID_RAGGED none_RAGGEDFI HYBRID_RAGGEDFI"
+    [ "${SKIP_RAGGED:-0}" = 1 ] \
+        || CHECK_RUNS="$CHECK_RUNS none_RAGGED HYBRID_RAGGED HYBRID_RAGGEDEAGER none_RAGGEDFI HYBRID_RAGGEDFI \
+                      HYBRID_RAGGEDFIEAGER"
     for algo in $CHECK_RUNS; do
         start_server "$algo"
         greedy_outputs "$algo"
@@ -197,16 +202,31 @@ if [ "${SKIP_CHECK:-0}" != 1 ]; then
     {
         compare_greedy none HYBRID
         [ "${SKIP_RAGGED:-0}" = 1 ] || compare_greedy none_RAGGED HYBRID_RAGGED
-        if [ "${SKIP_RAGGED:-0}" != 1 ]; then  # the start-up line says how the ragged verify forward ran
-            grep -o "HYBRID: ragged verify .*" "$OUT/logs/server_HYBRID_RAGGED.log" | head -1 \
-                || echo "HYBRID_RAGGED: no ragged verify start-up line in its server log"
-        fi
         [ "${SKIP_RAGGED:-0}" = 1 ] || compare_greedy none_RAGGEDFI HYBRID_RAGGEDFI
-        if [ "${SKIP_RAGGED:-0}" != 1 ]; then  # the EAGLE depths the ragged runs drafted at, and the shared parts
-            for run in HYBRID_RAGGED HYBRID_RAGGEDFI; do
-                $PY -c "import json, sys; c = json.load(open(sys.argv[1])); print(sys.argv[2] + ':', 'steps per EAGLE depth', c.get('depth_steps'), '| runtime parts', c.get('runtime_parts'), '| SGLang target verify graphs', c.get('target_verify_graphs'))" \
+        [ "${SKIP_RAGGED:-0}" = 1 ] || compare_greedy HYBRID_RAGGEDEAGER HYBRID_RAGGED
+        [ "${SKIP_RAGGED:-0}" = 1 ] || compare_greedy HYBRID_RAGGEDFIEAGER HYBRID_RAGGEDFI
+        if [ "${SKIP_RAGGED:-0}" != 1 ]; then  # how the ragged verify forward ran (start-up line), the EAGLE depths
+            for run in HYBRID_RAGGED HYBRID_RAGGEDEAGER HYBRID_RAGGEDFI HYBRID_RAGGEDFIEAGER; do  # drafted at, tiers
+                grep -o "HYBRID: ragged verify .*" "$OUT/logs/server_$run.log" | head -1 | sed "s/^/$run: /" \
+                    || echo "$run: no ragged verify start-up line in its server log"
+                $PY -c "import json, sys; c = json.load(open(sys.argv[1])); print(sys.argv[2] + ':', 'steps per EAGLE depth', c.get('depth_steps'), '| runtime parts', c.get('runtime_parts'), '| SGLang target verify graphs', c.get('target_verify_graphs'), '| tier graph forwards', c.get('ragged_graph_steps'), 'captures', c.get('ragged_graph_captures'), '| steps per tier', c.get('ragged_tier_steps'))" \
                     "$OUT/logs/counters_$run.json" "$run" || echo "$run: no counters file"
             done
+        fi
+        if [ "${SKIP_RAGGED:-0}" != 1 ]; then  # the graph runs went through the tier graphs, the eager one did not
+            $PY - "$OUT/logs" <<'EOF'
+import json, sys
+for run, graphs in (("HYBRID_RAGGED", True), ("HYBRID_RAGGEDEAGER", False), ("HYBRID_RAGGEDFI", True),
+                    ("HYBRID_RAGGEDFIEAGER", False)):
+    try:
+        c = json.load(open(f"{sys.argv[1]}/counters_{run}.json"))
+    except OSError:
+        print(f"{run}: tier graphs: FAIL (no counters file)")
+        continue
+    steps, through = c.get("ragged_steps", 0), c.get("ragged_graph_steps", 0)
+    ok = steps > 0 and (through == steps if graphs else through == 0)
+    print(f"{run}: tier graphs: {through} of {steps} ragged verify forwards ({'expected all' if graphs else 'expected none'}): {'PASS' if ok else 'FAIL'}")
+EOF
         fi
     } | tee "$OUT/check/result.txt"
 fi

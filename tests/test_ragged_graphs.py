@@ -74,7 +74,7 @@ def test_capture_kind_follows_device_and_tensor_parallelism():
     ("TritonAttnBackend", True, True, "xpu", 1, False, None, "xpu device"),
     ("TritonAttnBackend", False, True, "cpu", 1, False, None, "padded verify"),
     ("TritonAttnBackend", True, False, "cpu", 1, False, None, "ragged_graphs=false"),
-    ("FlashInferAttnBackend", True, True, "cuda", 1, False, None, "Triton backend only"),
+    ("FlashAttentionBackend", True, True, "cuda", 1, False, None, "Triton and FlashInfer backends only"),
 ])
 def test_ragged_tier_graph_kind_is_the_one_answer(monkeypatch, backend, ragged, ragged_graphs, device, tp, disabled,
                                                   want, why):
@@ -97,6 +97,58 @@ def test_ragged_tier_graph_kind_is_the_one_answer(monkeypatch, backend, ragged, 
     kind, reason = tier_graph_kind(runner, tp, ragged=ragged, ragged_graphs=ragged_graphs)
     assert kind == want
     assert (why in reason) if why else reason == ""
+
+
+@pytest.mark.parametrize("installed, attrs, want, why", [
+    (True, {}, "cuda", ""),
+    (True, {"num_wrappers": 1}, "cuda", ""),
+    (False, {}, None, "flashinfer package is not installed"),
+    (True, {"num_wrappers": 2}, None, "sliding-window or cross-attention"),
+    (True, {"prefill_uses_dequant_workspace": True}, None, "FP4 KV cache"),
+])
+def test_ragged_tier_graph_kind_on_flashinfer(monkeypatch, installed, attrs, want, why):
+    """``tier_graph_kind`` on SGLang's FlashInfer backend (or HYBRID's subclass of it): CUDA graphs at TP 1 where the
+    backend can plan ragged tiers (``flashinfer_backend.cannot_plan_tiers``: one wrapper per plan, no FP4 dequantising
+    workspace, the flashinfer package installed, which SGLang's module imports its wrappers from); else eager, with
+    the reason. ``installed`` stands the package in: this machine has none."""
+    from types import SimpleNamespace
+
+    import sglang.srt.layers.attention.flashinfer_backend as sglang_flashinfer
+
+    from sglang_hybrid.sglang_plugin.ragged.graph_capture import tier_graph_kind
+
+    if installed:
+        monkeypatch.setattr(sglang_flashinfer, "BatchPrefillWithPagedKVCacheWrapper", object, raising=False)
+    else:
+        monkeypatch.delattr(sglang_flashinfer, "BatchPrefillWithPagedKVCacheWrapper", raising=False)
+    for name in ("FlashInferAttnBackend", "RaggedFlashInferAttnBackend"):
+        runner = SimpleNamespace(attn_backend=type(name, (), attrs)(), device="cuda")
+        kind, reason = tier_graph_kind(runner, 1, ragged=True, ragged_graphs=True)
+        assert kind == want, name
+        assert (why in reason) if why else reason == ""
+
+
+def test_ragged_graph_tiers_share_one_hidden_state_buffer():
+    """``RaggedVerifyGraphRunner.keep_hidden``: every tier's hidden states are copied to one ``[max_rows, width]``
+    buffer, made by the first forward outside the trace (as a buffer made at start), so a captured tier's output
+    holds no tensor of its own and its replays match the capture (the copy is recorded in both); a forward of
+    another width or dtype is refused by name."""
+    from sglang_hybrid.sglang_plugin.ragged.graph_runner import RaggedVerifyGraphRunner
+
+    runner = RaggedVerifyGraphRunner.__new__(RaggedVerifyGraphRunner)
+    runner.max_rows, runner.hidden = 16, None
+    cap = TracedEagerCapture()
+    x = torch.randn(16, 4)
+    outs = {rows: cap.run(rows, lambda rows=rows: runner.keep_hidden(x[:rows] * 2)) for rows in (8, 16)}
+    assert runner.hidden.shape == (16, 4)
+    for rows, out in outs.items():
+        assert out.untyped_storage().data_ptr() == runner.hidden.untyped_storage().data_ptr()
+        assert torch.equal(out, x[:rows] * 2)
+    x.copy_(torch.randn(16, 4))
+    replayed = cap.run(8, lambda: pytest.fail("a replay reruns the captured closure"))
+    assert cap.replays[8] == 1 and torch.equal(replayed, x[:8] * 2)
+    with pytest.raises(RuntimeError, match=r"hidden states of \(5,\)"):
+        runner.keep_hidden(torch.randn(8, 5))
 
 
 def test_traced_replay_refuses_what_a_graph_cannot_replay():

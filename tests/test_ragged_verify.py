@@ -746,11 +746,16 @@ def _flashinfer_args_main(inp: str, out: str) -> None:
     rows, seq_lens = case["req_pool_indices"], case["seq_lens"]
     plan = KVLocPlan(source=translator, req_pool_indices=rows, seq_lens=seq_lens, seq_lens_cpu=seq_lens,
                      write_virtual=case["window"].reshape(-1), read_extent=case["width"])
-    verify = HybridVerifyInput.__new__(HybridVerifyInput)
-    verify.ragged = case["layout"]
-    args = verify.generate_attn_arg_prefill(req_pool_indices=rows, paged_kernel_lens=seq_lens,
-                                            paged_kernel_lens_sum=int(seq_lens.sum()), translator=translator,
-                                            plan=plan, kind=IdSpaceKind.FULL)
+    kw = dict(req_pool_indices=rows, paged_kernel_lens=seq_lens, paged_kernel_lens_sum=int(seq_lens.sum()),
+              translator=translator, plan=plan, kind=IdSpaceKind.FULL)
+    if case["tier"]:        # the token-tier graphs' plan (ragged.flashinfer_backend), over the graph runner's slots
+        from sglang_hybrid.sglang_plugin.ragged.flashinfer_plan import tier_verify_args
+
+        args = tier_verify_args(case["layout"], **kw)
+    else:                   # the eager plan: SGLang's FlashInfer backend asks the verify input
+        verify = HybridVerifyInput.__new__(HybridVerifyInput)
+        verify.ragged = case["layout"]
+        args = verify.generate_attn_arg_prefill(**kw)
     torch.save(args, out)
 
 
@@ -776,23 +781,22 @@ def flashinfer_reference(args: tuple, q: torch.Tensor, k_buffer: torch.Tensor, v
     return out, mask_indptr
 
 
-def test_ragged_verify_flashinfer_plan_args_give_the_dense_reference(tmp_path):
-    """What HYBRID's verify input hands SGLang's FlashInfer backend for a ragged step (``ragged.flashinfer_plan``),
-    computed with SGLang's own KV index translator and KV plan: ``qo_indptr`` the layout's; the paged KV of each request
-    its prefix then its first ``n_b`` verify slots (where the ragged forward writes its real nodes); the mask FlashInfer
-    indexes by ``qo_len x kv_len`` per request equal to the layout's. Through FlashInfer's documented semantics (a
-    float64 model of its kernel: FlashInfer has no CPU kernels) they give the dense reference. A padded step still gets
-    SGLang's own arguments (the same entry with no layout: another path, not run here)."""
-    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None:
-        pytest.skip("sglang/triton are not installed (scripts/setup.sh installs them)")
+def _flashinfer_args(tmp_path, width: int, prefix: list, ext: list, *, slots: int | None = None) -> tuple:
+    """A ragged step's FlashInfer plan arguments, computed in the interpreter with SGLang's own KV index translator
+    and KV plan: eager (``slots`` None: ``HybridVerifyInput.generate_attn_arg_prefill``) or for the token-tier graphs
+    over ``slots`` requests (``flashinfer_plan.tier_verify_args`` of the layout padded to its tier and to the slots,
+    as ``graph_runner`` hands it over). ``(case, layout, args, pool_rows, req_to_token)``."""
+    from sglang_hybrid.sglang_plugin.ragged.graph_runner import pad_requests
     from sglang_hybrid.sglang_plugin.ragged.layout import build_ragged_layout, node_counts
+    from sglang_hybrid.sglang_plugin.ragged.tiers import tier_rows
 
-    width, prefix, ext = 30, [129, 0, 64, 7, 33, 1], [1, 28, 5, 13, 2, 27]
     case = make_case(2, prefix, ext, 4, 2, chains=(1,))
     valid, anc = padded_tree(case, width)
     seq_lens = torch.tensor(prefix)
     counts = node_counts(valid)
-    layout = build_ragged_layout(valid, anc, seq_lens, int(seq_lens.sum()), counts, total=sum(ext), max_nodes=28)
+    rows = sum(ext) if slots is None else tier_rows(sum(ext), slots * width)
+    layout = build_ragged_layout(valid, anc, seq_lens, int(seq_lens.sum()), counts, total=sum(ext),
+                                 max_nodes=max(ext), rows=rows)
     # SGLang's request rows: the prefix slots, then the verify window (the real nodes' slots first: out_cache_loc,
     # then fresh slots for the absent nodes), in request rows other than the batch order
     g = torch.Generator().manual_seed(5)
@@ -806,22 +810,110 @@ def test_ragged_verify_flashinfer_plan_args_give_the_dense_reference(tmp_path):
         window[b, n:] = torch.tensor([next(spare) for _ in range(width - n)])
         req_to_token[r, :p] = case["kv_indices"][int(kvp[b]):int(kvp[b + 1])]
         req_to_token[r, p:p + width] = window[b]
+    req_pool_indices = pool_rows
+    if slots is not None:   # the graph runner's static batch: the slots past the step's requests empty
+        layout = pad_requests(layout, slots)
+        pad = slots - len(ext)
+        req_pool_indices = torch.cat([pool_rows, pool_rows.new_zeros(pad)])
+        seq_lens = torch.cat([seq_lens, seq_lens.new_zeros(pad)])
+        window = torch.cat([window, window.new_zeros(pad, width)])
     inp, out = tmp_path / "case.pt", tmp_path / "args.pt"
-    torch.save({"req_to_token": req_to_token, "req_pool_indices": pool_rows, "seq_lens": seq_lens, "window": window,
-                "width": width, "layout": layout}, inp)
+    torch.save({"req_to_token": req_to_token, "req_pool_indices": req_pool_indices, "seq_lens": seq_lens,
+                "window": window, "width": width, "layout": layout, "tier": slots is not None}, inp)
     run_interpreted(Path(__file__).resolve(), "flashinfer_args", inp, out)
-    args = torch.load(out, weights_only=False)
-    kv_indices, kv_indptr, qo_indptr, mask = args
-    assert torch.equal(qo_indptr, layout.qo_indptr) and mask.dtype == torch.bool
+    return case, layout, torch.load(out, weights_only=False), pool_rows, req_to_token
+
+
+def _assert_request_kv(args, prefix: list, ext: list, pool_rows, req_to_token) -> None:
+    """Each request's paged KV: its prefix, then its first ``n_b`` verify slots (where the ragged forward writes its
+    real nodes)."""
+    kv_indices, kv_indptr = args[0], args[1]
     want_lens = torch.tensor(prefix) + torch.tensor(ext)
-    assert kv_indptr.tolist() == [0] + torch.cumsum(want_lens, 0).tolist()
+    assert kv_indptr[: len(ext) + 1].tolist() == [0] + torch.cumsum(want_lens, 0).tolist()
     for b, r in enumerate(pool_rows.tolist()):
         got = kv_indices[int(kv_indptr[b]):int(kv_indptr[b + 1])]
         assert torch.equal(got, req_to_token[r, : int(want_lens[b])]), b
+
+
+def test_ragged_verify_flashinfer_plan_args_give_the_dense_reference(tmp_path):
+    """What HYBRID's verify input hands SGLang's FlashInfer backend for an eager ragged step
+    (``ragged.flashinfer_plan``), computed with SGLang's own KV index translator and KV plan: ``qo_indptr`` the
+    layout's; the paged KV of each request its prefix then its first ``n_b`` verify slots (where the ragged forward
+    writes its real nodes); the mask FlashInfer indexes by ``qo_len x kv_len`` per request equal to the layout's.
+    Through FlashInfer's documented semantics (a float64 model of its kernel: FlashInfer has no CPU kernels) they give
+    the dense reference. A padded step still gets SGLang's own arguments (the same entry with no layout: another path,
+    not run here)."""
+    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None:
+        pytest.skip("sglang/triton are not installed (scripts/setup.sh installs them)")
+    prefix, ext = [129, 0, 64, 7, 33, 1], [1, 28, 5, 13, 2, 27]
+    case, layout, args, pool_rows, req_to_token = _flashinfer_args(tmp_path, 30, prefix, ext)
+    qo_indptr, mask = args[2], args[3]
+    assert torch.equal(qo_indptr, layout.qo_indptr) and mask.dtype == torch.bool
+    _assert_request_kv(args, prefix, ext, pool_rows, req_to_token)
     # the case's KV pool is as the ragged forward leaves it: the prefix, and each real node's KV at its verify slot
     o, mask_indptr = flashinfer_reference(args, case["q"], case["k_buffer"], case["v_buffer"])
     assert torch.equal(mask_indptr, layout.mask_indptr)
     assert _max_err(o, dense_reference(case)) < ATOL
+
+
+@pytest.mark.parametrize("ext, want_spare", [([1, 28, 5, 13, 2, 27], 4), ([3, 3, 2, 3, 2, 4], 7),
+                                             ([3, 3, 2, 3, 2, 3], 0), ([30, 30, 30, 30, 30, 30], 12)])
+def test_ragged_verify_flashinfer_tier_args_give_the_dense_reference(tmp_path, ext, want_spare):
+    """What the token-tier graphs' FlashInfer wrapper is planned with (``flashinfer_plan.tier_verify_args``, through
+    ``ragged.flashinfer_backend``): the step's 6 requests padded to 8 slots, the forward padded to its token tier, and
+    one more request owning the tier's spare rows, so that every plan of the tier has the request count (slots + 1)
+    and the rows (``qo_indptr[-1]``) a CUDA-graph wrapper fixes at its capture. Through the float64 model of
+    FlashInfer's masked paged prefill: the real rows equal the dense reference (every slot a request does not own is
+    NaN, so a read past its own KV would poison it); the spare rows read only SGLang's sink slot (id 0), which they
+    wrote; the padding slots own nothing. Cases: ragged (76 tokens in the tier of 80), short (17 in 24), a tier filled
+    exactly (16: no spare rows, the owner empty), every request at the full width (180 in 192)."""
+    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None:
+        pytest.skip("sglang/triton are not installed (scripts/setup.sh installs them)")
+    from sglang_hybrid.sglang_plugin.ragged.tiers import tier_rows
+
+    width, slots, prefix = 30, 8, [129, 0, 64, 7, 33, 1]
+    case, layout, args, pool_rows, req_to_token = _flashinfer_args(tmp_path, width, prefix, ext, slots=slots)
+    kv_indices, kv_indptr, qo_indptr, mask = args
+    total = sum(ext)
+    rows = tier_rows(total, slots * width)
+    spare = rows - total
+    assert layout.rows == rows and spare == want_spare
+    # slots + 1 requests; the padding slots own no rows and no KV; the owner the spare rows over the sink
+    assert len(qo_indptr) == len(kv_indptr) == slots + 2 and mask.dtype == torch.bool
+    assert qo_indptr.tolist() == [0] + torch.cumsum(torch.tensor(ext), 0).tolist() + [total] * 2 + [rows]
+    _assert_request_kv(args, prefix, ext, pool_rows, req_to_token)
+    real_kv = int(kv_indptr[len(ext)])
+    assert kv_indptr[len(ext):slots + 1].tolist() == [real_kv] * (slots + 1 - len(ext))
+    assert int(kv_indptr[-1]) - real_kv == spare and kv_indices[real_kv:real_kv + spare].tolist() == [0] * spare
+    # the forward as the graph runs it: the real rows, then the spare rows, which wrote their KV to the sink
+    g = torch.Generator().manual_seed(11)
+    q = torch.cat([case["q"], torch.randn(spare, *case["q"].shape[1:], generator=g)])
+    k_buffer, v_buffer = case["k_buffer"].clone(), case["v_buffer"].clone()
+    k_buffer[0], v_buffer[0] = torch.randn(2, *k_buffer.shape[1:], generator=g)
+    o, mask_indptr = flashinfer_reference(args, q, k_buffer, v_buffer)
+    assert torch.equal(mask_indptr[: slots + 1], layout.mask_indptr)
+    assert mask_indptr[-1] - mask_indptr[-2] == spare * spare
+    assert _max_err(o[:total], dense_reference(case)) < ATOL
+    group = q.shape[1] // k_buffer.shape[1]
+    assert torch.allclose(o[total:], v_buffer[0].double().repeat_interleave(group, dim=0).expand(spare, -1, -1))
+    # what the plan copies fits the buffers sized at start for this context (the longest prefix here): the KV indices,
+    # and the mask once FlashInfer packs each request's bits to whole bytes (``segment_packbits``)
+    from sglang_hybrid.sglang_plugin.memory_budget import flashinfer_tier_buffer_sizes
+
+    sizes = flashinfer_tier_buffer_sizes(slots, width, max(prefix))
+    packed = sum((int(n) + 7) // 8 for n in mask_indptr.diff())
+    assert len(kv_indices) <= sizes["kv_indices"] and packed <= sizes["mask"]
+
+
+def test_ragged_verify_flashinfer_tier_args_refuse_a_layout_short_of_its_tokens():
+    """A layout whose rows do not hold its verify tokens is refused by name, before any argument is made."""
+    from types import SimpleNamespace
+
+    from sglang_hybrid.sglang_plugin.ragged.flashinfer_plan import tier_verify_args
+
+    with pytest.raises(ValueError, match="cannot hold 9 verify tokens"):
+        tier_verify_args(SimpleNamespace(rows=8, total=9), req_pool_indices=None, paged_kernel_lens=None,
+                         paged_kernel_lens_sum=0, translator=None, plan=None)
 
 
 if __name__ == "__main__":

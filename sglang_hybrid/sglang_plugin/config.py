@@ -144,8 +144,9 @@ class HybridSettings(BaseModel):
                             "graphs kept), and a start on another backend stops with the fix; off = always padded")
     ragged_graphs: bool = Field(
         True, description="run the ragged verify forward as one graph per token tier, captured the first time a "
-                          "step needs the tier (Triton backend; CUDA graphs at TP 1, on SGLang's CPU engine a "
-                          "trace-checked eager replay; docs/sglang.md, 'Ragged verify'); false = the eager forward")
+                          "step needs the tier (Triton or FlashInfer backend; CUDA graphs at TP 1, on SGLang's CPU "
+                          "engine, Triton, a trace-checked eager replay; docs/sglang.md, 'Ragged verify'); false = "
+                          "the eager forward")
     log_interval: int = Field(
         50, ge=0, description="decode steps between HYBRID counter log lines (0 = off)")
     counters_file: Optional[str] = Field(

@@ -65,7 +65,9 @@ the device prompt lookup's table (``context_lookup.alloc_context``: slots x the 
 copy, the online offsets, and the fused step's workspace at the largest batch (``kernels.Workspace``; its verify mask
 when the backend has no preallocated one, FlashInfer's case, bounded by the KV pool's tokens); under ragged verify on
 the Triton backend, the buffers its plan writes (``ragged_buffer_bytes``) and, with its token-tier graphs, their
-inputs, logits buffer and retained hidden states (``ragged_graph_bytes``; both: ``ragged_triton_bytes``).
+inputs, logits buffer and hidden state buffer (``ragged_graph_bytes``; both: ``ragged_triton_bytes``); on the
+FlashInfer backend, with its token-tier graphs, the buffers their wrappers plan into and the same graph inputs
+(``ragged_flashinfer_bytes``; nothing eager).
 
 No SGLang import at module level: the budget is plain arithmetic, testable from numbers (tests/test_memory_budget.py);
 ``check_start`` is the worker's entry point and reads the live objects.
@@ -86,6 +88,8 @@ GiB = 1 << 30
 FLASHINFER_WORKSPACE_BYTES = 384 * MiB
 #: device int workspace every FlashInfer wrapper allocates in its constructor
 FLASHINFER_WRAPPER_BYTES = 8 * MiB
+#: the KV length buffer a FlashInfer prefill wrapper allocates in its constructor (32,768 int32)
+FLASHINFER_WRAPPER_KV_LENS_BYTES = 32768 * 4
 #: Triton lean-decode rows per program (``kernels/ops/attention/decode_attention.py`` ~1323)
 TRITON_LEAN_BLOCK_M = 16
 BACKENDS = ("flashinfer", "triton")
@@ -396,13 +400,42 @@ def ragged_graph_bytes(max_bs: int, width: int, *, vocab: int, hidden: int, hidd
     """What the token-tier verify graphs hold (``ragged.graph_runner``): their static inputs (int64 tokens, positions
     and KV write slots of ``max_bs x width`` rows; sequence lengths and request indices of ``max_bs``), the float32
     ``[rows, vocab]`` logits buffer every tier writes (``own_logits``: none shared by SGLang's graph runners, as
-    under ``--disable-cuda-graph``), and the hidden states each captured tier keeps in the graph pool
-    (``[tier, hidden]``, every tier of ``tiers.token_tiers``: the bound once all are captured)."""
+    under ``--disable-cuda-graph``), and the one ``[rows, hidden]`` buffer every tier copies its hidden states to
+    (``keep_hidden``; ``hidden``: the verify forward's hidden state width, ``Deployment.draft_input_hidden``)."""
     rows = max_bs * width
     n = 8 * (3 * rows + 2 * max_bs)
     if own_logits:
         n += rows * vocab * 4
-    return n + sum(token_tiers(rows)) * hidden * hidden_bytes
+    return n + rows * hidden * hidden_bytes
+
+
+def flashinfer_tier_buffer_sizes(max_bs: int, width: int, context_len: int) -> dict:
+    """Entries of each buffer ragged verify's token-tier graphs on the FlashInfer backend plan into, allocated once
+    at start (``ragged.flashinfer_backend.enable``): int32 indptrs of ``max_bs`` requests and the spare rows' owner,
+    int32 KV indices (each request's ``context + width`` at most, the owner's spare rows below ``max_bs x width``),
+    the bit-packed uint8 mask (the requests' ``n_b x (s_b + n_b)`` bits, at most ``max_bs x width x (context +
+    width)``, and the owner's ``spare x spare``, packed to whole bytes per request), and one FlashInfer int
+    workspace (bytes) every tier's wrapper shares."""
+    rows = max_bs * width
+    bits = rows * (context_len + width) + rows * rows
+    return {"qo_indptr": max_bs + 2, "kv_indptr": max_bs + 2, "last_page_len": max_bs + 1,
+            "kv_indices": max_bs * (context_len + width) + rows, "mask": bits // 8 + max_bs + 2,
+            "mask_indptr": max_bs + 2, "int_workspace": FLASHINFER_WRAPPER_BYTES}
+
+
+def ragged_flashinfer_bytes(dep: Deployment, running: int, width: int, *, tier_graphs: bool) -> int:
+    """What ragged verify on the FlashInfer backend adds to HYBRID's own buffers at ``running`` requests and
+    ``width``: nothing eager (its plan's arguments are made per step, as SGLang's eager verify makes its own); with
+    the token-tier graphs, the buffers they plan into (``flashinfer_tier_buffer_sizes``: int32 but the mask and the
+    workspace), each tier's wrapper's own KV length buffer (FlashInfer ``prefill.py`` ~2149: 32,768 int32; its int
+    workspace is the shared one), and the graphs' inputs, hidden states and logits buffer (``ragged_graph_bytes``)."""
+    if not tier_graphs:
+        return 0
+    sizes = flashinfer_tier_buffer_sizes(running, width, dep.context_len)
+    n = sum(v if k in ("mask", "int_workspace") else 4 * v for k, v in sizes.items())
+    n += len(token_tiers(running * width)) * FLASHINFER_WRAPPER_KV_LENS_BYTES
+    return n + ragged_graph_bytes(running, width, vocab=dep.target.vocab, hidden=dep.draft_input_hidden,
+                                  hidden_bytes=dep.target.dtype_bytes, own_logits=not dep.cuda_graph_bs)
 
 
 def ragged_triton_bytes(dep: Deployment, running: int, width: int, *, tier_graphs: bool) -> int:
@@ -412,7 +445,7 @@ def ragged_triton_bytes(dep: Deployment, running: int, width: int, *, tier_graph
     graph set is not captured, graphs or not: ``budget(target_verify_graphs=False)``."""
     n = ragged_buffer_bytes(running, width, dep.context_len)
     if tier_graphs:
-        n += ragged_graph_bytes(running, width, vocab=dep.target.vocab, hidden=dep.target.hidden,
+        n += ragged_graph_bytes(running, width, vocab=dep.target.vocab, hidden=dep.draft_input_hidden,
                                 hidden_bytes=dep.target.dtype_bytes, own_logits=not dep.cuda_graph_bs)
     return n
 
@@ -559,13 +592,14 @@ def _start_budget(worker, dep: Deployment, states: Sequence) -> Budget:
         max_bs=dep.max_bs or dep.max_running_requests, width=width, depths=len(step.depths),
         mask_entries=workspace_mask_entries(dep, width))
     ragged = getattr(worker, "_ragged", False)
-    if ragged and dep.attention_backend == "triton":
+    if ragged:
         from .ragged.graph_capture import tier_graph_kind
 
         runner = worker.target_worker.model_runner
         kind, _ = tier_graph_kind(runner, tp_size_of(worker), ragged=True, ragged_graphs=worker.settings.ragged_graphs)
         running = int(runner.max_running_requests)
-        own = replace(own, fixed=own.fixed + ragged_triton_bytes(dep, running, width, tier_graphs=kind is not None))
+        extra = ragged_triton_bytes if dep.attention_backend == "triton" else ragged_flashinfer_bytes
+        own = replace(own, fixed=own.fixed + extra(dep, running, width, tier_graphs=kind is not None))
     return budget(dep, [(worker.speculative_num_steps, width), *states], layout="HYBRID", max_draft_tokens=width,
                   own=own, target_verify_graphs=not ragged)
 

@@ -65,7 +65,9 @@ from .metrics import HybridCounters
 from .ngram_host import NgramFeeder
 from .prometheus import server_exporter
 from .ragged import layout as ragged_layout
+from .ragged.flashinfer_backend import RaggedTierBuffers
 from .ragged.target import RaggedVerifyTarget
+from .ragged.tiers import tier_rows
 from .tp_sync import TreeBroadcast
 from .verify_input import TreeMaskMode, build_verify_input, verify_nodes
 from sglang_hybrid.widths import measured_table_buckets, paying_extras, start_width, widen
@@ -83,7 +85,8 @@ _PLAN_BUFFERS = _PLAN_IN_FLIGHT + 1
 #: Target attention backends whose topk=1 verify applies the custom (tree) mask; see server_args.TREE_MASK_BACKENDS.
 TREE_MASK_BACKEND_CLASSES = ("FlashInferAttnBackend", "TritonAttnBackend")
 #: SGLang attention backends that plan a ragged verify (docs/sglang.md, "Ragged verify"): Triton through a subclass
-#: (``ragged.triton_backend``), FlashInfer from the verify input as it is (``ragged.flashinfer_plan``); eager only
+#: (``ragged.triton_backend``), FlashInfer from the verify input as it is when eager (``ragged.flashinfer_plan``) and
+#: through a subclass under the token-tier graphs (``ragged.flashinfer_backend``)
 RAGGED_BACKENDS = ("TritonAttnBackend", "FlashInferAttnBackend")
 
 
@@ -520,21 +523,27 @@ class HybridWorkerV2(EAGLEWorkerV2):
     def _enable_ragged(self) -> None:
         """Every target backend (one per runtime state) plans ragged batches, and verify runs through
         ``RaggedVerifyTarget``: SGLang's Triton backends become ``RaggedTritonAttnBackend``; SGLang's FlashInfer
-        backend plans from the verify input as it is (``ragged.flashinfer_plan``)."""
-        from .ragged import triton_backend
+        backend plans an eager forward from the verify input as it is (``ragged.flashinfer_plan``) and, under the
+        token-tier graphs, becomes ``RaggedFlashInferAttnBackend`` (``ragged.flashinfer_backend``)."""
+        from .ragged import flashinfer_backend, graph_capture, triton_backend
 
-        backends = [self.target_worker.model_runner.attn_backend]
+        runner = self.target_worker.model_runner
+        kind, why = graph_capture.tier_graph_kind(runner, memory_budget.tp_size_of(self), ragged=True,
+                                                  ragged_graphs=self.settings.ragged_graphs)
+        backends = [runner.attn_backend]
         backends += [s.target_attn_backend for s in self.runtime_states.values()]
-        max_bs = int(self.target_worker.model_runner.max_running_requests)
+        max_bs = int(runner.max_running_requests)
         for backend in backends:
-            if type(backend).__name__ == "FlashInferAttnBackend":
+            if type(backend).__name__ in graph_capture.FLASHINFER_BACKENDS:
+                if kind is not None:
+                    flashinfer_backend.enable(backend, max_bs, self.speculative_num_draft_tokens)
                 continue
             triton_backend.enable(backend, max_bs, self.speculative_num_draft_tokens)
         self._verify_target = RaggedVerifyTarget(self.target_worker)
         dropped = self._drop_target_verify_graphs()
         self.counters.target_verify_graphs = ("not captured" if self._target_verify_skipped else
                                               "dropped" if dropped else "none")
-        graphs = self._enable_ragged_graphs()
+        graphs = self._enable_ragged_graphs(kind, why)
         skipped = "; SGLang's target verify CUDA graphs not captured" if self._target_verify_skipped else ""
         logger.info("HYBRID: ragged verify (each request verifies its own nodes; setting ragged_verify=%s), %s%s",
                     self.settings.ragged_verify, graphs,
@@ -557,18 +566,17 @@ class HybridWorkerV2(EAGLEWorkerV2):
             state.target_graph_runner = None
         return True
 
-    def _enable_ragged_graphs(self) -> str:
-        """On the Triton backend the ragged verify forward runs as one graph per token tier (``ragged.graph_runner``),
-        captured the first time a step needs its tier: CUDA graphs on a GPU at TP 1; on the CPU engine the same runner
-        with a trace-checked eager replay (``graph_capture.TracedEagerCapture``), so that the live suite runs the
-        graph path. Elsewhere (FlashInfer, whose planner needs every row owned; CUDA at TP > 1, whose collectives
-        SGLang registers for capture inside its own runner) the forward stays eager, and so it does with the setting
-        ``ragged_graphs`` false. Returns how it runs, for the start-up log."""
+    def _enable_ragged_graphs(self, kind, why: str) -> str:
+        """On the Triton and FlashInfer backends the ragged verify forward runs as one graph per token tier
+        (``ragged.graph_runner``), captured the first time a step needs its tier: CUDA graphs on a GPU at TP 1; on
+        the CPU engine (Triton) the same runner with a trace-checked eager replay
+        (``graph_capture.TracedEagerCapture``), so that the live suite runs the graph path. Elsewhere (CUDA at TP > 1,
+        whose collectives SGLang registers for capture inside its own runner; a FlashInfer backend that cannot plan
+        tiers) the forward stays eager, and so it does with the setting ``ragged_graphs`` false. ``kind`` and ``why``:
+        ``graph_capture.tier_graph_kind``'s answer. Returns how it runs, for the start-up log."""
         from .ragged import graph_capture, graph_runner
 
         runner = self.target_worker.model_runner
-        kind, why = graph_capture.tier_graph_kind(runner, memory_budget.tp_size_of(self), ragged=True,
-                                                  ragged_graphs=self.settings.ragged_graphs)
         if kind is None:
             return f"eager verify forward ({why})"
         if kind == "traced":
@@ -697,15 +705,19 @@ class HybridWorkerV2(EAGLEWorkerV2):
         ``_ragged_wanted``) and are counted (``HybridCounters.on_ragged``).
 
         On the Triton backend (``RaggedTritonAttnBackend``) the forward is padded to the token tier of its node count
-        (``ragged.tiers``) and the mask built in the buffer the backend plans from, as a captured graph needs. There
-        the layout is built before the counts are read (``layout.build_pending_layout``: its shapes come from the
-        padded batch) and the read waits until the verify forward (``RaggedVerifyTarget``), after SGLang's verify
-        preparation is queued too: the device idles only for what follows the read (``bench.ragged_sync_ops``). On
-        FlashInfer it is unpadded, with a fresh mask sized by the counts (``ragged.flashinfer_plan``), so they are
-        read first. With the fused step (setting ``decision_kernels``) the layout before the read is one Triton
-        launch, and so is its compaction (``kernels.ragged_layout``)."""
+        (``ragged.tiers``) and the mask built in the buffer the backend plans from, as a captured graph needs. There the
+        layout is built before the counts are read (``layout.build_pending_layout``: its shapes come from the padded
+        batch) and the read waits until the verify forward (``RaggedVerifyTarget``), after SGLang's verify preparation
+        is queued too: the device idles only for what follows the read (``bench.ragged_sync_ops``). On FlashInfer the
+        mask is made fresh, sized by the counts (``ragged.flashinfer_plan``), so they are read first; the forward is
+        unpadded when eager and padded to its tier under the token-tier graphs (``ragged.flashinfer_backend``, whose
+        plan packs the mask into its own buffer). With the fused step (setting ``decision_kernels``) the layout before
+        the read is one Triton launch, and so is its compaction (``kernels.ragged_layout``)."""
         width = tree.valid.shape[1]
         buffers = getattr(attn, "ragged_buffers", None)
+        if isinstance(buffers, RaggedTierBuffers):
+            # FlashInfer's token-tier graphs: the counts first, the rows at their tier
+            return self._read_layout(tree, seq_lens, seq_lens_sum, width, max_rows=buffers.max_rows)
         if buffers is not None:
             kw = dict(mask_out=buffers.mask, row_bound=buffers.row_bound, max_rows=buffers.max_rows,
                       on_read=lambda host, rows: self.counters.on_ragged(host, width, rows))
@@ -717,11 +729,19 @@ class HybridWorkerV2(EAGLEWorkerV2):
         _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
         if buffers is not None:
             return ragged_layout.build_pending_layout(tree.valid, anc, seq_lens, seq_lens_sum, counts, **kw)
+        return self._read_layout(tree, seq_lens, seq_lens_sum, width)
+
+    def _read_layout(self, tree, seq_lens: torch.Tensor, seq_lens_sum: int, width: int, max_rows=None):
+        """The step's ragged layout built after its node counts are read (FlashInfer: its mask is sized by them),
+        unpadded, or padded to its token tier under ``max_rows`` (``ragged.tiers``)."""
+        counts = ragged_layout.node_counts(tree.valid)
+        _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
         host = counts.tolist()
         total, max_nodes = sum(host), max(host)
-        self.counters.on_ragged(host, width, total)
+        rows = total if max_rows is None else tier_rows(total, max_rows)
+        self.counters.on_ragged(host, width, rows)
         return ragged_layout.build_ragged_layout(tree.valid, anc, seq_lens, seq_lens_sum, counts, total=total,
-                                                 max_nodes=max_nodes)
+                                                 max_nodes=max_nodes, rows=rows)
 
     def _longest_context(self, batch) -> Optional[int]:
         """A host-known bound on the batch's committed tokens per request (root included), read without waiting for

@@ -41,20 +41,30 @@ def capture_kind(device: str, tp_size: int, *, decode_graphs: bool = True) -> Op
 
 #: SGLang's Triton backend, and HYBRID's ragged subclass of it (``triton_backend.enable``), by class name
 TRITON_BACKENDS = ("TritonAttnBackend", "RaggedTritonAttnBackend")
+#: SGLang's FlashInfer backend, and HYBRID's tier-planning subclass of it (``flashinfer_backend.enable``)
+FLASHINFER_BACKENDS = ("FlashInferAttnBackend", "RaggedFlashInferAttnBackend")
 
 
 def tier_graph_kind(runner, tp_size: int, *, ragged: bool, ragged_graphs: bool) -> tuple[Optional[str], str]:
     """How the ragged verify forward on the target's model ``runner`` is captured in HYBRID's token-tier graphs
     (``capture_kind``), or None where it runs eager, with the reason: not ragged, the setting ``ragged_graphs`` off, a
-    backend other than SGLang's Triton one (FlashInfer's planner needs every row owned), or no capture for the
-    device, TP size and SGLang's decode graph setting. ``(kind, reason)``; the reason is empty where a kind is given.
-    The one answer the graph runner's set-up (and its start-up log line) and the start-up memory budget act on."""
+    backend other than SGLang's Triton or FlashInfer one (or a FlashInfer one that cannot plan tiers:
+    ``flashinfer_backend.cannot_plan_tiers``), or no capture for the device, TP size and SGLang's decode graph
+    setting. ``(kind, reason)``; the reason is empty where a kind is given. The one answer the graph runner's set-up
+    (and its start-up log line), the backends' set-up and the start-up memory budget act on."""
     if not ragged:
         return None, "padded verify"
     if not ragged_graphs:
         return None, "setting ragged_graphs=false"
-    if type(runner.attn_backend).__name__ not in TRITON_BACKENDS:
-        return None, "token-tier graphs run on the Triton backend only"
+    name = type(runner.attn_backend).__name__
+    if name in FLASHINFER_BACKENDS:
+        from .flashinfer_backend import cannot_plan_tiers
+
+        why = cannot_plan_tiers(runner.attn_backend)
+        if why is not None:
+            return None, f"token-tier graphs on FlashInfer: {why}"
+    elif name not in TRITON_BACKENDS:
+        return None, "token-tier graphs run on the Triton and FlashInfer backends only"
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
 
     decode_graphs = not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
@@ -197,6 +207,15 @@ def kernel_launch(name: str, args: tuple = (), kwargs: Optional[dict] = None):
         trace._in_launch = False
 
 
+@contextlib.contextmanager
+def untraced():
+    """Run the body outside the active trace (``trace_forward``), if any: for what a graph would have done before its
+    capture, such as making a buffer once that every later capture and replay uses (``graph_runner.keep_hidden``).
+    Its tensors are external to the trace, recorded by address where a forward reads them, as start-up buffers are."""
+    with torch.utils._python_dispatch._disable_current_modes():
+        yield
+
+
 class _TritonLaunches:
     """While active, every interpreted Triton launch is a ``kernel_launch`` (its grid recorded with its arguments)."""
 
@@ -285,4 +304,4 @@ def _first_difference(a: list, b: list) -> Optional[tuple]:
 
 
 __all__ = ["CudaGraphCapture", "GraphReplayMismatch", "TracedEagerCapture", "capture_kind", "kernel_launch",
-           "trace_forward"]
+           "trace_forward", "untraced"]
