@@ -313,8 +313,8 @@ def test_memory_budget_ragged_flashinfer_tier_buffers_match_the_backend(monkeypa
     their wrappers plan into: each tensor ``ragged.flashinfer_backend.enable`` allocates on SGLang's real
     ``FlashInferAttnBackend`` (max_bs 6, width 13, context 100) has the entries ``flashinfer_tier_buffer_sizes``
     gives, and ``ragged_flashinfer_bytes`` is their bytes, each tier wrapper's KV length buffer and the graphs' own
-    memory (nothing eager). ``enable`` is idempotent at the same sizes and refuses other sizes, other classes and a
-    backend that cannot plan tiers, naming the setting. The flashinfer package is stood in (this machine has none):
+    memory (nothing eager). ``enable`` is idempotent at the same sizes and refuses a backend that cannot plan tiers,
+    naming the setting. The flashinfer package is stood in (this machine has none):
     ``enable`` only checks that SGLang imported its wrapper class; the wrappers are made at a tier's first plan."""
     import torch
     import sglang.srt.layers.attention.flashinfer_backend as fb
@@ -346,12 +346,8 @@ def test_memory_budget_ragged_flashinfer_tier_buffers_match_the_backend(monkeypa
     kv_lens = len(token_tiers(78)) * mb.FLASHINFER_WRAPPER_KV_LENS_BYTES
     assert mb.ragged_flashinfer_bytes(dep, 6, 13, tier_graphs=True) == allocated + kv_lens + graphs
     assert mb.ragged_flashinfer_bytes(dep, 6, 13, tier_graphs=False) == 0
-    rf.enable(b, 6, 13)
+    rf.enable(b, 6, 13)                                  # turned once (``ragged.retype``, tested with the Triton one)
     assert b.ragged_buffers is buf
-    with pytest.raises(ValueError, match="not 7 at 13"):
-        rf.enable(b, 7, 13)
-    with pytest.raises(TypeError, match="FlashInferAttnBackend"):
-        rf.enable(object(), 6, 13)
     for attrs, why in (({"num_wrappers": 2}, "sliding-window"), ({"prefill_uses_dequant_workspace": True}, "FP4")):
         with pytest.raises(RuntimeError, match=f"{why}.*ragged_graphs=false"):
             rf.enable(backend(**attrs), 6, 13)

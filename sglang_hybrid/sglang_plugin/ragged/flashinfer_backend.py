@@ -39,6 +39,7 @@ from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 
 from ..memory_budget import flashinfer_tier_buffer_sizes
 from .flashinfer_plan import tier_verify_args
+from .retype import already_enabled
 
 
 @dataclass(frozen=True)
@@ -126,15 +127,8 @@ def enable(backend, max_bs: int, width: int) -> None:
     """Make ``backend`` (a ``FlashInferAttnBackend`` SGLang built) plan ragged verify tiers of up to ``max_bs``
     requests (the running limit) at the full width ``width``, allocating the buffers once; a no-op when it already
     does. Any other class, or a backend that cannot (``cannot_plan_tiers``), is refused with the fix."""
-    if type(backend) is RaggedFlashInferAttnBackend:
-        have = backend.ragged_buffers
-        if (have.max_bs, have.width) != (max_bs, width):
-            raise ValueError(f"the backend plans ragged verify tiers for {have.max_bs} requests at width "
-                             f"{have.width}, not {max_bs} at {width}")
+    if already_enabled(backend, RaggedFlashInferAttnBackend, FlashInferAttnBackend, max_bs, width):
         return
-    if type(backend) is not FlashInferAttnBackend:
-        raise TypeError("ragged verify tiers plan through SGLang's FlashInferAttnBackend, got "
-                        f"{type(backend).__name__}")
     why = cannot_plan_tiers(backend)
     if why is not None:
         raise RuntimeError(f"ragged verify graphs on FlashInfer: {why}; run with HYBRID setting ragged_graphs=false "

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from sglang.srt.layers.attention.triton_backend import ForwardMetadata, TritonAttnBackend
 
+from .retype import already_enabled
+
 
 @dataclass(frozen=True)
 class RaggedVerifyBuffers:
@@ -123,14 +125,8 @@ def enable(backend, max_bs: int, width: int) -> None:
     """Make ``backend`` (a ``TritonAttnBackend`` SGLang built) plan ragged verify batches of up to ``max_bs``
     requests (the running limit) at the full width ``width``, allocating the plan's buffers once; a no-op when it
     already does. Any other class is refused: it would ignore the layout and attend over the wrong rows."""
-    if type(backend) is RaggedTritonAttnBackend:
-        have = backend.ragged_buffers
-        if (have.max_bs, have.width) != (max_bs, width):
-            raise ValueError(f"the backend plans ragged verify for {have.max_bs} requests at width {have.width}, "
-                             f"not {max_bs} at {width}")
+    if already_enabled(backend, RaggedTritonAttnBackend, TritonAttnBackend, max_bs, width):
         return
-    if type(backend) is not TritonAttnBackend:
-        raise TypeError(f"ragged verify plans through SGLang's TritonAttnBackend, got {type(backend).__name__}")
     if not 1 <= max_bs <= int(backend.qo_indptr.shape[0]) - 1:
         raise ValueError(f"ragged verify for {max_bs} requests: the backend's index buffers hold "
                          f"{int(backend.qo_indptr.shape[0]) - 1}")
