@@ -748,15 +748,111 @@ def _flashinfer_args_main(inp: str, out: str) -> None:
                      write_virtual=case["window"].reshape(-1), read_extent=case["width"])
     kw = dict(req_pool_indices=rows, paged_kernel_lens=seq_lens, paged_kernel_lens_sum=int(seq_lens.sum()),
               translator=translator, plan=plan, kind=IdSpaceKind.FULL)
-    if case["tier"]:        # the token-tier graphs' plan (ragged.flashinfer_backend), over the graph runner's slots
-        from sglang_hybrid.sglang_plugin.ragged.flashinfer_plan import tier_verify_args
+    if case["tier"]:        # the token-tier graphs' plan, through the backend, over the graph runner's slots
+        torch.save(_plan_through_tier_backend(case, translator, plan), out)
+        return
+    verify = HybridVerifyInput.__new__(HybridVerifyInput)      # the eager plan: SGLang's backend asks the verify input
+    verify.ragged = case["layout"]
+    torch.save(verify.generate_attn_arg_prefill(**kw), out)
 
-        args = tier_verify_args(case["layout"], **kw)
-    else:                   # the eager plan: SGLang's FlashInfer backend asks the verify input
-        verify = HybridVerifyInput.__new__(HybridVerifyInput)
-        verify.ragged = case["layout"]
-        args = verify.generate_attn_arg_prefill(**kw)
-    torch.save(args, out)
+
+class FlashInferGraphWrapperContract:
+    """FlashInfer 0.7.2's ``BatchPrefillWithPagedKVCacheWrapper`` with ``use_cuda_graph=True``, its Python contract
+    only, as its source states it (``prefill.py``: ``__init__`` ~2161-2197, ``plan`` ~2770-2825, ``run``'s row check
+    ~3441): the request count fixed by the buffers; the rows fixed at the first plan (later plans at most that many);
+    the indices, the indptrs and the packed mask copied into the buffers given at construction (each request's bits
+    packed to whole bytes, ``segment_packbits``); ``run`` takes ``qo_indptr[-1]`` query rows. No kernel: FlashInfer has
+    none on the CPU. It records each plan's arguments, which the test runs through the float64 model of its kernel."""
+
+    def __init__(self, float_workspace, layout, *, use_cuda_graph, backend, qo_indptr_buf, paged_kv_indptr_buf,
+                 paged_kv_indices_buf, paged_kv_last_page_len_buf, custom_mask_buf, mask_indptr_buf):
+        assert use_cuda_graph and layout == "NHD" and backend == "fa2"
+        self.fixed_batch_size = len(qo_indptr_buf) - 1
+        if len(paged_kv_indptr_buf) != self.fixed_batch_size + 1:
+            raise ValueError("paged_kv_indptr_buf must have length batch_size + 1")
+        if len(paged_kv_last_page_len_buf) != self.fixed_batch_size:
+            raise ValueError("paged_kv_last_page_len_buf must have length batch_size")
+        self.bufs = (qo_indptr_buf, paged_kv_indptr_buf, paged_kv_indices_buf, paged_kv_last_page_len_buf,
+                     custom_mask_buf, mask_indptr_buf)
+        self.max_total_num_rows, self.plans, self.workspaces = None, [], []
+
+    def reset_workspace_buffer(self, float_workspace, int_workspace):
+        self.workspaces.append((float_workspace, int_workspace))
+
+    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
+             head_dim, page_size, *, q_data_type, kv_data_type, custom_mask, non_blocking):
+        qo_buf, kv_buf, idx_buf, last_buf, mask_buf, mask_indptr_buf = self.bufs
+        rows, batch = int(qo_indptr[-1]), len(qo_indptr) - 1
+        if self.max_total_num_rows is None:
+            self.max_total_num_rows = rows
+        elif rows > self.max_total_num_rows:
+            raise ValueError("The total number of rows in qo_indptr in cuda graph mode cannot exceed the number of "
+                             "rows set during initialization")
+        if batch != self.fixed_batch_size:
+            raise ValueError("The batch size should be fixed during the lifecycle of the wrapper in cuda graph mode")
+        if len(paged_kv_indices) > len(idx_buf):
+            raise ValueError("The length of paged_kv_indices exceeds the allocated buffer size.")
+        bits = (qo_indptr.diff().long() * paged_kv_indptr.diff().long()).tolist()     # page size 1
+        packed = [(b + 7) // 8 for b in bits]
+        if sum(packed) > len(mask_buf):
+            raise RuntimeError("the packed custom mask exceeds custom_mask_buf")
+        qo_buf.copy_(qo_indptr)
+        kv_buf.copy_(paged_kv_indptr)
+        last_buf.copy_(paged_kv_last_page_len)
+        idx_buf[: len(paged_kv_indices)].copy_(paged_kv_indices)
+        mask_indptr_buf.copy_(torch.tensor([0] + packed).cumsum(0))
+        self.plans.append({"args": (paged_kv_indices.clone(), paged_kv_indptr.clone(), qo_indptr.clone(),
+                                    custom_mask.clone()), "last_page_len": paged_kv_last_page_len.clone(),
+                           "heads": (num_qo_heads, num_kv_heads, head_dim, page_size),
+                           "dtypes": (q_data_type, kv_data_type), "non_blocking": non_blocking})
+
+    def run_rows_check(self, q_rows: int) -> None:
+        if q_rows != int(self.bufs[0][-1]):
+            raise ValueError("q.shape[0] does not match qo_indptr[-1]")
+
+
+def _plan_through_tier_backend(case: dict, translator, plan) -> dict:
+    """The case's step planned by ``RaggedFlashInferAttnBackend`` (SGLang's real ``FlashInferAttnBackend`` object,
+    made with ``__new__`` and the attributes its plan reads, turned by ``flashinfer_backend.enable``), its wrappers
+    FlashInfer's contract (``FlashInferGraphWrapperContract``): the step at its tier, the same step at the next tier (a
+    second wrapper), then at its tier again (the first wrapper, planned again as before a replay)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import sglang.srt.layers.attention.flashinfer_backend as fb
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_hybrid.sglang_plugin.ragged import flashinfer_backend as rf
+    from sglang_hybrid.sglang_plugin.ragged.tiers import tier_rows
+
+    fb.BatchPrefillWithPagedKVCacheWrapper = FlashInferGraphWrapperContract
+    layout, slots, width = case["layout"], int(case["seq_lens"].numel()), case["width"]
+    backend = fb.FlashInferAttnBackend.__new__(fb.FlashInferAttnBackend)
+    backend.max_context_len, backend.num_wrappers, backend.prefill_uses_dequant_workspace = 200, 1, False
+    backend.kv_indptr, backend.kv_index_translator = [torch.zeros(slots + 1, dtype=torch.int32)], translator
+    backend.workspace_buffer, backend.prefill_backend = torch.empty(64, dtype=torch.uint8), "fa2"
+    backend.indices_updater_prefill = SimpleNamespace(num_qo_heads=4, num_kv_heads=2, head_dim=HEAD_DIM,
+                                                      q_data_type=torch.bfloat16, data_type=torch.bfloat16)
+    rf.enable(backend, slots, width)
+    seq_lens = case["seq_lens"]
+    next_rows = tier_rows(layout.rows + 1, slots * width)
+    steps = []
+    for rows in (layout.rows, next_rows, layout.rows):
+        step = dataclasses.replace(layout, rows=rows)
+        batch = SimpleNamespace(spec_info=SimpleNamespace(ragged=step), forward_mode=ForwardMode.TARGET_VERIFY,
+                                batch_size=slots, input_ids=torch.zeros(rows, dtype=torch.int64),
+                                req_pool_indices=case["req_pool_indices"], seq_lens=seq_lens,
+                                seq_lens_sum=int(seq_lens.sum()), kv_loc_plan=plan)
+        backend.init_forward_metadata(batch)
+        (wrapper,) = backend.forward_metadata.prefill_wrappers
+        wrapper.run_rows_check(rows)
+        steps.append({"rows": rows, "wrapper": id(wrapper), "plan": wrapper.plans[-1],
+                      "workspaces": [tuple(t.data_ptr() for t in w) for w in wrapper.workspaces],
+                      "use_ragged": backend.forward_metadata.use_ragged})
+    buf = backend.ragged_buffers
+    return {"steps": steps, "wrappers": sorted(backend.tier_wrappers), "next_rows": next_rows,
+            "shared_workspace": (backend.workspace_buffer.data_ptr(), buf.int_workspace.data_ptr()),
+            "class": type(backend).__name__}
 
 
 def flashinfer_reference(args: tuple, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> tuple:
@@ -782,10 +878,11 @@ def flashinfer_reference(args: tuple, q: torch.Tensor, k_buffer: torch.Tensor, v
 
 
 def _flashinfer_args(tmp_path, width: int, prefix: list, ext: list, *, slots: int | None = None) -> tuple:
-    """A ragged step's FlashInfer plan arguments, computed in the interpreter with SGLang's own KV index translator
-    and KV plan: eager (``slots`` None: ``HybridVerifyInput.generate_attn_arg_prefill``) or for the token-tier graphs
-    over ``slots`` requests (``flashinfer_plan.tier_verify_args`` of the layout padded to its tier and to the slots,
-    as ``graph_runner`` hands it over). ``(case, layout, args, pool_rows, req_to_token)``."""
+    """A ragged step's FlashInfer plan, computed in the interpreter with SGLang's own KV index translator and KV plan:
+    eager (``slots`` None: the arguments of ``HybridVerifyInput.generate_attn_arg_prefill``) or for the token-tier
+    graphs over ``slots`` requests (the layout padded to its tier and to the slots, as ``graph_runner`` hands it over,
+    planned by the backend: ``_plan_through_tier_backend``'s record). ``(case, layout, planned, pool_rows,
+    req_to_token)``."""
     from sglang_hybrid.sglang_plugin.ragged.graph_runner import pad_requests
     from sglang_hybrid.sglang_plugin.ragged.layout import build_ragged_layout, node_counts
     from sglang_hybrid.sglang_plugin.ragged.tiers import tier_rows
@@ -860,9 +957,11 @@ def test_ragged_verify_flashinfer_plan_args_give_the_dense_reference(tmp_path):
                                              ([3, 3, 2, 3, 2, 3], 0), ([30, 30, 30, 30, 30, 30], 12)])
 def test_ragged_verify_flashinfer_tier_args_give_the_dense_reference(tmp_path, ext, want_spare):
     """What the token-tier graphs' FlashInfer wrapper is planned with (``flashinfer_plan.tier_verify_args``, through
-    ``ragged.flashinfer_backend``): the step's 6 requests padded to 8 slots, the forward padded to its token tier, and
-    one more request owning the tier's spare rows, so that every plan of the tier has the request count (slots + 1)
-    and the rows (``qo_indptr[-1]``) a CUDA-graph wrapper fixes at its capture. Through the float64 model of
+    ``RaggedFlashInferAttnBackend.init_forward_metadata`` on SGLang's real backend object, its wrappers a model of
+    FlashInfer 0.7.2's CUDA-graph wrapper contract: ``FlashInferGraphWrapperContract``): the step's 6 requests padded
+    to 8 slots, the forward padded to its token tier, and one more request owning the tier's spare rows, so that every
+    plan of the tier has the request count (slots + 1) and the rows (``qo_indptr[-1]``) a CUDA-graph wrapper fixes at
+    its capture; one wrapper per tier, planned again before each replay. Through the float64 model of
     FlashInfer's masked paged prefill: the real rows equal the dense reference (every slot a request does not own is
     NaN, so a read past its own KV would poison it); the spare rows read only SGLang's sink slot (id 0), which they
     wrote; the padding slots own nothing. Cases: ragged (76 tokens in the tier of 80), short (17 in 24), a tier filled
@@ -872,8 +971,20 @@ def test_ragged_verify_flashinfer_tier_args_give_the_dense_reference(tmp_path, e
     from sglang_hybrid.sglang_plugin.ragged.tiers import tier_rows
 
     width, slots, prefix = 30, 8, [129, 0, 64, 7, 33, 1]
-    case, layout, args, pool_rows, req_to_token = _flashinfer_args(tmp_path, width, prefix, ext, slots=slots)
-    kv_indices, kv_indptr, qo_indptr, mask = args
+    case, layout, planned, pool_rows, req_to_token = _flashinfer_args(tmp_path, width, prefix, ext, slots=slots)
+    # the backend: one wrapper per tier, each planned with FlashInfer's contract kept (request count, rows at most its
+    # first plan's, buffer sizes, q rows = qo_indptr[-1]), every wrapper on the one int workspace, SGLang's paged path
+    first, other, again = planned["steps"]
+    assert planned["class"] == "RaggedFlashInferAttnBackend"
+    assert planned["wrappers"] == sorted({layout.rows, planned["next_rows"]}) and layout.rows < planned["next_rows"]
+    assert first["wrapper"] == again["wrapper"] != other["wrapper"] and not first["use_ragged"]
+    assert first["workspaces"] == other["workspaces"] == [planned["shared_workspace"]]
+    plan = again["plan"]
+    assert plan["heads"] == (4, 2, HEAD_DIM, 1) and plan["dtypes"] == (torch.bfloat16, torch.bfloat16)
+    assert plan["last_page_len"].tolist() == [1] * (slots + 1) and plan["non_blocking"]
+    assert all(torch.equal(a, b) for a, b in zip(first["plan"]["args"], plan["args"]))
+    assert int(other["plan"]["args"][2][-1]) == planned["next_rows"]
+    args = kv_indices, kv_indptr, qo_indptr, mask = plan["args"]
     total = sum(ext)
     rows = tier_rows(total, slots * width)
     spare = rows - total
