@@ -151,6 +151,30 @@ def test_ragged_graph_tiers_share_one_hidden_state_buffer():
         runner.keep_hidden(torch.randn(8, 5))
 
 
+def test_traced_static_buffer_is_external_even_at_an_address_the_trace_saw_made():
+    """``graph_capture.static_buffer``: a buffer made once inside a captured forward is recorded as external to the
+    trace, so its replays (which find it made) match the capture. The allocator may give it the address of a tensor
+    the forward made and freed earlier in the same trace (a live retraction case met that): here the factory returns
+    such a tensor itself, and the replay still matches. Without the mark the capture records the buffer as the
+    forward's own and the replay refuses."""
+    from sglang_hybrid.sglang_plugin.ragged.graph_capture import static_buffer
+
+    state, src = {}, torch.randn(4, 3)
+
+    def forward():
+        made = src * 1.0                                    # the forward's own tensor
+        if "buf" not in state:
+            state["buf"] = static_buffer(lambda: made)     # handed that very address
+        kept = state["buf"][:2]
+        kept.copy_(src[:2] * 2)
+        return kept
+
+    cap = TracedEagerCapture()
+    cap.run("tier", forward)
+    src.copy_(torch.randn(4, 3))
+    assert torch.equal(cap.run("tier", forward), src[:2] * 2) and cap.replays["tier"] == 1
+
+
 def test_traced_replay_refuses_what_a_graph_cannot_replay():
     """A tensor outside the static buffers, a changed shape, a host read: each fails its replay, naming the first
     operator that differs; a replay of the captured closure ignores a new closure (a graph cannot see one)."""

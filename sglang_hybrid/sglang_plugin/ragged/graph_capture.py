@@ -207,13 +207,20 @@ def kernel_launch(name: str, args: tuple = (), kwargs: Optional[dict] = None):
         trace._in_launch = False
 
 
-@contextlib.contextmanager
-def untraced():
-    """Run the body outside the active trace (``trace_forward``), if any: for what a graph would have done before its
-    capture, such as making a buffer once that every later capture and replay uses (``graph_runner.keep_hidden``).
-    Its tensors are external to the trace, recorded by address where a forward reads them, as start-up buffers are."""
+def static_buffer(make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``make()``, run outside the active trace (``trace_forward``), if any, its tensor recorded as external to it:
+    for what a graph would have made before its capture, a buffer every later capture and replay uses
+    (``graph_runner.keep_hidden``), which the trace must record by address where a forward reads it, as it records
+    start-up buffers. Marked explicitly because the allocator may hand it the address of a tensor the forward made and
+    freed earlier in the same trace, which the trace has already seen as the forward's own."""
     with torch.utils._python_dispatch._disable_current_modes():
-        yield
+        tensor = make()
+    trace = _ACTIVE
+    if trace is not None:
+        ptr = tensor.untyped_storage().data_ptr()
+        trace.internal.discard(ptr)
+        trace.external.add(ptr)
+    return tensor
 
 
 class _TritonLaunches:
@@ -304,4 +311,4 @@ def _first_difference(a: list, b: list) -> Optional[tuple]:
 
 
 __all__ = ["CudaGraphCapture", "GraphReplayMismatch", "TracedEagerCapture", "capture_kind", "kernel_launch",
-           "trace_forward", "untraced"]
+           "static_buffer", "trace_forward"]

@@ -31,7 +31,7 @@ import dataclasses
 
 import torch
 
-from .graph_capture import untraced
+from .graph_capture import static_buffer
 from .layout import RaggedLayout
 
 
@@ -162,12 +162,12 @@ class RaggedVerifyGraphRunner:
     def keep_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """``hidden`` (a forward's ``[rows, width]`` hidden states) copied to the runner's one buffer; returns the copy.
         The buffer is made by the first call, a warm-up forward on a GPU (``CudaGraphCapture`` warms up before it
-        records), so no graph allocates it, and on the CPU outside the trace (``graph_capture.untraced``): a buffer
-        made once, which every capture and replay then finds at the same address, as one made at start would be."""
+        records), so no graph allocates it, and on the CPU outside the trace and recorded as external to it
+        (``graph_capture.static_buffer``): a buffer made once, which every capture and replay then finds at the same
+        address, as one made at start would be."""
         if self.hidden is None:
-            with untraced():
-                self.hidden = torch.empty((self.max_rows, *hidden.shape[1:]), dtype=hidden.dtype,
-                                          device=hidden.device)
+            self.hidden = static_buffer(lambda: torch.empty((self.max_rows, *hidden.shape[1:]), dtype=hidden.dtype,
+                                                            device=hidden.device))
         if hidden.shape[1:] != self.hidden.shape[1:] or hidden.dtype != self.hidden.dtype:
             raise RuntimeError(f"ragged verify graphs: hidden states of {tuple(hidden.shape[1:])} {hidden.dtype}, the "
                                f"buffer holds {tuple(self.hidden.shape[1:])} {self.hidden.dtype}")
