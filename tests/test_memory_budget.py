@@ -316,16 +316,16 @@ def test_memory_budget_ragged_flashinfer_tier_buffers_match_the_backend(monkeypa
     memory (nothing eager). ``enable`` is idempotent at the same sizes and refuses a backend that cannot plan tiers,
     naming the setting. The flashinfer package is stood in (this machine has none):
     ``enable`` only checks that SGLang imported its wrapper class; the wrappers are made at a tier's first plan."""
-    import torch
     import sglang.srt.layers.attention.flashinfer_backend as fb
 
     from sglang_hybrid.sglang_plugin.ragged import flashinfer_backend as rf
     from sglang_hybrid.sglang_plugin.ragged.tiers import token_tiers
 
+    from tests.sglang_backends_on_cpu import flashinfer_step
+
     def backend(**attrs):
-        b = fb.FlashInferAttnBackend.__new__(fb.FlashInferAttnBackend)
-        b.max_context_len, b.num_wrappers, b.prefill_uses_dequant_workspace = 100, 1, False
-        b.kv_indptr = [torch.zeros(7, dtype=torch.int32)]
+        b = flashinfer_step(fb, max_bs=6, context=100)
+        b.prefill_uses_dequant_workspace = False
         for k, v in attrs.items():
             setattr(b, k, v)
         return b

@@ -813,7 +813,8 @@ class FlashInferGraphWrapperContract:
 
 def _plan_through_tier_backend(case: dict, translator, plan) -> dict:
     """The case's step planned by ``RaggedFlashInferAttnBackend`` (SGLang's real ``FlashInferAttnBackend`` object,
-    made with ``__new__`` and the attributes its plan reads, turned by ``flashinfer_backend.enable``), its wrappers
+    made with ``__new__`` and the attributes its plan reads, ``tests.sglang_backends_on_cpu.flashinfer_step``, turned
+    by ``flashinfer_backend.enable``), its wrappers
     FlashInfer's contract (``FlashInferGraphWrapperContract``): the step at its tier, the same step at the next tier (a
     second wrapper), then at its tier again (the first wrapper, planned again as before a replay)."""
     import dataclasses
@@ -824,12 +825,12 @@ def _plan_through_tier_backend(case: dict, translator, plan) -> dict:
 
     from sglang_hybrid.sglang_plugin.ragged import flashinfer_backend as rf
     from sglang_hybrid.sglang_plugin.ragged.tiers import tier_rows
+    from tests.sglang_backends_on_cpu import flashinfer_step
 
     fb.BatchPrefillWithPagedKVCacheWrapper = FlashInferGraphWrapperContract
     layout, slots, width = case["layout"], int(case["seq_lens"].numel()), case["width"]
-    backend = fb.FlashInferAttnBackend.__new__(fb.FlashInferAttnBackend)
-    backend.max_context_len, backend.num_wrappers, backend.prefill_uses_dequant_workspace = 200, 1, False
-    backend.kv_indptr, backend.kv_index_translator = [torch.zeros(slots + 1, dtype=torch.int32)], translator
+    backend = flashinfer_step(fb, max_bs=slots, context=200)
+    backend.prefill_uses_dequant_workspace, backend.kv_index_translator = False, translator
     backend.workspace_buffer, backend.prefill_backend = torch.empty(64, dtype=torch.uint8), "fa2"
     backend.indices_updater_prefill = SimpleNamespace(num_qo_heads=4, num_kv_heads=2, head_dim=HEAD_DIM,
                                                       q_data_type=torch.bfloat16, data_type=torch.bfloat16)

@@ -409,6 +409,10 @@ def ragged_graph_bytes(max_bs: int, width: int, *, vocab: int, hidden: int, hidd
     return n + rows * hidden * hidden_bytes
 
 
+#: the buffers of ``flashinfer_tier_buffer_sizes`` that hold bytes (uint8); the others hold int32
+FLASHINFER_TIER_BYTE_BUFFERS = ("mask", "int_workspace")
+
+
 def flashinfer_tier_buffer_sizes(max_bs: int, width: int, context_len: int) -> dict:
     """Entries of each buffer ragged verify's token-tier graphs on the FlashInfer backend plan into, allocated once
     at start (``ragged.flashinfer_backend.enable``): int32 indptrs of ``max_bs`` requests and the spare rows' owner,
@@ -432,7 +436,7 @@ def ragged_flashinfer_bytes(dep: Deployment, running: int, width: int, *, tier_g
     if not tier_graphs:
         return 0
     sizes = flashinfer_tier_buffer_sizes(running, width, dep.context_len)
-    n = sum(v if k in ("mask", "int_workspace") else 4 * v for k, v in sizes.items())
+    n = sum(v if k in FLASHINFER_TIER_BYTE_BUFFERS else 4 * v for k, v in sizes.items())
     n += len(token_tiers(running * width)) * FLASHINFER_WRAPPER_KV_LENS_BYTES
     return n + ragged_graph_bytes(running, width, vocab=dep.target.vocab, hidden=dep.draft_input_hidden,
                                   hidden_bytes=dep.target.dtype_bytes, own_logits=not dep.cuda_graph_bs)

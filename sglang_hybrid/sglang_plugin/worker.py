@@ -715,21 +715,19 @@ class HybridWorkerV2(EAGLEWorkerV2):
         the read is one Triton launch, and so is its compaction (``kernels.ragged_layout``)."""
         width = tree.valid.shape[1]
         buffers = getattr(attn, "ragged_buffers", None)
-        if isinstance(buffers, RaggedTierBuffers):
-            # FlashInfer's token-tier graphs: the counts first, the rows at their tier
-            return self._read_layout(tree, seq_lens, seq_lens_sum, width, max_rows=buffers.max_rows)
-        if buffers is not None:
-            kw = dict(mask_out=buffers.mask, row_bound=buffers.row_bound, max_rows=buffers.max_rows,
-                      on_read=lambda host, rows: self.counters.on_ragged(host, width, rows))
-            if self.hybrid_step.fused is not None:
-                from sglang_hybrid.kernels.ragged_layout import pending_layout
+        if buffers is None or isinstance(buffers, RaggedTierBuffers):
+            # FlashInfer: the counts first; the rows unpadded (eager) or at their tier (token-tier graphs)
+            return self._read_layout(tree, seq_lens, seq_lens_sum, width,
+                                     max_rows=None if buffers is None else buffers.max_rows)
+        kw = dict(mask_out=buffers.mask, row_bound=buffers.row_bound, max_rows=buffers.max_rows,
+                  on_read=lambda host, rows: self.counters.on_ragged(host, width, rows))
+        if self.hybrid_step.fused is not None:
+            from sglang_hybrid.kernels.ragged_layout import pending_layout
 
-                return pending_layout(tree.valid, tree.ancestors, seq_lens, seq_lens_sum, slots=buffers.max_bs, **kw)
+            return pending_layout(tree.valid, tree.ancestors, seq_lens, seq_lens_sum, slots=buffers.max_bs, **kw)
         counts = ragged_layout.node_counts(tree.valid)
         _, anc = verify_nodes(tree.tokens, tree.valid, tree.ancestors)
-        if buffers is not None:
-            return ragged_layout.build_pending_layout(tree.valid, anc, seq_lens, seq_lens_sum, counts, **kw)
-        return self._read_layout(tree, seq_lens, seq_lens_sum, width)
+        return ragged_layout.build_pending_layout(tree.valid, anc, seq_lens, seq_lens_sum, counts, **kw)
 
     def _read_layout(self, tree, seq_lens: torch.Tensor, seq_lens_sum: int, width: int, max_rows=None):
         """The step's ragged layout built after its node counts are read (FlashInfer: its mask is sized by them),

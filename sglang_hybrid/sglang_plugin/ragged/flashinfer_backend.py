@@ -39,7 +39,7 @@ import torch
 from sglang.srt.layers.attention import flashinfer_backend as sglang_flashinfer
 from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend, PrefillMetadata
 
-from ..memory_budget import flashinfer_tier_buffer_sizes
+from ..memory_budget import FLASHINFER_TIER_BYTE_BUFFERS, flashinfer_tier_buffer_sizes
 from .flashinfer_plan import tier_verify_args
 from .retype import already_enabled
 
@@ -59,10 +59,6 @@ class RaggedTierBuffers:
     mask: torch.Tensor           # uint8, bit-packed (FlashInfer packs each request's bits to whole bytes)
     mask_indptr: torch.Tensor    # [max_bs + 2] int32
     int_workspace: torch.Tensor  # uint8: FlashInfer's int workspace, one for every tier's wrapper
-
-
-#: the ``RaggedTierBuffers`` of bytes; the others are int32
-_BYTE_BUFFERS = ("mask", "int_workspace")
 
 
 class RaggedFlashInferAttnBackend(FlashInferAttnBackend):
@@ -139,7 +135,7 @@ def enable(backend, max_bs: int, width: int) -> None:
         raise ValueError(f"ragged verify tiers for {max_bs} requests at width {width}")
     sizes = flashinfer_tier_buffer_sizes(max_bs, width, int(backend.max_context_len))
     dev = backend.kv_indptr[0].device              # where SGLang put the backend's own index buffers
-    arrays = {k: torch.zeros(n, dtype=torch.uint8 if k in _BYTE_BUFFERS else torch.int32, device=dev)
+    arrays = {k: torch.zeros(n, dtype=torch.uint8 if k in FLASHINFER_TIER_BYTE_BUFFERS else torch.int32, device=dev)
               for k, n in sizes.items()}
     arrays["last_page_len"].fill_(1)
     backend.__class__ = RaggedFlashInferAttnBackend
