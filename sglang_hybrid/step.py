@@ -59,11 +59,23 @@ _UNDRAFTED = 1 << 40
 
 class ModelDraft(NamedTuple):
     """The model drafter's chain: ``tokens [B, S]``, ``confidence [B, S]`` (draft probability of each token),
-    ``length [B]`` (valid prefix)."""
+    ``length [B]`` (valid prefix).
+
+    ``alt_tokens`` / ``alt_confidence`` (``[B, S, M]``, optional, both or neither): at each chain position the draft
+    model's next ``M`` most likely tokens after the chain's own (ranks 2 to ``M + 1`` of the same forward's
+    distribution) and their draft probabilities. Each hangs as a leaf beside the chain token it competes with (a
+    child of the chain's previous token): a tree that needs no draft forward beyond the chain's. Why: where the chain
+    token is wrong, a next-best one is often right (the measured rates in docs/benchmarks.md), and an EAGLE tree's
+    edge over a chain at small batches comes from those candidates. Its survival is the parent's times the
+    calibrated probability (the ranks' events are disjoint). Ragged verify only (``widths=None``); the fused decision
+    (``sglang_hybrid.kernels``) and the SGLang worker take chains, so this is the replay's design of a tree-shaped
+    model side, not a launch setting."""
 
     tokens: torch.Tensor
     confidence: torch.Tensor
     length: torch.Tensor
+    alt_tokens: Optional[torch.Tensor] = None
+    alt_confidence: Optional[torch.Tensor] = None
 
 
 class NgramDraft(NamedTuple):
@@ -106,6 +118,33 @@ class Decision(NamedTuple):
     model_rate: Optional[torch.Tensor] = None
     model_acceptance: Optional[torch.Tensor] = None
     ngram_acceptance: Optional[torch.Tensor] = None
+
+
+def _with_alternatives(chain: Candidates, alt_tokens: torch.Tensor, alt_survival: torch.Tensor) -> Candidates:
+    """The model chain (``D`` nodes, valid prefix ``chain.length``) with each drafted position's alternatives hung as
+    leaves beside it: one tree of ``D + S * M`` nodes, chain first, then the alternatives position-major.
+
+    ``alt_tokens`` / ``alt_survival`` ``[B, S, M]`` (``S <= D`` drafted positions; the survival already includes the
+    parent's). An alternative exists where its chain position does (position ``< min(length, S)``). The pool's
+    validity is a prefix, so a node that does not exist is made unselectable instead: survival 0 and a token id no
+    drafter proposes (``_UNDRAFTED`` upward, distinct per node, so nothing folds into it)."""
+    b, d = chain.tokens.shape
+    s, m = alt_tokens.shape[1], alt_tokens.shape[2]
+    dev = chain.tokens.device
+    j = torch.arange(d, device=dev, dtype=torch.int64)
+    chain_ok = j[None, :] < chain.length[:, None]
+    c_tok = torch.where(chain_ok, chain.tokens.to(torch.int64), _UNDRAFTED + j[None, :])
+    c_surv = torch.where(chain_ok, chain.survival.to(torch.float32), 0.0)
+    i = torch.arange(s, device=dev, dtype=torch.int64)
+    alt_ok = (i[None, :] < torch.minimum(chain.length, torch.full_like(chain.length, s))[:, None])[:, :, None]
+    a_idx = torch.arange(s * m, device=dev, dtype=torch.int64).reshape(1, s, m)
+    a_tok = torch.where(alt_ok, alt_tokens.to(torch.int64), _UNDRAFTED + d + a_idx).reshape(b, s * m)
+    a_surv = torch.where(alt_ok, alt_survival.to(torch.float32), 0.0).reshape(b, s * m)
+    a_par = (i - 1)[None, :, None].expand(b, s, m).reshape(b, s * m)         # the chain's previous token (-1: root)
+    tokens = torch.cat([c_tok, a_tok], 1)
+    parents = torch.cat([chain.parents.to(torch.int64), a_par], 1)
+    length = torch.full((b,), d + s * m, dtype=torch.int64, device=dev)
+    return Candidates(tokens, parents, torch.cat([c_surv, a_surv], 1), length, chain.source)
 
 
 class DecisionStep:
@@ -216,6 +255,36 @@ class DecisionStep:
     def model_survival(self, draft: ModelDraft, check_values: Optional[bool] = None) -> torch.Tensor:
         return chain_survival(self.model_acceptance(draft, check_values), draft.length, check_values=check_values)
 
+    def alternatives_survival(self, draft: ModelDraft, chain_survival_: torch.Tensor,
+                              check_values: Optional[bool] = None, bias: Optional[torch.Tensor] = None
+                              ) -> torch.Tensor:
+        """Each alternative's survival ``[B, S, M]`` (``ModelDraft.alt_tokens``): the chain's survival up to its
+        parent (1 at the first position) times the calibration of its draft probability at its depth, shifted by
+        ``bias`` as the chain's tokens are. The ranks of one position are disjoint events, so these add up."""
+        b, s, m = draft.alt_confidence.shape
+        depth = torch.arange(1, s + 1, device=draft.tokens.device, dtype=torch.int64)[:, None].expand(s, m)
+        a = self.model_cal.acceptance(draft.alt_confidence.to(torch.float32).clamp(0.0, 1.0).reshape(b, s * m),
+                                      depth.reshape(1, s * m).expand(b, s * m), check_values=check_values)
+        if bias is not None:
+            a = corrected_acceptance(a, bias)
+        parent = torch.cat([torch.ones((b, 1), device=a.device), chain_survival_[:, :s - 1].to(torch.float32)], 1) \
+            if s > 0 else chain_survival_.new_zeros((b, 0))
+        return parent[:, :, None] * a.reshape(b, s, m)
+
+    @staticmethod
+    def _check_alternatives(draft: ModelDraft) -> None:
+        has_t, has_c = draft.alt_tokens is not None, draft.alt_confidence is not None
+        if has_t != has_c:
+            raise ValueError("ModelDraft.alt_tokens and alt_confidence come together: pass both or neither")
+        b, s = draft.tokens.shape
+        for name, x in (("alt_tokens", draft.alt_tokens), ("alt_confidence", draft.alt_confidence)):
+            if x.dim() != 3 or tuple(x.shape[:2]) != (b, s):
+                raise ValueError(f"ModelDraft.{name} must have shape ({b}, {s}, M) (M alternatives per chain "
+                                 f"position), got {tuple(x.shape)}")
+        if draft.alt_tokens.shape[2] != draft.alt_confidence.shape[2]:
+            raise ValueError(f"ModelDraft.alt_tokens {tuple(draft.alt_tokens.shape)} and alt_confidence "
+                             f"{tuple(draft.alt_confidence.shape)} differ in M")
+
     def ngram_acceptance(self, draft: NgramDraft, check_values: Optional[bool] = None,
                          bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Each n-gram node's conditional acceptance ``[B, K]``: the calibration of its features, shifted by the
@@ -268,10 +337,17 @@ class DecisionStep:
         for name, bias in (("model_bias", model_bias), ("ngram_bias", ngram_bias)):
             if bias is not None and tuple(bias.shape) != (b,):
                 raise ValueError(f"{name} must have shape ({b},) (one offset per request), got {tuple(bias.shape)}")
+        alt = None
         if model is not None:
             a_m = self.model_acceptance(model, check_values, model_bias)
             s_m = chain_survival(a_m, model.length, check_values=check_values)
             model_c = Candidates.chain(model.tokens.to(torch.int64), s_m, model.length, Source.MODEL)
+            if model.alt_tokens is not None or model.alt_confidence is not None:
+                self._check_alternatives(model)
+                if self.widths is not None:
+                    raise ValueError("ModelDraft alternatives need ragged verify: construct the DecisionStep with "
+                                     "widths=None")
+                alt = (model.alt_tokens, self.alternatives_survival(model, s_m, check_values, model_bias))
         else:
             model_c = Candidates.empty(b, Source.MODEL, dev)
             s_m = a_m = model_c.survival
@@ -297,6 +373,8 @@ class DecisionStep:
                                  "request's Decision.model_rate from the previous step")
             model_s, ngram_s, dt, rate = self._depth_candidates(model_c, ngram_c, model_rate)
             nd, k = len(self.depths), self.depths.index(s_now)
+            if alt is not None:      # every depth block keeps the alternatives of the positions it drafts
+                model_s = _with_alternatives(model_s, alt[0].repeat(nd, 1, 1), alt[1].repeat(nd, 1, 1))
         if self.widths is not None:
             # padded verify: every eligible node competes for the slots (lambda 0); the width is the price's choice
             buckets = self._constant("widths", self.widths, dev)
@@ -320,10 +398,13 @@ class DecisionStep:
             return self._ragged_adaptive(root, model_s, ngram_s, dt, k, r, cost, draft_cost, s_m, s_n, next_width,
                                          check_values)._replace(model_rate=rate, model_acceptance=a_m,
                                                                 ngram_acceptance=a_n)
+        if alt is not None:
+            model_c = _with_alternatives(model_c, *alt)
         if cost is not None:
-            b_star, lam = price_device(torch.cat([s_m, s_n], 1), r, cost, check_values=check_values)
+            b_star, lam = price_device(torch.cat([model_c.survival.to(torch.float32), s_n], 1), r, cost,
+                                       check_values=check_values)
         else:
-            b_star = torch.full((), b * (s_m.shape[1] + s_n.shape[1]), dtype=torch.int64, device=dev)
+            b_star = torch.full((), b * (model_c.survival.shape[1] + s_n.shape[1]), dtype=torch.int64, device=dev)
             lam = torch.zeros((), dtype=torch.float32, device=dev)
         tree = select(root, [model_c, ngram_c], lam, mode=self.mode, n_nodes=self.n_nodes, check_values=check_values)
         return Decision(tree, b_star, lam, s_m, s_n, next_width, cur_depth, None, a_m, a_n)

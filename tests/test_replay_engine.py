@@ -653,8 +653,11 @@ def test_realistic_step_times_cover_every_policys_widest_verify():
                                   ngram_ks=(8, 24), sweep=False, decompose=False, plot=None)
     runner = replay_realistic.Runner(cfg)
     widest = max(p.n_nodes + 1 for ps in runner.engine_pols.values() for p in ps.values())
-    assert widest == 6 + 24 + 1
-    assert runner.max_width == max(widest, *(t[2] for t in cfg.eagle_trees)) == 32     # the (6, 8, 32) tree
+    chains = max(p.n_nodes + 1 for m, ps in runner.engine_pols.items() for p in ps.values()
+                 if not runner.engines[m].eagle_alternatives)
+    assert chains == 6 + 24 + 1
+    assert widest == 6 * (1 + cfg.eagle_alternatives) + 24 + 1          # the design: 3 leaves per EAGLE step
+    assert runner.max_width == max(widest, *(t[2] for t in cfg.eagle_trees)) == widest
     for b in (4, 32):
         sizes = runner.specs.for_batch(b).model.sizes
         assert int(sizes[-1]) >= b * runner.max_width
@@ -795,7 +798,8 @@ def test_model_offset_option_reaches_both_engines_and_bad_values_are_refused(mon
     # ragged launch and the ideal engine), off where it runs padded (the README's launch)
     assert seen["cfg"].ngram_bias_eta == "auto"
     etas = {name: e.ngram_eta for name, e in replay_realistic.Runner(seen["cfg"]).engines.items()}
-    assert etas == {"as built": None, "ideal": 0.3, replay_realistic.RAGGED: 0.3}, etas
+    assert etas == {"as built": None, "ideal": 0.3, replay_realistic.RAGGED: 0.3,
+                    replay_realistic.RAGGED_ALTERNATIVES: 0.3, replay_realistic.ALTERNATIVES: 0.3}, etas
     seen.clear()
     replay.main(["--realistic", "--ngram-bias-eta", "auto"])
     assert seen["cfg"].ngram_bias_eta == "auto"
@@ -1142,3 +1146,60 @@ def test_price_follows_the_batch_context_as_the_worker_blends_it():
         replay_engine.EngineConfig(price_context="now")
     with pytest.raises(ValueError, match="GPU cost spec"):
         batch.reset(4, linear)
+
+
+def test_simulated_eagle_alternatives_are_the_trees_later_candidates_of_each_chain_position():
+    """``SimulatedEagleTrees.alternatives``: at every chain position, m further candidates with distinct tokens
+    (never the chain's own), probabilities that share what the chain token left, calibrated (the hit rate in a bin
+    of probability is its mean), and right only where the chain token is wrong, as often as the measured later ranks
+    say (1 - prod(1 - RANK_HIT[:m]) of those positions). Asking in another order gives the same draws."""
+    L = 3000
+    bank, toks = _tree_bank(L=L)
+    req, pos = np.zeros(L, np.int64), np.arange(L)
+    truth = bank.targets(req, pos, 8)
+    t, q = bank.eagle_trees.alternatives(req, pos, 6, 3)
+    assert t.shape == q.shape == (L, 6, 3) and t.dtype == np.int64 and q.dtype == np.float32
+    assert all(len(set(r)) == 3 for r in t.reshape(-1, 3).tolist())
+    assert not (t == toks[:, :6, None]).any()
+    assert bool((q.sum(2) < 1 - bank.eagle_probs[:, :6] + 1e-6).all())
+    inside = truth[:, :6] >= 0
+    hit = t == truth[:, :6, None]
+    chain_right = toks[:, :6] == truth[:, :6]
+    assert not hit[chain_right].any()
+    wrong = inside & ~chain_right
+    later = 1 - np.prod(1 - np.asarray(replay_synth.RANK_HIT[:3]))
+    assert hit.any(2)[wrong].mean() == pytest.approx(later, abs=0.02)
+    qi, hi = q[inside], hit[inside]
+    for lo in (0.02, 0.05, 0.1, 0.2):
+        m = (qi >= lo) & (qi < lo * 1.5)
+        assert hi[m].mean() == pytest.approx(qi[m].mean(), abs=0.02)
+    order = np.random.default_rng(2).permutation(L)
+    t2, q2 = bank.eagle_trees.alternatives(req[order], pos[order], 4, 3)
+    assert np.array_equal(t2, t[order, :4]) and np.array_equal(q2, q[order, :4])
+    with pytest.raises(ValueError, match="1 <= m <= 7"):
+        bank.eagle_trees.alternatives(req, pos, 4, 8)
+
+
+def test_ideal_engine_with_eagle_alternatives_verifies_the_leaves_at_no_extra_draft_forward():
+    """The design (``EngineConfig.eagle_alternatives``): the ideal engine's HYBRID with the chain's next-best tokens
+    as leaves drafts the same forwards as without them and, the price being 0 at batch 1 on a flat step time, commits
+    at least as many tokens per step (a right leaf adds one where the chain stopped); a trace without trees refuses
+    it, and so does a padded engine (its width buckets take the chain alone)."""
+    core = _core_or_skip()
+    bank, _ = _tree_bank(L=600, alpha=0.5, alpha_copy=0.5)
+    runs = {}
+    for m in (0, 3):
+        eng = replay_engine.EngineConfig.ideal(adaptive_depth=False, eagle_alternatives=m)
+        pol = replay_engine.engine_policies(core, eng, ())[0]
+        assert pol.n_nodes == 12 + 4 * m
+        runs[m] = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.0,
+                                                                              draft=0.01))
+    assert runs[3].model_steps == 4 * runs[3].steps and runs[0].model_steps == 4 * runs[0].steps
+    assert runs[3].tokens / runs[3].steps > 1.05 * runs[0].tokens / runs[0].steps
+    with pytest.raises(ValueError, match="design for ragged verify"):
+        replay_engine.EngineConfig(eagle_alternatives=2)
+    assert replay_engine.EngineConfig(verify="ragged_sync", eagle_alternatives=2).eagle_alternatives == 2
+    plain = replay_drafts.DraftBank(one_request_trace(L=40, k=8), k=8)
+    pol = replay_engine.engine_policies(core, replay_engine.EngineConfig.ideal(eagle_alternatives=2), ())[0]
+    with pytest.raises(replay_drafts.DrafterUnavailable, match="simulated drafter"):
+        replay_sim.simulate(pol, plain, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.0, draft=0.01))

@@ -191,3 +191,105 @@ def test_with_widths_keeps_every_setting_but_the_buckets():
         base.with_widths([14])
     with pytest.raises(ValueError, match="ragged"):
         DecisionStep(mode="merge", n_nodes=12).with_widths([5])
+
+
+def _alternatives(model: ModelDraft, m: int, seed: int, scale: float = 0.3) -> ModelDraft:
+    g = torch.Generator().manual_seed(seed)
+    b, s = model.tokens.shape
+    return model._replace(alt_tokens=torch.randint(50, 400, (b, s, m), generator=g),
+                          alt_confidence=torch.rand((b, s, m), generator=g) * scale)
+
+
+def _paths(tree, row: int) -> dict:
+    """{token path from the root: survival} of a verify tree's valid nodes (root excluded)."""
+    out = {}
+    for i in range(1, tree.tokens.shape[1]):
+        if not bool(tree.valid[row, i]):
+            continue
+        path, j = [], i
+        while j > 0:
+            path.append(int(tree.tokens[row, j]))
+            j = int(tree.parents[row, j])
+        out[tuple(reversed(path))] = float(tree.survival[row, i])
+    return out
+
+
+def test_model_alternatives_hang_as_leaves_beside_the_chain_against_a_brute_force():
+    """``ModelDraft.alt_tokens``: each position's next-best tokens join the tree as leaves beside the chain token,
+    children of the chain's previous token, at the parent's survival times their (identity-calibrated) probability;
+    none past the chain's length. Brute force: every candidate path and its survival written out by hand, the n-gram
+    chain's folded in by path (merge keeps the larger estimate), all kept at price 0 with room for every node."""
+    root, model, ngram = _drafts(3)
+    model = _alternatives(model._replace(length=torch.tensor([S, 2, 0])), 2, seed=4)
+    step = DecisionStep(mode="merge", n_nodes=S * 3 + K, ngram_calibration=NgramCalibration.load().to())
+    got = step(root, model, ngram, check_values=True)
+    s_n = step.ngram_survival(ngram)
+    for row in range(B):
+        want: dict = {}
+        n = int(model.length[row])
+        surv, prefix = 1.0, ()
+        for j in range(n):
+            for r in range(2):
+                p = surv * float(model.alt_confidence[row, j, r])
+                key = prefix + (int(model.alt_tokens[row, j, r]),)
+                want[key] = max(want.get(key, 0.0), p)
+            surv *= float(model.confidence[row, j])
+            prefix += (int(model.tokens[row, j]),)
+            want[prefix] = max(want.get(prefix, 0.0), surv)
+        for j in range(int(ngram.length[row])):
+            key = tuple(int(t) for t in ngram.tokens[row, :j + 1])
+            want[key] = max(want.get(key, 0.0), float(s_n[row, j]))
+        have = _paths(got.tree, row)
+        assert set(have) == {k for k, v in want.items() if v > 0}
+        assert all(have[k] == pytest.approx(want[k], rel=1e-5) for k in have)
+        assert float(got.tree.expected_accepted[row]) == pytest.approx(sum(want.values()), rel=1e-5)
+    # no alternatives where the chain has no token: row 2 drafted nothing, so its tree is the n-gram chain's alone
+    assert set(got.tree.source[2][got.tree.valid[2]].tolist()) <= {-1, int(Source.NGRAM)}
+
+
+def test_model_alternatives_of_zero_probability_change_nothing_and_bad_shapes_are_refused():
+    root, model, ngram = _drafts(5)
+    step = DecisionStep(mode="merge", n_nodes=8, ngram_calibration=NgramCalibration.load().to())
+    cost = CostModel([1, 16, 64, 256], [1.0, 1.1, 1.6, 4.0]).to("cpu")
+    plain = step(root, model, ngram, cost=cost)
+    zero = step(root, _alternatives(model, 3, seed=6, scale=0.0), ngram, cost=cost)
+    assert torch.equal(zero.tree.tokens, plain.tree.tokens) and torch.equal(zero.tree.parents, plain.tree.parents)
+    assert float(zero.lam) == pytest.approx(float(plain.lam)) and int(zero.b_star) == int(plain.b_star)
+    alt = _alternatives(model, 3, seed=6)
+    with pytest.raises(ValueError, match="both or neither"):
+        step(root, alt._replace(alt_confidence=None), ngram)
+    with pytest.raises(ValueError, match=r"alt_confidence must have shape \(3, 4, M\)"):
+        step(root, alt._replace(alt_confidence=alt.alt_confidence[:, :2]), ngram)
+    with pytest.raises(ValueError, match="differ in M"):
+        step(root, alt._replace(alt_confidence=alt.alt_confidence[:, :, :2]), ngram)
+    padded = DecisionStep(mode="merge", n_nodes=8, ngram_calibration=NgramCalibration.load().to(), widths=[5, 9])
+    with pytest.raises(ValueError, match="ragged verify"):
+        padded(root, alt, ngram)
+
+
+def test_model_alternatives_under_adaptive_depths_keep_each_depths_own_positions():
+    """With candidate depths, the drafted depth's tree is the one a fixed-depth step builds (price 0: every node
+    fits), and each depth's block holds only the alternatives of the positions that depth drafts: a block cut to one
+    token keeps the first position's alternatives and no others, and no node that does not exist can fold."""
+    from sglang_hybrid.selector import Candidates
+    from sglang_hybrid.step import _with_alternatives
+
+    root, model, ngram = _drafts(7)
+    alt = _alternatives(model, 2, seed=8)
+    cal = NgramCalibration.load().to()
+    fixed = DecisionStep(mode="merge", n_nodes=S * 3 + K, ngram_calibration=cal)(root, alt, ngram)
+    adaptive = DecisionStep(mode="merge", n_nodes=S * 3 + K, ngram_calibration=cal, depths=[1, 2, 4])
+    got = adaptive(root, alt, ngram)
+    for row in range(B):
+        assert _paths(got.tree, row) == pytest.approx(_paths(fixed.tree, row))
+    chain = Candidates.chain(model.tokens, torch.full((B, S), 0.5), torch.tensor([1, 3, 0]), Source.MODEL)
+    tree = _with_alternatives(chain, alt.alt_tokens, torch.full((B, S, 2), 0.25))
+    assert tree.tokens.shape == (B, S + S * 2) and bool((tree.length == S + S * 2).all())
+    alive = tree.survival > 0
+    assert alive[0].tolist() == [True] + [False] * 3 + [True] * 2 + [False] * 6
+    assert alive[1].tolist() == [True] * 3 + [False] + [True] * 6 + [False] * 2
+    assert not bool(alive[2].any())
+    dead = tree.tokens[~alive]
+    assert bool((dead >= 1 << 40).all()) and all(len(set(r[~a].tolist())) == int((~a).sum())
+                                                  for r, a in zip(tree.tokens, alive))
+    assert tree.parents[0, S:].tolist() == [-1, -1, 0, 0, 1, 1, 2, 2]

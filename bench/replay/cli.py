@@ -35,6 +35,17 @@ def _eta_auto_or_none(value: str):
     return "auto" if value.strip().lower() == "auto" else _eta_or_none(value)
 
 
+def _positive_or_zero_int(value: str) -> int:
+    """A count: an int >= 0."""
+    try:
+        x = int(value)
+    except ValueError:
+        x = -1
+    if x < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {value!r}")
+    return x
+
+
 def _positive_or_zero(value: str) -> float:
     """A cost in microseconds: a number >= 0."""
     try:
@@ -146,6 +157,10 @@ def main(argv=None) -> int:
     rg.add_argument("--no-ragged-mode", action="store_true",
                     help="realistic: leave out HYBRID launched with ragged_verify=on (the mode 'as built, ragged' run "
                          "beside the README's launch on the headline point and the real trace)")
+    rg.add_argument("--eagle-alternatives", type=_positive_or_zero_int, default=3, metavar="M",
+                    help="realistic: a design, not built, run on the headline point: the ideal engine with the EAGLE "
+                         "side's next M most likely tokens at each chain position hung as leaves (no draft forward "
+                         "beyond the chain's; default 3; 0 leaves it out)")
     rg.add_argument("--no-sweep", action="store_true", help="realistic: the headline point alpha=0.7/0.9 only")
     rg.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
                     help="realistic: processes the cells run in (default: this machine's usable cores; the results "
@@ -197,6 +212,7 @@ def main(argv=None) -> int:
                         gpu_context=args.gpu_context, real_trace=args.real_trace,
                         ngram_calibration=args.ngram_calibration, ngram_logit_shift=args.ngram_logit_shift,
                         launch=launch, ragged_sync_us=args.ragged_sync_us, ragged_mode=not args.no_ragged_mode,
+                        eagle_alternatives=args.eagle_alternatives,
                         measured_table=None if args.measured_table == "none" else Path(args.measured_table),
                         sweep=not args.no_sweep,
                         out=args.out if args.out != Path("out/replay") else Path("out/replay_realistic"),

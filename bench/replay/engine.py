@@ -88,10 +88,11 @@ from sglang_hybrid.widths import default_depths, start_width
 #: sidesteps that with a width read late; the ragged ones answer it in the two ways issue 25 names.
 VERIFY_LAYOUTS = {
     "padded": "every request verifies W tokens, W the width bucket chosen {width_lag} step(s) before; cost T(B W)",
-    "ragged_sync": ("ragged verify (built on Triton at TP 1, opt-in on a GPU): each request its root + the nodes the "
-                    "price keeps, the counts read by the host after the decision, {sync_us:g} us per step for that "
-                    "read and the layout work the verify waits on (RAGGED_SYNC_US); verify graphs keyed by token "
-                    "tiers (token_tier), cost T(token tier of the sum)"),
+    "ragged_sync": ("ragged verify (built on Triton and FlashInfer at TP 1, opt-in on a GPU, not run there): each "
+                    "request its root + the nodes the price keeps, the counts read by the host after the decision, "
+                    "{sync_us:g} us per step for that read and the layout work the verify waits on (RAGGED_SYNC_US, "
+                    "Triton's: FlashInfer's plan adds host work after the read, not charged); verify graphs keyed by "
+                    "token tiers (token_tier), cost T(token tier of the sum)"),
     "ragged_late": ("ragged verify (a design, not built): each request at most the rows it chose {width_lag} step(s) "
                     "before (its own width, read late without blocking, as the bucket is), laid out whether used or "
                     "not; verify graphs keyed by token tiers (token_tier), cost T(token tier of the sum of those "
@@ -185,8 +186,9 @@ class EngineConfig:
     #: depths for the draft table; ``widths`` applies to "given" only
     cost_tables: str = "given"
     #: the verify layout (``VERIFY_LAYOUTS``): "padded" is what the GPU worker runs by default; "ragged_sync" is its
-    #: ragged verify (setting ``ragged_verify=on``: built on Triton at TP 1, not run on a GPU yet); "ragged_late" a
-    #: design, not built. docs/sglang.md ("Ragged verify") chooses between them with the decomposition's rows
+    #: ragged verify (setting ``ragged_verify=on``: built on Triton and FlashInfer at TP 1, not run on a GPU yet);
+    #: "ragged_late" a design, not built. docs/sglang.md ("Ragged verify") chooses between them with the
+    #: decomposition's rows
     verify: str = "padded"
     #: "ragged_sync" only: how long the device idles per step while the host reads the node counts and launches what
     #: follows up to the verify graph (``RAGGED_SYNC_US``: the measured read plus the counted launches' dispatch)
@@ -194,8 +196,19 @@ class EngineConfig:
     #: the context the price's tables are at (``PRICE_CONTEXTS``); None: the launch's own, ``price_at``. "blend" and
     #: "batch" need the charge's roofline (a GPU cost spec) to stand in for the probes
     price_context: Optional[str] = None
+    #: a design, not built (ragged verify only: the ideal engine or ``ragged_sync``; the simulated drafter only): the
+    #: EAGLE side as a chain with its ``M`` next-best tokens at each position hung as leaves
+    #: (``step.ModelDraft.alt_tokens``; their draws in ``synth.SimulatedEagleTrees.alternatives``), no draft forward
+    #: beyond the chain's and no launch beyond the decision's counted ones; 0: the chain alone
+    eagle_alternatives: int = 0
 
     def __post_init__(self):
+        if isinstance(self.eagle_alternatives, bool) or not isinstance(self.eagle_alternatives, int) \
+                or self.eagle_alternatives < 0:
+            raise ValueError(f"eagle_alternatives must be an int >= 0, got {self.eagle_alternatives!r}")
+        if self.eagle_alternatives and self.as_built and self.verify == "padded":
+            raise ValueError("eagle_alternatives is a design for ragged verify (EngineConfig.ideal, or verify="
+                             "'ragged_sync'): padded width buckets take the EAGLE chain alone")
         if self.cost_tables not in COST_TABLES:
             raise ValueError(f"cost_tables must be one of {tuple(COST_TABLES)}, got {self.cost_tables!r}")
         if self.price_context is not None and self.price_context not in PRICE_CONTEXTS:
@@ -294,14 +307,22 @@ class EngineConfig:
             return ("ideal: ragged verify (price masks nodes, cost = valid nodes), fresh n-gram proposals at the exact "
                     f"position, no host time, the fused step's launches; {self.num_steps} EAGLE steps, "
                     f"n-gram k={self.ngram_k}, "
-                    f"n_nodes={self.n_nodes}; {self._depth_text()}")
+                    f"n_nodes={self.n_nodes}; {self._depth_text()}{self._alternatives_text()}")
         launches = (f"counted from the worker's {self.decision_kernels} path (bench.step_launches)"
                     if self.launches is None else self.launches)
         return (f"as built: {self._verify_text()}; n-gram proposals {self.ngram_lag} step(s) late, "
                 f"{self.proposal_width} tokens wide, aligned by sglang_plugin.alignment.align, first {self.ngram_k} "
                 f"used; host path {self._host_text()} "
                 f"({host_seconds(4) * 1e3:.3f} ms at B=4, {host_seconds(128) * 1e3:.3f} ms at B=128); decision "
-                f"launches {launches}; {self.num_steps} EAGLE steps, n_nodes={self.n_nodes}; {self._depth_text()}")
+                f"launches {launches}; {self.num_steps} EAGLE steps, n_nodes={self.n_nodes}; {self._depth_text()}"
+                f"{self._alternatives_text()}")
+
+    def _alternatives_text(self) -> str:
+        if not self.eagle_alternatives:
+            return ""
+        return (f"; a design, not built: the EAGLE chain with its next {self.eagle_alternatives} most likely tokens "
+                "at each position as leaves (no draft forward beyond the chain's; each HYBRID policy's n_nodes "
+                f"grows by {self.eagle_alternatives} per EAGLE step)")
 
     def _verify_text(self) -> str:
         text = VERIFY_LAYOUTS[self.verify].format(width_lag=self.width_lag, sync_us=self.sync_us)
@@ -662,6 +683,15 @@ class EnginePolicy(P.Policy):
         depth = self.depth_pending.popleft() if self.depths is not None else self.num_steps
         self.depth_counts[depth] += 1
         etoks, eprobs = view.drafts.eagle(view.req, view.pos, depth)
+        alternatives = None
+        if self.engine.eagle_alternatives:
+            trees = getattr(view.drafts, "eagle_trees", None)
+            if trees is None:
+                from bench.replay.drafts import DrafterUnavailable
+
+                raise DrafterUnavailable("EAGLE alternatives need the simulated drafter: a recorded trace holds the "
+                                         "head's chain only")
+            alternatives = trees.alternatives(view.req, view.pos, depth, self.engine.eagle_alternatives)
         cost, draft_cost = self._price_inputs(view)
         draft_cost = draft_cost if self.depths is not None else None
         ngram = None
@@ -672,7 +702,7 @@ class EnginePolicy(P.Policy):
                 ng = view.drafts.ngram_features(view.req, view.pos, self.engine.ngram_k)
             ngram = c.ngram_draft(ng, False)
         root = c.torch.as_tensor(view.root)
-        model = c.model_draft(etoks, eprobs)
+        model = c.model_draft(etoks, eprobs, alternatives)
         b = len(view.req)
         bias = ngram_bias = None
         if self.bias_eta is not None:
@@ -738,7 +768,8 @@ def engine_policies(core, engine: EngineConfig, model_ks=(2, 4, 6, 8), hybrid_mo
     for mode in hybrid_modes:
         for steps in (engine.num_steps, *[s for s in hybrid_steps if s != engine.num_steps]):
             for k in (engine.ngram_k, *[k for k in ngram_ks if k != engine.ngram_k]):
-                n_nodes = HybridSettings(mode=mode, ngram_k=k).resolved_n_nodes(steps)
+                n_nodes = HybridSettings(mode=mode, ngram_k=k).resolved_n_nodes(steps) \
+                    + steps * engine.eagle_alternatives          # the design's leaves get their own slots
                 eng = engine if k == engine.ngram_k else dataclasses.replace(engine, ngram_k=k, n_nodes=n_nodes)
                 name = (f"hybrid_{mode}" + (f"_s{steps}" if steps != engine.num_steps else "")
                         + (f"_k{k}" if k != engine.ngram_k else ""))

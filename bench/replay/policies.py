@@ -360,11 +360,14 @@ class _Core:
             name += f", every cell's logit moved by {self.ngram_logit_shift:+g} (a what-if, --ngram-logit-shift)"
         return name
 
-    def model_draft(self, tokens: np.ndarray, probs: np.ndarray):
-        """The EAGLE chain as the core's ``ModelDraft`` (a chain ends at its first -1 token)."""
+    def model_draft(self, tokens: np.ndarray, probs: np.ndarray, alternatives: Optional[tuple] = None):
+        """The EAGLE chain as the core's ``ModelDraft`` (a chain ends at its first -1 token); ``alternatives``:
+        (tokens [B, S, M], probs [B, S, M]), each position's next-best tokens (``ModelDraft.alt_tokens``)."""
         t = self.torch
         lengths = t.as_tensor((np.cumsum(np.asarray(tokens) < 0, axis=1) == 0).sum(axis=1), dtype=t.int64)
-        return self.step.ModelDraft(t.as_tensor(tokens), t.as_tensor(probs, dtype=t.float32), lengths)
+        alt = (None, None) if alternatives is None else (t.as_tensor(alternatives[0], dtype=t.int64),
+                                                          t.as_tensor(alternatives[1], dtype=t.float32))
+        return self.step.ModelDraft(t.as_tensor(tokens), t.as_tensor(probs, dtype=t.float32), lengths, *alt)
 
     def ngram_draft(self, d: dict, tree: bool):
         """The n-gram proposal (chain or tree) with its features as the core's ``NgramDraft``."""

@@ -57,6 +57,12 @@ MODES = ("as built", "ideal")
 #: token-tier graphs; both tables measured at start as in the README's launch): run beside ``MODES`` on the headline
 #: point and the real trace (``Config.ragged_mode``), the engine issue 25's gap target is stated for
 RAGGED = "as built, ragged"
+#: designs, not built: the launch with ``ragged_verify=on`` (``RAGGED``) and the ideal engine, each with the EAGLE
+#: side's next-best tokens at each chain position hung as leaves (``EngineConfig.eagle_alternatives``;
+#: ``Config.eagle_alternatives``), on the headline point only (a recorded trace holds the head's chain only): what a
+#: tree-shaped EAGLE side that costs no draft forward would reach
+RAGGED_ALTERNATIVES = "as built, ragged, EAGLE alternatives (design)"
+ALTERNATIVES = "ideal, EAGLE alternatives (design)"
 REAL_TRACE = Path("out/traces/smollm2_t0_final.jsonl")
 ROOT = Path(__file__).resolve().parents[2]
 #: the device kit's step-time table from an H200 (``bash bench/device_run.sh``, 2026-12-04): a compact PyTorch
@@ -192,6 +198,8 @@ class Config:
     ragged_sync_us: float = RAGGED_SYNC_US
     #: also run HYBRID as launched with ``ragged_verify=on`` (``RAGGED``) on the headline point and the real trace
     ragged_mode: bool = True
+    #: ``ALTERNATIVES``: the next-best EAGLE tokens per chain position the design hangs as leaves; 0 leaves it out
+    eagle_alternatives: int = 3
     real_trace: Optional[Path] = None
     #: processes the cells run in (forked from the run, each a whole cell: results do not depend on it)
     jobs: int = 1
@@ -235,6 +243,12 @@ class Runner:
         if cfg.ragged_mode:
             self.engines[RAGGED] = dataclasses.replace(self.engines["as built"], verify="ragged_sync",
                                                        sync_us=cfg.ragged_sync_us)
+        if cfg.eagle_alternatives:
+            if RAGGED in self.engines:
+                self.engines[RAGGED_ALTERNATIVES] = dataclasses.replace(self.engines[RAGGED],
+                                                                        eagle_alternatives=cfg.eagle_alternatives)
+            self.engines[ALTERNATIVES] = dataclasses.replace(self.engines["ideal"],
+                                                             eagle_alternatives=cfg.eagle_alternatives)
         self.core = P._Core(None, cfg.ngram_calibration, ngram_logit_shift=cfg.ngram_logit_shift)
         self.free = [P.NoSpeculation()]
         self.suffix_note = self._suffix_available()
@@ -323,6 +337,12 @@ class Runner:
     def head_modes(self) -> tuple:
         """The engine modes HYBRID runs in on the headline point and the real trace: ``MODES`` and ``RAGGED``."""
         return MODES + ((RAGGED,) if RAGGED in self.engines else ())
+
+    @property
+    def design_modes(self) -> tuple:
+        """The designs HYBRID also runs in on the headline point alone (the simulated drafter's):
+        ``RAGGED_ALTERNATIVES`` and ``ALTERNATIVES``."""
+        return tuple(m for m in (RAGGED_ALTERNATIVES, ALTERNATIVES) if m in self.engines)
 
     def hybrid_candidates(self, mode) -> list:
         """Names of the HYBRID merge policies tuned per cell in ``mode`` (the deployed EAGLE steps first)."""
@@ -711,7 +731,10 @@ def detail_table(runner: Runner, source, cells) -> list:
         lines.append(row)
     rows = [("best model-only", MODES[0], "model"), ("n-gram else EAGLE", MODES[0], "rule")] + [
         (f"HYBRID merge ({m})", m, "hybrid") for m in MODES] + [
-        ("HYBRID ragged_verify=on", RAGGED, "hybrid")] * (RAGGED in runner.engines) + [("oracle", MODES[0], "oracle")]
+        ("HYBRID ragged_verify=on", RAGGED, "hybrid")] * (RAGGED in runner.engines) + [
+        ("HYBRID ragged+alt (design)", RAGGED_ALTERNATIVES, "hybrid")] * (RAGGED_ALTERNATIVES in runner.engines) + [
+        ("HYBRID ideal+alt (design)", ALTERNATIVES, "hybrid")] * (ALTERNATIVES in runner.engines) + [
+        ("oracle", MODES[0], "oracle")]
     for title, m, what in rows:
         row = f"{title:<26}"
         any_ = False
@@ -735,6 +758,38 @@ def detail_table(runner: Runner, source, cells) -> list:
                  "tokens (simulated drafter only); n-gram else EAGLE K<k>/E<k>; HYBRID S<n>/K<k>: its EAGLE steps and "
                  "n-gram chain length; all tuned per cell on the first seed)")
     return lines
+
+
+def design_lines(runner: Runner, cells) -> list:
+    """The designs (``Runner.design_modes``, not built) beside the engines they extend, per headline cell: HYBRID /
+    best single drafter and / best model-only, for the launch with ``ragged_verify=on`` and the ideal engine, each
+    with the EAGLE chain alone and with its alternatives as leaves; and how many cells of each reach 0.97x the best
+    single drafter."""
+    pairs = [(m, d) for m, d in ((RAGGED, RAGGED_ALTERNATIVES), ("ideal", ALTERNATIVES)) if d in runner.engines]
+    if not pairs:
+        return []
+    alt = runner.engines[pairs[0][1]].eagle_alternatives
+    out = [f"Designs, not built: the EAGLE side's next {alt} most likely tokens at each chain position hung as leaves "
+           f"(no draft forward beyond the chain's, the decision's launches as counted; {label(HEADLINE)}; SIMULATED, "
+           "decision charged). HYBRID / best single drafter, / best model-only, chain -> with alternatives [95% CI]:"]
+    reach = {d: [0, 0] for _, d in pairs}
+    for w, b in cells:
+        parts = []
+        for m, d in pairs:
+            c, a = runner.cell(HEADLINE, m, w, b), runner.cell(HEADLINE, d, w, b)
+            if c is None or a is None:
+                continue
+            reach[d][0] += a["vs_single"][0] >= 0.97
+            reach[d][1] += 1
+            name = "ragged_verify=on" if m == RAGGED else m
+            parts.append(f"{name} {c['vs_single'][0]:.2f} -> {fmt_ci(a['vs_single'])}, "
+                         f"{c['vs_model'][0]:.2f} -> {a['vs_model'][0]:.2f} (S{a['hybrid_steps']}/K"
+                         f"{a['hybrid_ngram_k']})")
+        if parts:
+            out.append(f"  {w} B={b}: " + "; ".join(parts))
+    out.append("  at >= 0.97x the best single drafter: " + ", ".join(
+        f"{d} {n} of {t} cells" for d, (n, t) in reach.items()))
+    return out
 
 
 def plot(runner: Runner, cfg: Config, path: Path) -> Optional[Path]:
@@ -960,7 +1015,8 @@ def run(cfg: Config, log=print) -> int:
             trees = replay_synth.SimulatedEagleTrees(banks[s], flags[s], pt[0], pt[1], toks, probs, s)
             eb[s] = replay_synth.with_eagle(banks[s], toks, probs, trees)
         if pt == HEADLINE:
-            runner.run_source(pt, eb, groups, head_cells, list(cfg.seeds), runner.head_modes, log)
+            runner.run_source(pt, eb, groups, head_cells, list(cfg.seeds), runner.head_modes + runner.design_modes,
+                              log)
             eb_head = eb
         else:
             runner.run_source(pt, eb, groups, list(cfg.sweep_cells), list(cfg.seeds[:2]), cfg.sweep_modes, log,
@@ -1043,6 +1099,11 @@ def run(cfg: Config, log=print) -> int:
         f"{evaluation_seeds(cfg.seeds)}; {charged}):")
     for line in detail_table(runner, HEADLINE, head_cells):
         log(line)
+    design = design_lines(runner, head_cells)
+    if design:
+        log("")
+        for line in design:
+            log(line)
     if "real" in sources:
         log("")
         log("Per-policy speedup over no speculation, real, small (SmolLM2 trace):")

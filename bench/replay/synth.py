@@ -192,6 +192,57 @@ class SimulatedEagleTrees:
             toks[sel], pars[sel] = self._cache[key][0][pos[sel]], self._cache[key][1][pos[sel]]
         return toks, pars
 
+    def alternatives(self, req, pos, depth: int, m: int) -> tuple:
+        """(tokens int64 [B, depth, m], probs float32 [B, depth, m]): at each of the first ``depth`` positions of the
+        chain drafted after output[:pos] of each request ``req``, the simulated head's candidates of ranks 2 to
+        ``m + 1`` there, the leaves of ``step.ModelDraft.alt_tokens`` (a design of the replay, not a launch).
+
+        The same rule as the trees' further children of a chain node: the r-th takes the share ``u_r`` (Beta around
+        the MEASURED `RANK_HIT`) of the probability its better ones left, and is the output's token, when no better
+        one is (the chain's token included, by the chain's own draw), with that share's probability, so each
+        candidate's probability is calibrated. Its wrong tokens are distinct from the output's, from each other and
+        from the chain's. The draws are per (seed, strength, m, request), independent of the trees' own."""
+        req, pos = np.asarray(req, np.int64), np.asarray(pos, np.int64)
+        m, depth = int(m), int(depth)
+        if not 1 <= m <= len(RANK_HIT):
+            raise ValueError(f"EAGLE alternatives m={m}: the simulated ranks go to {len(RANK_HIT) + 1}, so 1 <= m <= "
+                             f"{len(RANK_HIT)}")
+        if not 0 <= depth <= self.chain_tokens.shape[1]:
+            raise ValueError(f"depth {depth} exceeds the simulated chains' {self.chain_tokens.shape[1]}")
+        toks = np.empty((len(req), depth, m), np.int64)
+        probs = np.empty((len(req), depth, m), np.float32)
+        for r in np.unique(req):
+            key = ("alternatives", m, int(r))
+            if key not in self._cache:
+                self._cache[key] = self._alternatives(int(r), m)
+            sel = req == r
+            toks[sel] = self._cache[key][0][pos[sel], :depth]
+            probs[sel] = self._cache[key][1][pos[sel], :depth]
+        return toks, probs
+
+    def _alternatives(self, r: int, m: int) -> tuple:
+        bank, d = self.bank, self.chain_tokens.shape[1]
+        rng = np.random.default_rng([self.seed, int(round(self.alpha * 1000)), int(round(self.alpha_copy * 1000)),
+                                     m, r, 13])
+        rows = np.arange(bank.offset[r], bank.offset[r] + bank.lengths[r])
+        _, inside, truth = _strength(bank, self.flags, self.alpha, self.alpha_copy, d, rows)
+        shape = (len(rows), d, m)
+        conf = self.chain_probs[rows, :d].astype(np.float64)
+        u = np.clip(_beta(rng, np.asarray(RANK_HIT[:m]), shape), 1e-4, 1 - 1e-4)
+        later = rng.random(shape) < u
+        q = np.empty(shape)
+        left = 1.0 - conf
+        miss = inside & (self.chain_tokens[rows, :d] != truth)      # the chain's token is not the output's
+        hit = np.zeros(shape, bool)
+        for c in range(m):
+            q[:, :, c] = left * u[:, :, c]
+            left = left * (1.0 - u[:, :, c])
+            hit[:, :, c] = miss & later[:, :, c]
+            miss &= ~hit[:, :, c]
+        wrong = (np.maximum(truth, 0)[:, :, None] + 1001 + np.arange(m)[None, None, :]) % VOCAB
+        tok = np.where(hit, truth[:, :, None], wrong)
+        return tok.astype(np.int64), q.astype(np.float32)
+
     def _request(self, r: int, steps: int, topk: int, n_draft: int) -> tuple:
         if steps < 1 or topk < 1 or not 2 <= n_draft <= max_draft_tokens(steps, topk):
             raise ValueError(f"EAGLE tree steps={steps} topk={topk} num_draft_tokens={n_draft}: need steps >= 1, "
