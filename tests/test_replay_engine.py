@@ -351,10 +351,10 @@ def test_simulated_drafter_is_flat_and_calibrated():
         assert r[m].mean() == pytest.approx(c[m].mean(), abs=0.04)
 
 
-def _tree_bank(L=3000, alpha=0.6, alpha_copy=0.6, seed=3):
+def _tree_bank(L=3000, alpha=0.6, alpha_copy=0.6, seed=3, pad=64):
     """One long request with a simulated drafter (chains of 8) and its simulated EAGLE trees."""
     rng = np.random.default_rng(0)
-    bank = replay_drafts.DraftBank(one_request_trace(L=L, k=8, output=rng.integers(0, 5000, L)), k=8)
+    bank = replay_drafts.DraftBank(one_request_trace(L=L, k=8, output=rng.integers(0, 5000, L)), k=8, pad=pad)
     flags = np.zeros(L, bool)
     toks, probs = replay_synth.simulated_eagle(bank, flags, alpha, alpha_copy, 8, seed=seed)
     trees = replay_synth.SimulatedEagleTrees(bank, flags, alpha, alpha_copy, toks, probs, seed)
@@ -658,6 +658,9 @@ def test_realistic_step_times_cover_every_policys_widest_verify():
     assert chains == 6 + 24 + 1
     assert widest == 6 * (1 + cfg.eagle_alternatives) + 24 + 1          # the design: 3 leaves per EAGLE step
     assert runner.max_width == max(widest, *(t[2] for t in cfg.eagle_trees)) == widest
+    assert runner.bank_pad == max(64, widest)              # every step's targets reach the deepest a tree can be
+    wide = replay_realistic.Runner(dataclasses.replace(cfg, eagle_alternatives=7))
+    assert wide.max_width == 6 * 8 + 24 + 1 and wide.bank_pad == wide.max_width
     for b in (4, 32):
         sizes = runner.specs.for_batch(b).model.sizes
         assert int(sizes[-1]) >= b * runner.max_width
@@ -838,11 +841,19 @@ def test_realistic_command_line_defaults_are_the_configs_and_eagle_trees_parse(m
     replay.main(["--realistic"])
     want = replay_realistic.Config()
     for field in ("requests", "out_tokens", "seeds", "batches", "width_lag", "ngram_lag", "cost_tables",
-                  "hybrid_steps", "hybrid_ngram_ks", "ngram_ks", "eagle_trees", "measured_table", "ragged_mode"):
+                  "hybrid_steps", "hybrid_ngram_ks", "ngram_ks", "eagle_trees", "measured_table", "ragged_mode",
+                  "eagle_alternatives"):
         assert getattr(seen["cfg"], field) == getattr(want, field), field
     seen.clear()
     replay.main(["--realistic", "--no-ragged-mode"])
     assert seen["cfg"].ragged_mode is False
+    seen.clear()
+    replay.main(["--realistic", "--eagle-alternatives", "0"])
+    assert seen["cfg"].eagle_alternatives == 0
+    assert replay_realistic.Runner(dataclasses.replace(seen["cfg"], batches=(4,), sweep=False)).design_modes == ()
+    for bad in ("8", "-1", "x"):                # the simulated drafter's measured ranks stop at 8
+        with pytest.raises(SystemExit):
+            replay.main(["--realistic", "--eagle-alternatives", bad])
     seen.clear()
     replay.main(["--realistic", "--measured-table", "none"])
     assert seen["cfg"].measured_table is None
@@ -1199,6 +1210,16 @@ def test_ideal_engine_with_eagle_alternatives_verifies_the_leaves_at_no_extra_dr
     with pytest.raises(ValueError, match="design for ragged verify"):
         replay_engine.EngineConfig(eagle_alternatives=2)
     assert replay_engine.EngineConfig(verify="ragged_sync", eagle_alternatives=2).eagle_alternatives == 2
+    # a tree wider than the banks' default padding (8 steps x (1 + 7) + 8 = 72 nodes) runs on a bank padded for it,
+    # as the realistic runner pads its banks (Runner.bank_pad), and says why on one that is not
+    wide = replay_engine.engine_policies(core, replay_engine.EngineConfig.ideal(
+        num_steps=8, ngram_k=8, adaptive_depth=False, eagle_alternatives=7), ())[0]
+    assert wide.n_nodes == 72
+    with pytest.raises(ValueError, match="exceeds the replay's padding 64"):
+        replay_sim.simulate(wide, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.0, draft=0.01))
+    padded, _ = _tree_bank(L=600, alpha=0.5, alpha_copy=0.5, pad=72)
+    res = replay_sim.simulate(wide, padded, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.0, draft=0.01))
+    assert res.steps > 0 and res.model_steps == 8 * res.steps
     plain = replay_drafts.DraftBank(one_request_trace(L=40, k=8), k=8)
     pol = replay_engine.engine_policies(core, replay_engine.EngineConfig.ideal(eagle_alternatives=2), ())[0]
     with pytest.raises(replay_drafts.DrafterUnavailable, match="simulated drafter"):

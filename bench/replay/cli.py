@@ -35,14 +35,18 @@ def _eta_auto_or_none(value: str):
     return "auto" if value.strip().lower() == "auto" else _eta_or_none(value)
 
 
-def _positive_or_zero_int(value: str) -> int:
-    """A count: an int >= 0."""
+def _alternatives(value: str) -> int:
+    """EAGLE alternatives per chain position: 0 (none) up to the ranks the simulated drafter has measured rates for
+    (``synth.RANK_HIT``: ranks 2 to 8)."""
+    from bench.replay.synth import RANK_HIT
+
     try:
         x = int(value)
     except ValueError:
         x = -1
-    if x < 0:
-        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {value!r}")
+    if not 0 <= x <= len(RANK_HIT):
+        raise argparse.ArgumentTypeError(f"must be an int from 0 to {len(RANK_HIT)} (the simulated drafter's ranks 2 "
+                                         f"to {len(RANK_HIT) + 1}), got {value!r}")
     return x
 
 
@@ -157,7 +161,7 @@ def main(argv=None) -> int:
     rg.add_argument("--no-ragged-mode", action="store_true",
                     help="realistic: leave out HYBRID launched with ragged_verify=on (the mode 'as built, ragged' run "
                          "beside the README's launch on the headline point and the real trace)")
-    rg.add_argument("--eagle-alternatives", type=_positive_or_zero_int, default=3, metavar="M",
+    rg.add_argument("--eagle-alternatives", type=_alternatives, default=3, metavar="M",
                     help="realistic: a design, not built, run on the headline point: the ideal engine with the EAGLE "
                          "side's next M most likely tokens at each chain position hung as leaves (no draft forward "
                          "beyond the chain's; default 3; 0 leaves it out)")

@@ -19,7 +19,8 @@ class DraftBank:
     appears several times in a batch stream cannot copy its own earlier answer), which is what makes this cache exact.
     """
 
-    def __init__(self, requests: list, k: int, pld_n=(2, 5), progress: bool = False, ngram_width: int = 0):
+    def __init__(self, requests: list, k: int, pld_n=(2, 5), progress: bool = False, ngram_width: int = 0,
+                 pad: int = 64):
         if not requests or any(len(r.output) == 0 for r in requests):
             raise ValueError("DraftBank needs at least one request and every output non-empty")
         self.requests = requests
@@ -36,7 +37,9 @@ class DraftBank:
         # root (last committed token) for each position, and the output padded so windows past the end never match
         self.root = np.concatenate([np.concatenate([[r.prompt[-1]], r.output[:-1]]) if len(r.output) else []
                                     for r in requests]).astype(np.int64)
-        self.pad = 64
+        #: output positions past each request's end a step may compare against: the widest verify tree's node count
+        #: (a tree of N nodes is at most N deep; `targets`)
+        self.pad = int(pad)
         self.out_off = np.concatenate([[0], np.cumsum(self.lengths + self.pad)[:-1]]).astype(np.int64)
         self.out_pad = np.concatenate([np.concatenate([r.output, np.full(self.pad, -2)]) for r in requests]
                                       ).astype(np.int64)

@@ -286,6 +286,8 @@ class Runner:
         #: step is charged an extrapolated time
         self.max_width = max([p.n_nodes + 1 for p in pols] + [k + 1 for k in (*cfg.ngram_ks, *cfg.eagle_ks)]
                              + [t.num_draft_tokens for t in self.trees])
+        #: the draft banks' output padding: every verify tree's node count fits (``DraftBank.pad``)
+        self.bank_pad = max(64, self.max_width)
         sizes = sorted(set(cfg.batches) | {b for _, b in cfg.sweep_cells})
         self.specs = replay_costs.gpu_cost_spec(sizes, cfg.gpu_context, "gpu", max_width=self.max_width
                                                 ).with_launch_cost(cfg.launch)
@@ -372,6 +374,12 @@ class Runner:
         EAGLE steps, which follow the simulated drafter's strength, are tuned at every point)."""
         tune = seeds[0]
         todo = [(w, b) for w, b in cells if w in groups[tune]]
+        # every bank's model-free drafts before the cells fork: the children then share them, and none runs a drafter
+        # in a forked process (with vLLM installed, a child that first ran its numba-compiled prompt lookup died, and
+        # the pool waited for that cell forever)
+        for bank in {id(bank): bank for bank in banks.values()}.values():
+            for kind in ("ngram",) + self.free_kinds():
+                bank.ensure(kind)
         self.in_processes(self.count_launches, sorted({b for _, b in todo}))
 
         def work(cell) -> float:          # a cell's relative cost: the steps its runs take, a larger batch's dearer
@@ -988,7 +996,7 @@ def run(cfg: Config, log=print) -> int:
     t0 = time.perf_counter()
     for s in cfg.seeds:
         reqs, g = replay_synth.real_text_requests(cfg.requests, s, cfg.out_tokens, 8)
-        banks[s] = DraftBank(reqs, runner.bank_k, ngram_width=runner.pw)
+        banks[s] = DraftBank(reqs, runner.bank_k, ngram_width=runner.pw, pad=runner.bank_pad)
         banks[s].ensure("ngram")
         groups[s] = g
     for kind in runner.free_kinds():
@@ -1039,7 +1047,7 @@ def run(cfg: Config, log=print) -> int:
 
         tr = replay_traces.read_trace(real)
         reqs = [r for r in tr.requests if len(r.output)]
-        rb = DraftBank(reqs, max(tr.eagle_k, runner.bank_k), ngram_width=runner.pw)
+        rb = DraftBank(reqs, max(tr.eagle_k, runner.bank_k), ngram_width=runner.pw, pad=runner.bank_pad)
         for kind in ("ngram",) + runner.free_kinds():      # before the cells fork: computed once, not per process
             rb.ensure(kind)
         g = {w: [i for i, r in enumerate(reqs) if r.workload == w] for w in ("code", "chat")}
