@@ -13,6 +13,7 @@ from sglang_hybrid.cost import CostModel
 from sglang_hybrid.selector import Source
 from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
 from sglang_hybrid.survival import chain_parents
+from tests.test_selector import paths
 
 ROOT = Path(__file__).resolve().parents[1]
 B, S, K = 3, 4, 5
@@ -202,16 +203,7 @@ def _alternatives(model: ModelDraft, m: int, seed: int, scale: float = 0.3) -> M
 
 def _paths(tree, row: int) -> dict:
     """{token path from the root: survival} of a verify tree's valid nodes (root excluded)."""
-    out = {}
-    for i in range(1, tree.tokens.shape[1]):
-        if not bool(tree.valid[row, i]):
-            continue
-        path, j = [], i
-        while j > 0:
-            path.append(int(tree.tokens[row, j]))
-            j = int(tree.parents[row, j])
-        out[tuple(reversed(path))] = float(tree.survival[row, i])
-    return out
+    return {path: float(tree.survival[row, i]) for i, path in paths(tree, row).items()}
 
 
 def test_model_alternatives_hang_as_leaves_beside_the_chain_against_a_brute_force():

@@ -685,13 +685,8 @@ class EnginePolicy(P.Policy):
         etoks, eprobs = view.drafts.eagle(view.req, view.pos, depth)
         alternatives = None
         if self.engine.eagle_alternatives:
-            trees = getattr(view.drafts, "eagle_trees", None)
-            if trees is None:
-                from bench.replay.drafts import DrafterUnavailable
-
-                raise DrafterUnavailable("EAGLE alternatives need the simulated drafter: a recorded trace holds the "
-                                         "head's chain only")
-            alternatives = trees.alternatives(view.req, view.pos, depth, self.engine.eagle_alternatives)
+            alternatives = P.simulated_trees(view, "EAGLE alternatives").alternatives(
+                view.req, view.pos, depth, self.engine.eagle_alternatives)
         cost, draft_cost = self._price_inputs(view)
         draft_cost = draft_cost if self.depths is not None else None
         ngram = None

@@ -139,6 +139,17 @@ class EagleFixed(Policy):
                         np.zeros(toks.shape, np.int8))
 
 
+def simulated_trees(view, what: str):
+    """The simulated drafter's EAGLE trees (``synth.SimulatedEagleTrees``) behind ``view``'s drafts; a recorded trace
+    has none (it holds the head's chain only), so ``what`` needs the simulated drafter: ``DrafterUnavailable``."""
+    trees = getattr(view.drafts, "eagle_trees", None)
+    if trees is None:
+        from bench.replay.drafts import DrafterUnavailable
+
+        raise DrafterUnavailable(f"{what} need the simulated drafter: a recorded trace holds the head's chain only")
+    return trees
+
+
 class EagleTree(Policy):
     """SGLang's EAGLE with ``--speculative-eagle-topk`` > 1: a tree of ``num_draft_tokens - 1`` nodes grown in
     ``steps`` draft forwards, ``topk`` children per beam, the best-scored nodes verified, every request the same size
@@ -155,13 +166,8 @@ class EagleTree(Policy):
                       f"num_draft_tokens={self.num_draft_tokens})")
 
     def propose(self, view):
-        trees = getattr(view.drafts, "eagle_trees", None)
-        if trees is None:
-            from bench.replay.drafts import DrafterUnavailable
-
-            raise DrafterUnavailable("EAGLE trees need the simulated drafter: a recorded trace holds the head's "
-                                     "chain only")
-        toks, pars = trees.rows(view.req, view.pos, self.steps, self.topk, self.num_draft_tokens)
+        toks, pars = simulated_trees(view, "EAGLE trees").rows(view.req, view.pos, self.steps, self.topk,
+                                                               self.num_draft_tokens)
         return Proposal(toks, pars, draft_forwards(self.steps), np.zeros(toks.shape, np.int8),
                         draft_topk=self.topk)
 

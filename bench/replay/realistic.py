@@ -1048,8 +1048,6 @@ def run(cfg: Config, log=print) -> int:
         tr = replay_traces.read_trace(real)
         reqs = [r for r in tr.requests if len(r.output)]
         rb = DraftBank(reqs, max(tr.eagle_k, runner.bank_k), ngram_width=runner.pw, pad=runner.bank_pad)
-        for kind in ("ngram",) + runner.free_kinds():      # before the cells fork: computed once, not per process
-            rb.ensure(kind)
         g = {w: [i for i, r in enumerate(reqs) if r.workload == w] for w in ("code", "chat")}
         g["mixed"] = list(range(len(reqs)))
         rbanks = {s: rb for s in cfg.seeds}
