@@ -65,8 +65,9 @@ def _config(rng: np.random.Generator) -> dict:
         if len(depths) == 1:
             depths = (1, s_max)
         s = int(rng.choice(depths))
-    default_nodes = s_max + k if mode == "merge" else max(s_max, k)
-    n_nodes = default_nodes if rng.random() < 0.6 else int(rng.integers(1, s_max + k + 3))
+    m = 0 if rng.random() < 0.5 else int(rng.integers(1, 5))       # EAGLE alternatives per chain position
+    default_nodes = (s_max + k if mode == "merge" else max(s_max, k)) + s_max * m
+    n_nodes = default_nodes if rng.random() < 0.6 else int(rng.integers(1, s_max * (1 + m) + k + 3))
     w = n_nodes + 1
     u = rng.random()
     if u < 0.5:
@@ -91,7 +92,7 @@ def _config(rng: np.random.Generator) -> dict:
     temps = None if rng.random() < 0.4 else rng.uniform(0.5, 2.0, size=int(rng.integers(1, 9))).tolist()
     u = rng.random()
     b = 1 if u < 0.15 else (MAX_BATCH if u < 0.25 else int(rng.integers(2, 41)))
-    return dict(mode=mode, s=s, k=k, depths=depths, n_nodes=n_nodes, widths=widths,
+    return dict(mode=mode, s=s, k=k, m=m, depths=depths, n_nodes=n_nodes, widths=widths,
                 width=int(rng.choice(widths)), cost=cost, draft_cost=draft_cost, temps=temps,
                 bias=rng.random() < 0.4, ngram_bias=rng.random() < 0.4, b=b)
 
@@ -99,19 +100,29 @@ def _config(rng: np.random.Generator) -> dict:
 def _data(rng: np.random.Generator, cfg: dict) -> dict:
     b, s, k = cfg["b"], cfg["s"], cfg["k"]
     adversarial = rng.random() < 0.5
-    vocab = int(rng.integers(2, 6)) if adversarial else 32000
+    m = cfg["m"]
+    vocab = max(int(rng.integers(2, 6)), m + 1) if adversarial else 32000
     root = rng.integers(0, vocab, size=b)
     mt = rng.integers(0, vocab, size=(b, s))
     nt = rng.integers(0, vocab, size=(b, k))
+    # alternatives: distinct from each other and from the chain token at their position (ranks 2..M+1 of one forward)
+    at = np.zeros((b, s, m), dtype=np.int64)
+    for r in range(b):
+        for j in range(s):
+            at[r, j] = (mt[r, j] + 1 + rng.choice(vocab - 1, size=m, replace=False)) % vocab
     if adversarial and rng.random() < 0.5:                      # the n-gram chain copies the EAGLE chain's prefix
         n = min(s, k)
         nt[:, :n] = mt[:, :n]
         cut = rng.integers(0, n + 1, size=b)                     # ... up to a per-row point
         for r in range(b):
             if cut[r] < n:
-                nt[r, cut[r]] = (nt[r, cut[r]] + 1) % vocab
+                # ... where it takes one of the alternatives (folds into that leaf) or another token
+                nt[r, cut[r]] = (at[r, cut[r], rng.integers(0, m)] if m and rng.random() < 0.5
+                                 else (nt[r, cut[r]] + 1) % vocab)
     conf = (rng.choice([0.0, 0.25, 0.5, 1.0], size=(b, s)) if adversarial and rng.random() < 0.5
             else rng.random((b, s)))
+    alt_conf = (rng.choice([0.0, 0.25, 0.5, 1.0], size=(b, s, m)) if adversarial and rng.random() < 0.5
+                else rng.random((b, s, m)) * rng.random((b, s, 1)))
     u = rng.random()
     ng_len = (np.zeros(b, dtype=np.int64) if adversarial and u < 0.2 else
               np.full(b, k) if adversarial and u < 0.5 else rng.integers(0, k + 1, size=b))
@@ -120,7 +131,7 @@ def _data(rng: np.random.Generator, cfg: dict) -> dict:
     count = np.minimum(rng.integers(0, 40, size=(b, k)), total)
     source = rng.integers(0, 2, size=(b, k))
     if adversarial and rng.random() < 0.3:                       # identical rows: ties across the batch
-        for a in (root, mt, nt, conf, ng_len, match, total, count, source):
+        for a in (root, mt, nt, conf, ng_len, match, total, count, source, at, alt_conf):
             a[...] = a[:1]
     depth = np.broadcast_to(np.arange(1, k + 1), (b, k)).copy()
     bias = rng.normal(0, 1.5, size=b).astype(np.float32) if cfg["bias"] else None
@@ -128,6 +139,7 @@ def _data(rng: np.random.Generator, cfg: dict) -> dict:
     t = lambda x, dt=torch.int64: torch.as_tensor(np.ascontiguousarray(x), dtype=dt)  # noqa: E731
     return dict(root=t(root), mt=t(mt), conf=t(conf, torch.float32), nt=t(nt), ng_len=t(ng_len), match=t(match),
                 count=t(count), total=t(total), depth=t(depth), source=t(source),
+                alt_tokens=t(at) if m else None, alt_conf=t(alt_conf, torch.float32) if m else None,
                 bias=None if bias is None else t(bias, torch.float32),
                 ngram_bias=None if ngram_bias is None else t(ngram_bias, torch.float32))
 
@@ -186,11 +198,12 @@ def run(batches: int, seed: int = 0, control: bool = False, progress: bool = Tru
                            x["source"])
         cost = cfg["cost"].to("cpu") if cfg["cost"] is not None else None
         draft_cost = cfg["draft_cost"].to("cpu") if cfg["draft_cost"] is not None else None
-        ref = torch_step(x["root"], ModelDraft(x["mt"], x["conf"], torch.full((b,), cfg["s"])), ngram, cost=cost,
-                         draft_cost=draft_cost, width=cfg["width"], model_bias=x["bias"], ngram_bias=x["ngram_bias"],
-                         check_values=False)
+        model = ModelDraft(x["mt"], x["conf"], torch.full((b,), cfg["s"]), x["alt_tokens"], x["alt_conf"])
+        ref = torch_step(x["root"], model, ngram, cost=cost, draft_cost=draft_cost, width=cfg["width"],
+                         model_bias=x["bias"], ngram_bias=x["ngram_bias"], check_values=False)
         got = fused(x["root"], x["mt"], x["conf"], ngram, cost=cost, draft_cost=draft_cost, width=cfg["width"],
-                    model_bias=x["bias"], ngram_bias=x["ngram_bias"])
+                    model_bias=x["bias"], ngram_bias=x["ngram_bias"], alt_tokens=x["alt_tokens"],
+                    alt_conf=x["alt_conf"])
         bad = _compare(ref, got)
         if bad:
             failed += 1
@@ -269,12 +282,13 @@ def run_recorded(max_new: int = 24, seed: int = 0) -> dict:
             "first": first}
 
 
-def _table(rng: np.random.Generator, base: float, per_token: float):
-    """A linear table, or (half the time) one at two contexts (the kind measured at start) whose shorter context
-    costs less, with contexts inside the episodes' few dozen committed tokens so the blend moves from step to step."""
+def _table(rng: np.random.Generator, base: float, per_token: float, measured: bool = False):
+    """A linear table, or (half the time, always with ``measured``) one at two contexts (the kind measured at start)
+    whose shorter context costs less, with contexts inside the episodes' few dozen committed tokens so the blend moves
+    from step to step."""
     from sglang_hybrid.cost import ContextCostModel, CostModel
 
-    if rng.random() < 0.5:
+    if rng.random() < 0.5 and not measured:
         return CostModel.linear(base, per_token)
     sizes = np.unique(np.concatenate([[1], rng.integers(2, 200, size=int(rng.integers(0, 8))), [4096]]))
     long = CostModel(sizes, base + per_token * sizes)
@@ -284,22 +298,26 @@ def _table(rng: np.random.Generator, base: float, per_token: float):
                             short_context + int(rng.integers(1, 40)))
 
 
-def _step_settings(rng: np.random.Generator, tmp: str):
-    num_steps = int(rng.integers(1, 6))
+def _step_settings(rng: np.random.Generator, tmp: str, full: bool = False):
+    """One episode's worker settings, drawn; ``full``: every kernel of the step runs (both tables measured at start,
+    EAGLE alternatives on, the prompt lookup on), so a short run (``bench.gpu_compile``'s) launches each of them."""
+    num_steps = int(rng.integers(2 if full else 1, 6))
     kw = dict(mode=str(rng.choice(["choose", "merge"])), ngram_k=int(rng.integers(1, 13)),
-              context_lookup=bool(rng.random() < 0.8), log_interval=0)
-    if rng.random() < 0.3:
+              context_lookup=bool(rng.random() < 0.8) or full, log_interval=0)
+    if rng.random() < 0.3 and not full:
         kw["n_nodes"] = int(rng.integers(1, num_steps + kw["ngram_k"] + 2))
-    if rng.random() < 0.7:
+    if rng.random() < 0.7 or full:
         kw["cost_table"] = f"{tmp}/cost.json"
-        _table(rng, float(rng.uniform(0.002, 0.02)), float(rng.uniform(1e-5, 5e-4))).save(kw["cost_table"])
-        if num_steps >= 2 and rng.random() < 0.6:
+        _table(rng, float(rng.uniform(0.002, 0.02)), float(rng.uniform(1e-5, 5e-4)), full).save(kw["cost_table"])
+        if num_steps >= 2 and (rng.random() < 0.6 or full):
             kw["draft_cost_table"] = f"{tmp}/draft.json"
-            _table(rng, float(rng.uniform(2e-4, 3e-3)), 1e-5).save(kw["draft_cost_table"])
+            _table(rng, float(rng.uniform(2e-4, 3e-3)), 1e-5, full).save(kw["draft_cost_table"])
     if rng.random() < 0.5:
         kw["model_bias_eta"] = 0.1
     if rng.random() < 0.5:
         kw["ngram_bias_eta"] = 0.3
+    if rng.random() < 0.5 or full:
+        kw["eagle_alternatives"] = int(rng.integers(1, 4))
     return num_steps, kw
 
 
@@ -308,11 +326,15 @@ def run_steps(episodes: int, steps: int = 6, seed: int = 0, progress: bool = Tru
     with the same settings and state run ``steps`` decode steps of an evolving batch (host proposals that align or
     not, stale slot generations, contexts the prompt lookup copies from, a span or the whole table), each ``select``
     then ``after_verify``; after every call the decisions and every piece of state (ring, context table, online
-    offsets, counters) must agree. ``control``: the torch twin runs the other mode (the comparison must then find
+    offsets, counters) must agree. With EAGLE alternatives (setting ``eagle_alternatives``) each path also takes the
+    step's alternatives from its own position-0 table and the draft's records (``kernels.alternatives`` against
+    ``sglang_plugin.alternatives``) and keeps the extend's top tokens after verify: alternatives and tables must agree.
+    ``control``: the torch twin runs the other mode (the comparison must then find
     differences). Returns counts as ``run``."""
     import tempfile
 
-    from sglang_hybrid.sglang_plugin import alignment, context_lookup
+    from sglang_hybrid.kernels import alternatives as fused_alt
+    from sglang_hybrid.sglang_plugin import alignment, alternatives, context_lookup
     from sglang_hybrid.sglang_plugin.config import HybridSettings
     from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
 
@@ -323,7 +345,7 @@ def run_steps(episodes: int, steps: int = 6, seed: int = 0, progress: bool = Tru
     ngram_tested = 0        # n-gram chain tokens the fused path counted as tested (so that counter is not of zeros)
     with tempfile.TemporaryDirectory() as tmp:
         for ep in _progress(episodes, "fused vs torch steps", "episode", progress):
-            num_steps, kw = _step_settings(rng, tmp)
+            num_steps, kw = _step_settings(rng, tmp, full=ep == 0)
             pool = int(rng.integers(1, 9))
             max_ctx = int(rng.choice([48, 300]))
             twin = kw
@@ -333,7 +355,9 @@ def run_steps(episodes: int, steps: int = 6, seed: int = 0, progress: bool = Tru
             pair = [HybridStep(HybridSettings(decision_kernels=kind, **opts), num_steps=num_steps, pool_size=pool,
                                device="cpu", max_context_len=max_ctx)
                     for kind, opts in (("fused", kw), ("torch", twin))]
-            vocab = int(rng.integers(2, 6))
+            m = kw.get("eagle_alternatives", 0)
+            firsts = [alternatives.FirstAlternatives(pool, m, "cpu") for _ in pair] if m else None
+            vocab = max(int(rng.integers(2, 6)), m + 2)
             committed = {sl: list(rng.integers(0, vocab, size=int(rng.integers(1, 40)))) for sl in range(pool)}
             gens = {sl: 0 for sl in range(pool)}
             bad_ep = []
@@ -382,15 +406,36 @@ def run_steps(episodes: int, steps: int = 6, seed: int = 0, progress: bool = Tru
                                 context_lookup.write_context(st.context, t([sl] * len(c)), t(range(len(c))), t(c),
                                                              t([sl]), t([gens[sl]]))
                 span = pair[0].lookup_span(longest) if rng.random() < 0.7 else None
-                got = pair[0].select(root, chain, conf, sl_t, gen_t, seq, width=width, lookup_span=span)
-                ref = pair[1].select(root, chain, conf, sl_t, gen_t, seq, width=width, lookup_span=span)
-                bad = (_compare(ref, got) + _state_diff(pair) + _links_diff(got.tree, seq, rng)
+                alt_bad, alts = [], [{}, {}]
+                if m:
+                    # the draft's records: M + 1 distinct tokens per position, the chain's own among them or not
+                    rec_i = t(np.stack([np.stack([rng.choice(vocab, m + 1, replace=False) for _ in range(num_steps)])
+                                        for _ in range(b)]))
+                    rec_p = torch.as_tensor(-np.sort(-rng.random((b, num_steps, m + 1))), dtype=torch.float32)
+                    a_k = fused_alt.step_alternatives(firsts[0], sl_t, gen_t, rec_p, rec_i, chain)
+                    a_t = alternatives.step_alternatives(firsts[1], sl_t, gen_t, rec_p, rec_i, chain)
+                    if not (torch.equal(a_k[0], a_t[0]) and torch.equal(a_k[1], a_t[1])):
+                        alt_bad.append("alternatives")
+                    alts = [dict(alt_tokens=a[0], alt_conf=a[1]) for a in (a_k, a_t)]
+                got = pair[0].select(root, chain, conf, sl_t, gen_t, seq, width=width, lookup_span=span, **alts[0])
+                ref = pair[1].select(root, chain, conf, sl_t, gen_t, seq, width=width, lookup_span=span, **alts[1])
+                bad = alt_bad + (_compare(ref, got) + _state_diff(pair) + _links_diff(got.tree, seq, rng)
                        + _ragged_diff(got.tree, seq, rng))
                 acc = t(rng.integers(1, width + 1, size=b))
                 emitted = t(rng.integers(0, vocab, size=(b, width)))
                 for st in pair:
                     st.after_verify(st is pair[0] and got.tree or ref.tree, sl_t, seq, emitted, acc)
                 bad += [f"after_verify.{f}" for f in _state_diff(pair)]
+                if m:
+                    # the draft extend's top tokens for the next step, kept per slot (some rows a newer request's)
+                    top_p = torch.as_tensor(-np.sort(-rng.random((b, m + 1))), dtype=torch.float32)
+                    top_i = t(np.stack([rng.choice(vocab, m + 1, replace=False) for _ in range(b)]))
+                    rec_gen = gen_t + t(rng.random(b) < 0.1)
+                    fused_alt.record(firsts[0], sl_t, rec_gen, top_p, top_i)
+                    firsts[1].record(sl_t, rec_gen, top_p, top_i)
+                    if not all(torch.equal(getattr(firsts[0], f), getattr(firsts[1], f))
+                               for f in ("probs", "tokens", "gen")):
+                        bad.append("first_alternatives")
                 for r, sl in enumerate(slots):
                     committed[sl] = committed[sl] + [int(x) for x in emitted[r, :int(acc[r])]]
                 bad_ep += bad

@@ -191,7 +191,8 @@ def hybrid_budget(case: H200Case, settings: HybridSettings, *, steps: int = STEP
         model_bias=False, fused=True, max_bs=dep.max_bs or running, width=full, depths=len(depths),
         mask_entries=mb.workspace_mask_entries(dep, full),
         # the n-gram offset's buffers where the worker learns it (ngram_bias_eta: "auto" = under ragged verify)
-        ngram_bias=resolved_ngram_bias_eta(settings.ngram_bias_eta, ragged) is not None)
+        ngram_bias=resolved_ngram_bias_eta(settings.ngram_bias_eta, ragged) is not None,
+        alternatives=settings.eagle_alternatives)
     if tier_graphs:
         if not ragged:
             raise ValueError("token-tier graphs run ragged verify (ragged=True)")
@@ -221,27 +222,28 @@ def default_launch_widths(running: int, steps: int, ngram_k: int, n_nodes: Optio
                          extras)
 
 
-#: the HYBRID layouts the table prints: (label, cost_table, draft_cost_table, measure_cost_table, ragged); the ragged
-#: one in its token-tier graphs, as ``ragged_verify=on`` runs at TP 1
-LAYOUTS = (("HYBRID as built, both cost tables", True, True, "off", False),
-           ("HYBRID ragged, both cost tables", True, True, "off", True),
-           ("HYBRID, cost_table only (widths)", True, False, "off", False),
-           ("HYBRID, draft_cost_table only (depths)", False, True, "off", False),
-           ("HYBRID default, measured", False, False, "auto", False),
-           ("HYBRID, no price (width 13)", False, False, "off", False))
+#: the HYBRID layouts the table prints: (label, cost_table, draft_cost_table, measure_cost_table, ragged,
+#: eagle_alternatives); the ragged ones in their token-tier graphs, as ``ragged_verify=on`` runs at TP 1
+LAYOUTS = (("HYBRID as built, both cost tables", True, True, "off", False, 0),
+           ("HYBRID ragged, both cost tables", True, True, "off", True, 0),
+           ("HYBRID, cost_table only (widths)", True, False, "off", False, 0),
+           ("HYBRID, draft_cost_table only (depths)", False, True, "off", False, 0),
+           ("HYBRID default, measured", False, False, "auto", False, 0),
+           ("HYBRID, no price (width 13)", False, False, "off", False, 0),
+           ("HYBRID +3 alternatives, ragged", True, True, "off", True, 3))
 
 
 def layouts(case: H200Case) -> list:
     """Plain EAGLE (``STEPS`` steps) and the HYBRID layouts of ``LAYOUTS`` at ``case`` (the ragged one as
     ``ragged_verify=on`` builds it on FlashInfer at TP 1: one verify part, the verify in its token-tier graphs)."""
     out = [mb.eagle_budget(case.dep, STEPS)]
-    for label, table, draft_table, measure, ragged in LAYOUTS:
+    for label, table, draft_table, measure, ragged, alternatives in LAYOUTS:
         widths = None
         if measure == "auto":       # the default launch: the widths the worker fits to the free memory at start
             widths = default_launch_widths(case.running, STEPS, NGRAM_K, context=case.context)
             label = f"{label} ({','.join(map(str, widths))})"
-        out.append(hybrid_budget(case, hybrid_settings(table, draft_table, measure=measure), layout=label,
-                                 widths=widths, ragged=ragged, tier_graphs=ragged))
+        settings = hybrid_settings(table, draft_table, measure=measure, eagle_alternatives=alternatives)
+        out.append(hybrid_budget(case, settings, layout=label, widths=widths, ragged=ragged, tier_graphs=ragged))
     return out
 
 

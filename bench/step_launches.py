@@ -48,6 +48,8 @@ K, STEPS, VOCAB = 8, 4, 32000
 CONTEXT = 2048
 #: the fused-kernel target of the engine issue: launches per decision step
 TARGET = 12
+#: EAGLE alternatives per chain position of the counted row with them (setting ``eagle_alternatives``)
+ALTERNATIVES = 3
 #: (name, cost table, draft cost table, both at two contexts) of the counted configurations: the last is the README's
 #: launch, whose tables are measured at start at two contexts and blended at each batch's context
 PLANS = (("no plan", False, False, False), ("width plan", True, False, False),
@@ -130,7 +132,7 @@ class _count_triton:
 
 def _hybrid_step_fn(step, b: int):
     from sglang_hybrid.kernels import fused_links_and_mask
-    from sglang_hybrid.sglang_plugin import alignment
+    from sglang_hybrid.sglang_plugin import alignment, alternatives
     from sglang_hybrid.sglang_plugin.tree_mask import full_mask, tree_links_torch, verify_nodes
 
     g = torch.Generator().manual_seed(b)
@@ -145,12 +147,31 @@ def _hybrid_step_fn(step, b: int):
     chain = torch.randint(0, VOCAB, (b, step.num_steps), generator=g)
     conf = torch.rand((b, step.num_steps), generator=g)
     w = step.widths[len(step.widths) // 2]
+    m = step.alternatives
+    if m:
+        # the worker's share (setting eagle_alternatives): the draft extend's top tokens kept per slot, then the
+        # step's alternatives from them and the draft forwards' records (those are taken inside the draft's graph)
+        first = alternatives.FirstAlternatives(max(b, 1), m, "cpu")
+        extend_logits = torch.randn((b, VOCAB), generator=g)
+        rec_p = torch.rand((b, step.num_steps, m + 1), generator=g)
+        rec_i = torch.randint(0, VOCAB, (b, step.num_steps, m + 1), generator=g)
+        if step.fused is not None:           # the worker's paths (HybridWorkerV2.build_verify, record_first_...)
+            from sglang_hybrid.kernels import alternatives as fused
+
+            pick = functools.partial(fused.step_alternatives, workspace=step.workspace)
+            keep = functools.partial(fused.record, first)
+        else:
+            pick, keep = alternatives.step_alternatives, first.record
 
     emitted = torch.zeros((b, w), dtype=torch.int64)                  # the verify's output (not the step's work)
     accepted = torch.ones(b, dtype=torch.int64)
 
     def one_step():
-        d = step.select(root, chain, conf, slots, gen, seq, width=w)
+        alt = {}
+        if m:
+            alt_tokens, alt_conf = pick(first, slots, gen, rec_p, rec_i, chain)
+            alt = dict(alt_tokens=alt_tokens, alt_conf=alt_conf)
+        d = step.select(root, chain, conf, slots, gen, seq, width=w, **alt)
         if step.fused is not None:
             fused_links_and_mask(d.tree.tokens, d.tree.valid, d.tree.ancestors, seq, int(b * 101),
                                  workspace=step.workspace)
@@ -159,6 +180,8 @@ def _hybrid_step_fn(step, b: int):
             tree_links_torch(anc, seq)
             full_mask(anc, seq, int(b * 101))
         step.after_verify(d.tree, slots, seq, emitted, accepted)
+        if m:
+            keep(slots, gen, *alternatives.top_tokens(extend_logits, m))
 
     return one_step
 
@@ -187,12 +210,14 @@ def _memo(fn):
 @_memo
 def hybrid_launches(b: int, mode: str = "merge", num_steps: int = STEPS, ngram_k: int = K, width_plan: bool = True,
                     depth_plan: bool = True, context: int = CONTEXT, measured: bool = False,
-                    kernels: str = "fused") -> int:
+                    kernels: str = "fused", alternatives: int = 0) -> int:
     """Launches of one HYBRID decode step of the worker (``HybridStep``) for ``b`` requests with decision path
     ``kernels`` ("fused": counted in a subprocess under Triton's interpreter; "torch": its ATen operators).
     ``measured``: the plans' tables are the kind measured at start (``cost.ContextCostModel``: two contexts, blended
-    at each batch's), not a user's at one context."""
-    args = (b, mode, num_steps, ngram_k, width_plan, depth_plan, context, measured)
+    at each batch's), not a user's at one context. ``alternatives``: the setting ``eagle_alternatives`` (the worker's
+    eager share of them counted too: the position-0 table's update after the draft extend, the step's alternatives
+    before the decision, their counters after verify)."""
+    args = (b, mode, num_steps, ngram_k, width_plan, depth_plan, context, measured, alternatives)
     if kernels == "fused":
         if os.environ.get("TRITON_INTERPRET") == "1":
             return _hybrid_count(*args, "fused")
@@ -272,7 +297,8 @@ def _table(base: float, per_token: float, measured: bool):
     return ContextCostModel(long.sizes, long.seconds, long.seconds * 0.8, 256, 2048)
 
 
-def _hybrid_count(b, mode, num_steps, ngram_k, width_plan, depth_plan, context, measured, kernels) -> int:
+def _hybrid_count(b, mode, num_steps, ngram_k, width_plan, depth_plan, context, measured, alternatives,
+                  kernels) -> int:
     from sglang_hybrid.sglang_plugin.config import HybridSettings
     from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
 
@@ -284,7 +310,8 @@ def _hybrid_count(b, mode, num_steps, ngram_k, width_plan, depth_plan, context, 
         if depth_plan:
             kw["draft_cost_table"] = str(Path(tmp) / "draft.json")
             _table(0.001, 0.00001, measured).save(kw["draft_cost_table"])
-        settings = HybridSettings(mode=mode, ngram_k=ngram_k, decision_kernels=kernels, **kw)
+        settings = HybridSettings(mode=mode, ngram_k=ngram_k, decision_kernels=kernels,
+                                  eagle_alternatives=alternatives, **kw)
         with _one_thread():
             step = HybridStep(settings, num_steps=num_steps, pool_size=max(b, 1), device="cpu",
                               max_context_len=context)
@@ -355,6 +382,9 @@ def main(argv=None) -> int:
                        for b in batches]
                 counts[(kernels, mode, plan)] = row
                 print(f"{label + ', ' + mode + ', ' + plan:<62}" + "".join(f"{n:>10}" for n in row))
+    alt = [hybrid_launches(b, "merge", measured=True, alternatives=ALTERNATIVES) for b in batches]
+    print(f"{f'kernel launches, fused, merge, measured + eagle_alternatives={ALTERNATIVES}':<62}"
+          + "".join(f"{n:>10}" for n in alt))
     mo = [model_only_launches(b, measured=True) for b in batches]
     print(f"{'ATen operators, model-only adaptive (replay), measured':<62}" + "".join(f"{n:>10}" for n in mo))
     fused = [row for (k, *_), row in counts.items() if k == "fused"]
@@ -365,6 +395,9 @@ def main(argv=None) -> int:
     print(f"{'MET' if worst <= TARGET else 'MISSED'}: <= {TARGET} launches per decision step at every size and "
           f"configuration (fused path, the worker's default where Triton runs: most {worst}; the torch path "
           f"dispatches up to {torch_worst} operators)")
+    extra = max(alt) - max(counts[("fused", "merge", PLANS[-1][0])])
+    print(f"(with eagle_alternatives={ALTERNATIVES}, off by default, the worker adds {extra} launches: the draft "
+          "extend's softmax and top-k, the position-0 table's update, the step's alternatives and their counters)")
     return 0
 
 

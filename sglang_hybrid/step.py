@@ -67,9 +67,10 @@ class ModelDraft(NamedTuple):
     child of the chain's previous token): a tree that needs no draft forward beyond the chain's. Why: where the chain
     token is wrong, a next-best one is often right (the measured rates in docs/benchmarks.md), and an EAGLE tree's
     edge over a chain at small batches comes from those candidates. Its survival is the parent's times the
-    calibrated probability (the ranks' events are disjoint). Ragged verify only (``widths=None``); the fused decision
-    (``sglang_hybrid.kernels``) and the SGLang worker take chains, so this is the replay's design of a tree-shaped
-    model side, not a launch setting."""
+    calibrated probability (the ranks' events are disjoint). Ragged and padded verify alike (a width bucket truncates
+    the tree in rank order); the fused decision (``sglang_hybrid.kernels``) takes them too, assuming them distinct
+    from each other and from the chain's token at their position (ranks of one distribution are), and the SGLang
+    worker drafts them with its setting ``eagle_alternatives``."""
 
     tokens: torch.Tensor
     confidence: torch.Tensor
@@ -344,9 +345,6 @@ class DecisionStep:
             model_c = Candidates.chain(model.tokens.to(torch.int64), s_m, model.length, Source.MODEL)
             if model.alt_tokens is not None or model.alt_confidence is not None:
                 self._check_alternatives(model)
-                if self.widths is not None:
-                    raise ValueError("ModelDraft alternatives need ragged verify: construct the DecisionStep with "
-                                     "widths=None")
                 alt = (model.alt_tokens, self.alternatives_survival(model, s_m, check_values, model_bias))
         else:
             model_c = Candidates.empty(b, Source.MODEL, dev)
@@ -375,6 +373,8 @@ class DecisionStep:
             nd, k = len(self.depths), self.depths.index(s_now)
             if alt is not None:      # every depth block keeps the alternatives of the positions it drafts
                 model_s = _with_alternatives(model_s, alt[0].repeat(nd, 1, 1), alt[1].repeat(nd, 1, 1))
+        elif alt is not None:
+            model_c = _with_alternatives(model_c, *alt)
         if self.widths is not None:
             # padded verify: every eligible node competes for the slots (lambda 0); the width is the price's choice
             buckets = self._constant("widths", self.widths, dev)
@@ -398,8 +398,6 @@ class DecisionStep:
             return self._ragged_adaptive(root, model_s, ngram_s, dt, k, r, cost, draft_cost, s_m, s_n, next_width,
                                          check_values)._replace(model_rate=rate, model_acceptance=a_m,
                                                                 ngram_acceptance=a_n)
-        if alt is not None:
-            model_c = _with_alternatives(model_c, *alt)
         if cost is not None:
             b_star, lam = price_device(torch.cat([model_c.survival.to(torch.float32), s_n], 1), r, cost,
                                        check_values=check_values)

@@ -104,8 +104,9 @@ def abort_case(model: str, prompts: list[str]) -> dict:
     """A streaming request aborted after its second chunk; then a code edit and the chat, as one batch of different
     lengths. The engine prices verify slots and draft forwards (``_dear_slots``), so it also switches EAGLE depths and
     verify widths, and learns each request's online EAGLE and n-gram offsets (``model_bias_eta``, ``ngram_bias_eta``,
-    off by default), which a request taking over the aborted one's slot must not inherit. It runs the long n-gram
-    chain recommended with a cost table (``ngram_k = 24``: widths up to 28, 49-token proposals; docs/sglang.md, "The
+    off by default), which a request taking over the aborted one's slot must not inherit, nor the first position's
+    EAGLE alternatives kept for its slot (``eagle_alternatives = 2``). It runs the long n-gram chain recommended with
+    a cost table (``ngram_k = 24``: with the alternatives widths up to 34, 49-token proposals; docs/sglang.md, "The
     n-gram chain length")."""
     from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
 
@@ -114,7 +115,7 @@ def abort_case(model: str, prompts: list[str]) -> dict:
     reference = _reference(model, prompts, n_new)
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_abort_"))
     env = {**_dear_slots(tmp), ENV_PREFIX + "MODEL_BIAS_ETA": "0.1", ENV_PREFIX + "NGRAM_BIAS_ETA": "0.3",
-           ENV_PREFIX + "NGRAM_K": "24"}
+           ENV_PREFIX + "NGRAM_K": "24", ENV_PREFIX + "EAGLE_ALTERNATIVES": "2"}
     with _hybrid(model, env) as eng:
         async def stream_then_abort():
             chunks, last = 0, None
@@ -139,7 +140,9 @@ def retract_case(model: str, prompts: list[str]) -> dict:
     made optimistic (``schedule_conservativeness``), so decoding runs out of KV, SGLang retracts a running request
     and re-prefills it later. HYBRID's drafter state for a retracted request must be rebuilt, never reused. The engine
     prices verify slots and draft forwards (``_dear_slots``) and drafts at EAGLE depth 2 or 3 (``draft_depths =
-    [2]``): depth 2 runs in the start-up depth's draft backend (``shared_draft_steps``)."""
+    [2]``): depth 2 runs in the start-up depth's draft backend (``shared_draft_steps``). Each chain position offers
+    two EAGLE alternatives (``eagle_alternatives = 2``), the first position's kept per request slot: a re-prefilled
+    request must not read what its slot held before."""
     from transformers import AutoTokenizer
 
     n_new = 16
@@ -150,7 +153,7 @@ def retract_case(model: str, prompts: list[str]) -> dict:
     tok = AutoTokenizer.from_pretrained(model)
     prompt_tokens = sum(len(tok(p)["input_ids"]) for p in code)
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_retract_"))
-    env = {**_dear_slots(tmp), ENV_PREFIX + "DRAFT_DEPTHS": "[2]"}
+    env = {**_dear_slots(tmp), ENV_PREFIX + "DRAFT_DEPTHS": "[2]", ENV_PREFIX + "EAGLE_ALTERNATIVES": "2"}
     with _hybrid(model, env, max_total_tokens=prompt_tokens + 32, schedule_conservativeness=0.01,
                  max_running_requests=2) as eng:
         out = eng.generate(code, dict(GREEDY, max_new_tokens=n_new))
@@ -162,14 +165,15 @@ def retract_case(model: str, prompts: list[str]) -> dict:
 def sampling_case(model: str, prompts: list[str], counts: Path) -> dict:
     """A code edit and the chat at temperature 0.8, top-p 0.9 (``ignore_eos``, 8 new tokens) through HYBRID merge:
     SGLang's sampling verify branch (``eagle_sample`` with tree speculative sampling) on HYBRID's trees, with the CPU
-    stand-in op (``sglang_hybrid/cpu_engine/tree_sampling.py``, installed in the engine by ``main``). No reference:
+    stand-in op (``sglang_hybrid/cpu_engine/tree_sampling.py``, installed in the engine by ``main``), the trees
+    holding two EAGLE alternatives per chain position (``eagle_alternatives = 2``). No reference:
     sampled text differs run to run; the op's own counts and HYBRID's counters show the branch ran."""
     from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
 
     n_new = 8
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_sampling_"))
     env = {ENV_PREFIX + "COUNTERS_FILE": str(tmp / "counters.json"), ENV_PREFIX + "LOG_INTERVAL": "1",
-           ENV_PREFIX + "MODE": "merge"}
+           ENV_PREFIX + "MODE": "merge", ENV_PREFIX + "EAGLE_ALTERNATIVES": "2"}
     with _hybrid(model, env) as eng:
         out = eng.generate(prompts[:2], {"temperature": 0.8, "top_p": 0.9, "max_new_tokens": n_new,
                                          "ignore_eos": True})
@@ -184,14 +188,15 @@ def kv_window_case(model: str, prompts: list[str]) -> dict:
     iteration's write window and HYBRID hands the plan to its verify, as on a GPU), padded verify (``ragged_verify =
     off``) under the dear-slot verify cost table but no draft cost table, so every step drafts 3 EAGLE tokens while
     the width buckets go down to 2: steps at widths up to the depth, where SGLang plans no window (a case only HYBRID
-    produces), beside wider ones, where it does."""
+    produces), beside wider ones, where it does. Each chain position offers two EAGLE alternatives
+    (``eagle_alternatives = 2``), which the padded step's width buckets truncate like any node."""
     from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
 
     n_new = 8
     prompts = prompts[:2]
     reference = _reference(model, prompts, n_new)
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_kv_window_"))
-    env = {**_dear_slots(tmp), ENV_PREFIX + "RAGGED_VERIFY": "off"}
+    env = {**_dear_slots(tmp), ENV_PREFIX + "RAGGED_VERIFY": "off", ENV_PREFIX + "EAGLE_ALTERNATIVES": "2"}
     del env[ENV_PREFIX + "DRAFT_COST_TABLE"]
     with _hybrid(model, env) as eng:
         out = eng.generate(prompts, dict(GREEDY, max_new_tokens=n_new))

@@ -124,7 +124,9 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
     naming the reason, what it does not implement: ragged verify, skipping the model draft, an n-gram tree. A second
     step at the same shapes allocates nothing outside the kernels (its outputs live in the first step's buffers), and
     the step replays as one graph would: captured once, three steps on new drafts launch the same kernels and
-    operators with the same arguments on the same buffers (``ragged.graph_capture.TracedEagerCapture``)."""
+    operators with the same arguments on the same buffers (``ragged.graph_capture.TracedEagerCapture``). All of it
+    also for a second step with EAGLE alternatives (setting ``eagle_alternatives``: the step's alternatives, the
+    decision with them, their counters and the position-0 table's update, each a kernel)."""
     res = _interpreted("""
         import json, tempfile, torch
         from triton.runtime.interpreter import InterpretedFunction
@@ -172,6 +174,11 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
                         num_steps=4, pool_size=8, device="cpu", max_context_len=256)
         assert st.fused is not None
         long_seconds = st.cost.seconds.clone()
+        from sglang_hybrid.kernels import alternatives as fused_alt
+        from sglang_hybrid.sglang_plugin.alternatives import FirstAlternatives, top_tokens
+        sa = HybridStep(HybridSettings(mode="merge", ngram_k=6, eagle_alternatives=2, log_interval=0), num_steps=4,
+                        pool_size=8, device="cpu", max_context_len=256)
+        assert sa.fused is not None and sa.widths == (4 * 3 + 6 + 1,)
         b = 5
         slots, seq = torch.arange(b), torch.full((b,), 40)
         gen = torch.zeros(b, dtype=torch.int64)
@@ -182,11 +189,21 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
         root, chain, conf = torch.randint(0, 9, (b,)), torch.randint(0, 9, (b, 4)), torch.rand((b, 4))
         emitted, acc = torch.randint(0, 9, (b, 7)), torch.full((b,), 2)
         span = st.lookup_span(41)
+        first_alt = FirstAlternatives(8, 2, "cpu")
+        rec_p, rec_i = torch.rand((b, 4, 3)), torch.randint(0, 9, (b, 4, 3))
+        extend_top = top_tokens(torch.randn((b, 50)), 2)      # the draft extend's (torch's softmax and top-k)
+        alt_emitted = torch.randint(0, 9, (b, 19))
         def step():
             d = st.select(root, chain, conf, slots, gen, seq, width=7, lookup_span=span)
             kernels.fused_links_and_mask(d.tree.tokens, d.tree.valid, d.tree.ancestors, seq, 4 * b * 41,
                                          workspace=st.workspace)
             st.after_verify(d.tree, slots, seq, emitted, acc)
+            alt = fused_alt.step_alternatives(first_alt, slots, gen, rec_p, rec_i, chain, workspace=sa.workspace)
+            da = sa.select(root, chain, conf, slots, gen, seq, width=19, alt_tokens=alt[0], alt_conf=alt[1])
+            kernels.fused_links_and_mask(da.tree.tokens, da.tree.valid, da.tree.ancestors, seq, 4 * b * 41,
+                                         workspace=sa.workspace)
+            sa.after_verify(da.tree, slots, seq, alt_emitted, acc)
+            fused_alt.record(first_alt, slots, gen, *extend_top)
             return d
 
         makers = ("empty", "zeros", "ones", "full", "tensor", "empty_like", "zeros_like", "full_like", "arange")
@@ -195,7 +212,7 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
             setattr(torch.Tensor, n, guard(n, saved[n]))
         try:
             first = step()
-            held, ptr = st.workspace.nbytes, first.tree.tokens.data_ptr()
+            held, ptr, alt_held = st.workspace.nbytes, first.tree.tokens.data_ptr(), sa.workspace.nbytes
             for n in makers:                   # a warmed-up step allocates nothing outside the kernels
                 setattr(torch, n, refuse(n, saved_makers[n]))
             second = step()
@@ -204,7 +221,8 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
                 setattr(torch.Tensor, n, saved[n])
             for n in makers:
                 setattr(torch, n, saved_makers[n])
-        same_place = st.workspace.nbytes == held and second.tree.tokens.data_ptr() == ptr
+        same_place = (st.workspace.nbytes == held and second.tree.tokens.data_ptr() == ptr
+                      and sa.workspace.nbytes == alt_held)
         followed = bool((st.cost.seconds < long_seconds).any())     # 40 tokens a request: priced below 128's
         # replayable as one graph: captured once, then three steps on new drafts, each the same launches and
         # operators on the same buffers (the CPU's trace-checked replay, ragged.graph_capture; raises otherwise)
@@ -232,9 +250,12 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
         except ValueError as e:
             errors.append(str(e))
         print(json.dumps({"reads": reads, "steps": st.counters.decision_steps, "errors": errors,
+                          "alt_steps": sa.counters.decision_steps, "alt_nodes": sa.counters.snapshot()[
+                              "alternatives_verified"], "alt_table": int((first_alt.gen[slots] == gen).sum()),
                           "same_place": same_place, "traced_replays": cap.replays["step"], "followed": followed}))
     """)
-    assert res["reads"] == [] and res["steps"] == {"fused": 6}, res
+    assert res["reads"] == [] and res["steps"] == res["alt_steps"] == {"fused": 6}, res
+    assert res["alt_nodes"] > 0 and res["alt_table"] == 5, res       # alternatives verified; the table kept
     assert res["followed"], res
     assert res["traced_replays"] == 3, res
     assert res["same_place"], res                      # the second step reused the first one's buffers

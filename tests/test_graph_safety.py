@@ -117,3 +117,38 @@ def test_whole_step_compiles_with_inductor(inputs):
     want = step(inputs, "merge")
     got = compiled(lambda: step(inputs, "merge"), "inductor")()
     assert_same(got, want)
+
+
+def test_eagle_alternatives_path_is_one_graph(inputs):
+    """The worker's EAGLE alternatives on the torch path (setting ``eagle_alternatives``): the position-0 table's
+    update and read, the step's alternatives, a padded decision with them as leaves, and their counters after verify,
+    each one graph equal to eager."""
+    from sglang_hybrid.sglang_plugin import alternatives as alt
+
+    x = inputs
+    m, pool = 2, 8
+    g = torch.Generator().manual_seed(1)
+    slots, gens = torch.tensor([5, 1, 6, 2]), torch.tensor([0, 3, 0, 1])
+    chain = x["model_tokens"]
+    rec_p = torch.sort(torch.rand((B, KM, m + 1), generator=g), -1, descending=True).values
+    rec_i = torch.stack([torch.randperm(VOCAB, generator=g)[:m + 1] for _ in range(B * KM)]).reshape(B, KM, m + 1)
+    logits = torch.randn((B, VOCAB), generator=g)
+    decide = DecisionStep(mode="merge", n_nodes=N_NODES + KM * m, model_calibration=x["model_cal"],
+                          ngram_calibration=x["ngram_cal"], widths=[4, N_NODES + KM * m + 1])
+    _, ngram = drafts(x)
+    ngram = ngram._replace(parents=torch.arange(-1, KN - 1).expand(B, KN).contiguous(), tree=False)
+
+    def run(first_p, first_i, first_g):
+        first = alt.FirstAlternatives(pool, m, "cpu")
+        first.probs, first.tokens, first.gen = first_p.clone(), first_i.clone(), first_g.clone()
+        first.record(slots, gens, *alt.top_tokens(logits, m))
+        tokens, probs = alt.step_alternatives(first, slots, gens, rec_p, rec_i, chain)
+        d = decide(x["root"], ModelDraft(chain, x["prob"], torch.full((B,), KM), tokens, probs), ngram,
+                   cost=x["cost"], width=4)
+        emitted = torch.cat([chain[:, :1], tokens[:, 1, :1], chain[:, 2:]], 1)
+        nodes, taken = alt.alternatives_outcome(d.tree, chain, emitted, torch.full((B,), 3))
+        return tuple(d.tree) + (tokens, probs, nodes, taken, first.probs, first.tokens, first.gen)
+
+    empty = alt.FirstAlternatives(pool, m, "cpu")
+    args = (empty.probs, empty.tokens, empty.gen)
+    assert_same(compiled(run, "aot_eager")(*args), run(*args))

@@ -126,10 +126,13 @@ _PROBE = """
     CostModel.linear(1e-3, 1e-5).save(tmp + "/d.json")
     st = HybridStep(HybridSettings(mode="merge", ngram_k=3, cost_table=tmp + "/c.json",
                                    draft_cost_table=tmp + "/d.json", model_bias_eta=0.1, ngram_bias_eta=0.3,
-                                   log_interval=0),
+                                   eagle_alternatives=2, log_interval=0),
                     num_steps=3, pool_size=4, device="cpu", max_context_len=32)
+    from sglang_hybrid.sglang_plugin.alternatives import FirstAlternatives
+    first = FirstAlternatives(4, 2, "cpu")       # the worker's, per slot
     out["hybrid_fixed"] = storage_bytes([list(st.buffers), list(st.context), st._chain, st.model_bias,
-                                         st.model_bias_gen, st.ngram_bias, st.ngram_bias_gen])
+                                         st.model_bias_gen, st.ngram_bias, st.ngram_bias_gen, first.probs,
+                                         first.tokens, first.gen])
     b = 3
     slots, seq, gen = torch.arange(b), torch.full((b,), 10), torch.zeros(b, dtype=torch.int64)
     pw = st.proposal_width
@@ -137,8 +140,10 @@ _PROBE = """
                       torch.full((b, pw), 9), torch.full((b, pw), 2), torch.full((b, pw), 3),
                       torch.zeros((b, pw), dtype=torch.int64))
     width = st.n_nodes + 1
-    d = st.select(torch.randint(0, 9, (b,)), torch.randint(0, 9, (b, 3)), torch.rand((b, 3)), slots, gen, seq,
-                  width=width)
+    chain = torch.randint(0, 9, (b, 3))
+    alt = (chain[:, :, None] + torch.tensor([1, 2])) % 9                # distinct from the chain's token
+    d = st.select(torch.randint(0, 9, (b,)), chain, torch.rand((b, 3)), slots, gen, seq, width=width,
+                  alt_tokens=alt, alt_conf=torch.rand((b, 3, 2)))
     build_verify_input(d.tree, seq, num_steps=3, max_depth=st.max_depth_at(width), mask_mode=HybridMask.FULL_MASK,
                        seq_lens_sum=int(seq.sum()), fused=True, workspace=st.workspace)
     out["hybrid_workspace"] = st.workspace.nbytes
@@ -263,14 +268,18 @@ def test_memory_budget_formulas_match_sglang_objects(measured):
 
 def test_memory_budget_hybrid_buffers_match_hybrid_step(measured):
     """(c) HYBRID's own buffers: a real ``HybridStep`` (pool 4, context 32, 3 steps, ngram_k 3, online offsets on
-    both sides) and
-    the fused step's workspace after one step at the full width under Triton's interpreter, tensor by tensor."""
+    both sides, two EAGLE alternatives) with the worker's per-slot position-0 alternatives, and the fused step's
+    workspace after one step at the full width under Triton's interpreter, tensor by tensor. The one difference
+    allowed and named: the draft worker's records of the alternatives (two ``[max_bs, steps, 3]`` tensors of
+    ``HybridDraftWorker``, which needs a live draft model), counted by the formula."""
     sh = measured["hybrid_shape"]
     own = mb.hybrid_buffer_bytes(pool_size=4, num_steps=3, ngram_k=sh["k"], proposal_width=sh["pw"], context_cols=32,
                                  model_bias=True, ngram_bias=True, fused=True, max_bs=sh["b"], width=sh["width"],
                                  depths=sh["depths"],
-                                 mask_entries=sh["seq_sum"] * sh["width"] + sh["width"] ** 2 * sh["b"])
-    assert own.fixed == measured["hybrid_fixed"]
+                                 mask_entries=sh["seq_sum"] * sh["width"] + sh["width"] ** 2 * sh["b"],
+                                 alternatives=2)
+    draft_records = (4 + 8) * sh["b"] * 3 * (2 + 1)
+    assert own.fixed - draft_records == measured["hybrid_fixed"]
     assert own.workspace == measured["hybrid_workspace"]
 
 
@@ -511,6 +520,12 @@ def test_memory_budget_bench_table(capsys):
     assert all(float(line.split("both cost tables")[1].split()[3][:-1]) <= 1.5 for line in ragged), ragged
     last = next(line for line in ragged if line.split()[:2] == ["128", "131,072"])
     assert last.split("both cost tables")[1].split() == ["4", "5", "5.34", "1.46x", "6.18", "13.34", "FITS"]
+    # the same with three EAGLE alternatives per chain position (eagle_alternatives, off by default): the tree 12
+    # nodes wider, its buffers and graphs with it; it fits in every cell, at up to twice plain EAGLE's memory
+    alt = [line for line in out.splitlines() if "+3 alternatives" in line]
+    assert len(alt) == len(BM.BATCHES) * len(BM.CONTEXTS) and all(line.endswith("FITS") for line in alt), alt
+    last = next(line for line in alt if line.split()[:2] == ["128", "131,072"])
+    assert last.split("ragged")[1].split() == ["4", "5", "7.30", "1.99x", "8.14", "13.34", "FITS"]
     no_table = next(line for line in out.splitlines() if line.split()[:2] == ["128", "131,072"] and "no price" in line)
     assert no_table.split("(width 13)")[1].split() == ["1", "3", "5.64", "1.54x", "6.47", "13.34", "FITS"]
     # the default launch at 128 x 131,072: EAGLE's width, the full tree and both extras (8, 4) fit, x 4 depths

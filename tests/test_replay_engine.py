@@ -162,12 +162,12 @@ def test_fused_launch_counter_serves_many_counts_and_names_a_failed_one():
     from bench import step_launches
 
     counter = step_launches._FusedCounter()
-    args = (1, "merge", 1, 1, False, False, 256, False)
-    assert counter.count(args) == counter.count(args) == step_launches.hybrid_launches(*args)
+    args = (1, "merge", 1, 1, False, False, 256, False, 0)      # hybrid_launches' arguments, kernels left out
+    assert counter.count(args) == counter.count(args) == step_launches.hybrid_launches(*args[:-1], alternatives=0)
     first = counter.proc.pid
     with pytest.raises(RuntimeError, match="counting the fused step .*mode"):
-        counter.count((1, "no-such-mode", 1, 1, False, False, 256, False))
-    assert counter.count(args) == step_launches.hybrid_launches(*args) and counter.proc.pid != first
+        counter.count((1, "no-such-mode", 1, 1, False, False, 256, False, 0))
+    assert counter.count(args) == step_launches.hybrid_launches(*args[:-1]) and counter.proc.pid != first
 
 
 def test_model_free_baselines_pay_their_host_scan():
@@ -351,10 +351,11 @@ def test_simulated_drafter_is_flat_and_calibrated():
         assert r[m].mean() == pytest.approx(c[m].mean(), abs=0.04)
 
 
-def _tree_bank(L=3000, alpha=0.6, alpha_copy=0.6, seed=3, pad=64):
-    """One long request with a simulated drafter (chains of 8) and its simulated EAGLE trees."""
+def _tree_bank(L=3000, alpha=0.6, alpha_copy=0.6, seed=3, pad=64, k=8):
+    """One long request with a simulated drafter (chains of 8) and its simulated EAGLE trees; ``k``: the n-gram
+    proposals' width (an as-built engine aligns proposals of ``ngram_k + max_depth + 1`` tokens)."""
     rng = np.random.default_rng(0)
-    bank = replay_drafts.DraftBank(one_request_trace(L=L, k=8, output=rng.integers(0, 5000, L)), k=8, pad=pad)
+    bank = replay_drafts.DraftBank(one_request_trace(L=L, k=k, output=rng.integers(0, 5000, L)), k=k, pad=pad)
     flags = np.zeros(L, bool)
     toks, probs = replay_synth.simulated_eagle(bank, flags, alpha, alpha_copy, 8, seed=seed)
     trees = replay_synth.SimulatedEagleTrees(bank, flags, alpha, alpha_copy, toks, probs, seed)
@@ -656,7 +657,7 @@ def test_realistic_step_times_cover_every_policys_widest_verify():
     chains = max(p.n_nodes + 1 for m, ps in runner.engine_pols.items() for p in ps.values()
                  if not runner.engines[m].eagle_alternatives)
     assert chains == 6 + 24 + 1
-    assert widest == 6 * (1 + cfg.eagle_alternatives) + 24 + 1          # the design: 3 leaves per EAGLE step
+    assert widest == 6 * (1 + cfg.eagle_alternatives) + 24 + 1          # 3 EAGLE alternatives per EAGLE step
     assert runner.max_width == max(widest, *(t[2] for t in cfg.eagle_trees)) == widest
     assert runner.bank_pad == max(64, widest)              # every step's targets reach the deepest a tree can be
     wide = replay_realistic.Runner(dataclasses.replace(cfg, eagle_alternatives=7))
@@ -802,7 +803,8 @@ def test_model_offset_option_reaches_both_engines_and_bad_values_are_refused(mon
     assert seen["cfg"].ngram_bias_eta == "auto"
     etas = {name: e.ngram_eta for name, e in replay_realistic.Runner(seen["cfg"]).engines.items()}
     assert etas == {"as built": None, "ideal": 0.3, replay_realistic.RAGGED: 0.3,
-                    replay_realistic.RAGGED_ALTERNATIVES: 0.3, replay_realistic.ALTERNATIVES: 0.3}, etas
+                    replay_realistic.PADDED_ALTERNATIVES: None, replay_realistic.RAGGED_ALTERNATIVES: 0.3,
+                    replay_realistic.ALTERNATIVES: 0.3}, etas
     seen.clear()
     replay.main(["--realistic", "--ngram-bias-eta", "auto"])
     assert seen["cfg"].ngram_bias_eta == "auto"
@@ -850,7 +852,8 @@ def test_realistic_command_line_defaults_are_the_configs_and_eagle_trees_parse(m
     seen.clear()
     replay.main(["--realistic", "--eagle-alternatives", "0"])
     assert seen["cfg"].eagle_alternatives == 0
-    assert replay_realistic.Runner(dataclasses.replace(seen["cfg"], batches=(4,), sweep=False)).design_modes == ()
+    assert replay_realistic.Runner(dataclasses.replace(seen["cfg"], batches=(4,),
+                                                       sweep=False)).alternatives_modes == ()
     for bad in ("8", "-1", "x"):                # the simulated drafter's measured ranks stop at 8
         with pytest.raises(SystemExit):
             replay.main(["--realistic", "--eagle-alternatives", bad])
@@ -1192,10 +1195,11 @@ def test_simulated_eagle_alternatives_are_the_trees_later_candidates_of_each_cha
 
 
 def test_ideal_engine_with_eagle_alternatives_verifies_the_leaves_at_no_extra_draft_forward():
-    """The design (``EngineConfig.eagle_alternatives``): the ideal engine's HYBRID with the chain's next-best tokens
-    as leaves drafts the same forwards as without them and, the price being 0 at batch 1 on a flat step time, commits
-    at least as many tokens per step (a right leaf adds one where the chain stopped); a trace without trees refuses
-    it, and so does a padded engine (its width buckets take the chain alone)."""
+    """The worker's setting ``eagle_alternatives`` (``EngineConfig.eagle_alternatives``): the ideal engine's HYBRID
+    with the chain's next-best tokens as leaves drafts the same forwards as without them and, the price being 0 at
+    batch 1 on a flat step time, commits at least as many tokens per step (a right leaf adds one where the chain
+    stopped); the README's launch (padded width buckets) runs them too, charged the worker's launches for them; a
+    trace without trees refuses them."""
     core = _core_or_skip()
     bank, _ = _tree_bank(L=600, alpha=0.5, alpha_copy=0.5)
     runs = {}
@@ -1207,8 +1211,15 @@ def test_ideal_engine_with_eagle_alternatives_verifies_the_leaves_at_no_extra_dr
                                                                               draft=0.01))
     assert runs[3].model_steps == 4 * runs[3].steps and runs[0].model_steps == 4 * runs[0].steps
     assert runs[3].tokens / runs[3].steps > 1.05 * runs[0].tokens / runs[0].steps
-    with pytest.raises(ValueError, match="design for ragged verify"):
-        replay_engine.EngineConfig(eagle_alternatives=2)
+    chain = replay_engine.engine_policies(core, replay_engine.EngineConfig(adaptive_depth=False), ())[0]
+    leaves = replay_engine.engine_policies(core, replay_engine.EngineConfig(adaptive_depth=False,
+                                                                            eagle_alternatives=2), ())[0]
+    assert leaves.n_nodes == chain.n_nodes + 2 * chain.num_steps
+    assert leaves.launches(4) == chain.launches(4) + 5       # softmax, top-k and three kernels (bench.step_launches)
+    wide_bank, _ = _tree_bank(L=600, alpha=0.5, alpha_copy=0.5, k=17)
+    padded = replay_sim.simulate(leaves, wide_bank, [0], batch=1,
+                                 cost=linear_cost(base=1.0, per_token=0.0, draft=0.01))
+    assert padded.steps > 0 and padded.model_steps == 4 * padded.steps
     assert replay_engine.EngineConfig(verify="ragged_sync", eagle_alternatives=2).eagle_alternatives == 2
     # a tree wider than the banks' default padding (8 steps x (1 + 7) + 8 = 72 nodes) runs on a bank padded for it,
     # as the realistic runner pads its banks (Runner.bank_pad), and says why on one that is not

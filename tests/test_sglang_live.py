@@ -226,8 +226,9 @@ def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
     width buckets (under ragged verify a cap on each step's trees), both chosen on the device and applied one step
     late: the counters show steps at more than one width and more than one depth, every step verified ragged. The
     online offsets are on (EAGLE side ``model_bias_eta = 0.1``, n-gram side ``ngram_bias_eta = 0.3``: they change
-    what is verified, never what is emitted), and the n-gram chain is the long one recommended with a cost table
-    (``ngram_k = 24``)."""
+    what is verified, never what is emitted), the n-gram chain is the long one recommended with a cost table
+    (``ngram_k = 24``), and each EAGLE chain position offers two alternatives (``eagle_alternatives = 2``): the price
+    verified some, and some accepted paths went through them."""
     proc = _run([sys.executable, str(DRIVER), "abort", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not any(log in proc.stderr for log in TWIN_LOGS)   # SGLang's Triton kernels ran
@@ -236,7 +237,9 @@ def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
     assert res["aborted_tokens"] < 64
     assert res["hybrid"] == res["reference"]
     widths = {int(w): n for w, n in res["counters"]["width_steps"].items() if n > 0}
-    assert len(widths) >= 2 and max(widths) <= 28, widths              # 3 EAGLE steps + ngram_k 24: full width 28
+    assert len(widths) >= 2 and max(widths) <= 34, widths    # 3 EAGLE steps x (1 + 2) + ngram_k 24: full width 34
+    # alternatives verified, and greedy accepted paths that left the chain through one (output still plain greedy's)
+    assert res["counters"]["alternatives_verified"] > 0 and res["counters"]["alternatives_taken"] > 0, res["counters"]
     depths = {int(d): n for d, n in res["counters"]["depth_steps"].items() if n > 0}
     assert len(depths) >= 2 and set(depths) <= {1, 2, 3}, depths        # adaptive drafting: depths 1, 2, 3
     assert res["counters"]["model_tested"] > 0, res["counters"]          # chains tested: the offset learned
@@ -254,7 +257,9 @@ def test_retracted_requests_ragged_equal_plain_greedy():
     n-gram state for them restarts. Every step verified ragged, from a KV write window planned by the draft as on a
     GPU (``cpu_engine.kv_window``), committed through SGLang's fused commit kernel, the draft extend fed by its
     kernel-prepared inputs (GPU branches, lifted by the same switch), the draft at EAGLE depth 2 run in the start-up
-    depth's draft backend; outputs stay token-identical to plain greedy decoding."""
+    depth's draft backend, two EAGLE alternatives per chain position offered (``eagle_alternatives = 2``: the first
+    position's kept per request slot, which a re-prefilled request must not read); outputs stay token-identical to
+    plain greedy decoding."""
     proc = _run([sys.executable, str(DRIVER), "retract", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not any(log in proc.stderr for log in TWIN_LOGS)   # SGLang's Triton kernels ran
@@ -262,6 +267,7 @@ def test_retracted_requests_ragged_equal_plain_greedy():
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert sum(res["retractions"]) > 0, res["retractions"]
     assert res["hybrid"] == res["reference"]
+    assert res["counters"]["alternatives_verified"] > 0, res["counters"]
     _assert_ragged(res["counters"])
     # KV window planning lifted onto the CPU (as on a GPU): every ragged step compacted a planned window
     assert res["counters"]["kv_window_steps"] == res["counters"]["steps"], res["counters"]
@@ -280,7 +286,8 @@ def test_kv_window_planning_live_equal_plain_greedy():
     window is wider than the draft): token-identical to plain greedy decoding. The retraction case runs the planned
     window ragged. The verifies commit through SGLang's fused commit kernel (``prepare_verify_commit_outputs``)
     and the draft extends take the inputs of ``prepare_draft_extend_inputs``: the branches SGLang takes only for CUDA
-    tensors, opened by the same switch."""
+    tensors, opened by the same switch. Each EAGLE chain position offers two alternatives (``eagle_alternatives =
+    2``), which the padded step's width buckets truncate like any node."""
     proc = _run([sys.executable, str(DRIVER), "kv_window", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not any(log in proc.stderr for log in TWIN_LOGS)   # SGLang's Triton kernels ran
@@ -291,6 +298,7 @@ def test_kv_window_planning_live_equal_plain_greedy():
     assert counters["ragged_steps"] == 0 and counters["steps"] > 0, counters       # padded verify, as asked
     assert counters["target_verify_graphs"] == "none", counters                    # the CPU engine captures none
     assert counters["ngram_offset_eta"] is None, counters       # ngram_bias_eta = "auto" under padded verify: off
+    assert counters["alternatives_verified"] > 0, counters       # padded trees holding EAGLE alternatives
     assert counters["depth_steps"] == {"3": counters["steps"]}, counters
     widths = {int(w): n for w, n in counters["width_steps"].items() if n > 0}
     wider = sum(n for w, n in widths.items() if w > 3)
@@ -332,8 +340,9 @@ def test_tree_sampling_live_temperature_top_p():
     """A code edit and the chat at temperature 0.8, top-p 0.9 through HYBRID merge (8 new tokens each, EOS ignored):
     SGLang's sampling verify branch runs on HYBRID's trees with the CPU stand-in tree-sampling op
     (``sglang_hybrid/cpu_engine/tree_sampling.py``; on CPU SGLang otherwise verifies greedily whatever the
-    temperature). The op's counts show sampling verify steps ran, HYBRID's counters show the steps were its own, and
-    the outputs are valid text of the requested length. Its distribution is checked without an engine
+    temperature), the trees holding two EAGLE alternatives per chain position (``eagle_alternatives = 2``). The op's
+    counts show sampling verify steps ran, HYBRID's counters show the steps were its own and that alternatives were
+    verified, and the outputs are valid text of the requested length. Its distribution is checked without an engine
     (``tests/test_sglang_tree_sampling.py``)."""
     proc = _run([sys.executable, str(DRIVER), "sampling", str(PROMPTS)], timeout=HANG_GUARD_S, twin=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -345,6 +354,7 @@ def test_tree_sampling_live_temperature_top_p():
     # HYBRID's verify steps were sampling verify steps (the op runs once per verify step)
     assert 0 < counters["steps"] <= stand_in["calls"], (counters, stand_in)
     assert counters["chosen_model"] + counters["chosen_ngram"] + counters["chosen_mixed"] > 0, counters
+    assert counters["alternatives_verified"] > 0, counters
     _assert_ragged(counters, spare_rows=False)                          # sampling verify on the ragged forward
     assert [len(ids) for ids in res["output_ids"]] == [res["n_new"]] * 2
     assert all(0 <= t < res["vocab"] for ids in res["output_ids"] for t in ids)

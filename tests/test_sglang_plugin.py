@@ -302,3 +302,16 @@ def test_registration_failure_stops_a_hybrid_launch_with_its_cause(models, monke
         sa.resolve_once()                                           # servers without HYBRID are unaffected
     finally:
         registry._REGISTRY[ALGORITHM] = saved
+
+
+def test_eagle_alternatives_widen_the_tree_and_a_default_over_the_limit_stops_the_start(models, monkeypatch):
+    """``eagle_alternatives`` widens the verify tree SGLang is told about (``--speculative-num-draft-tokens`` =
+    ``n_nodes + 1`` with ``n_nodes = steps x (1 + M) + ngram_k``); a default above the tree limit stops the start,
+    naming the settings that lower it."""
+    monkeypatch.setenv("SGLANG_HYBRID_EAGLE_ALTERNATIVES", "2")
+    _, v = _resolve(_argv(models, "--speculative-num-steps", "3"))
+    assert v.speculative_num_draft_tokens == 3 * 3 + 8 + 1
+    monkeypatch.setenv("SGLANG_HYBRID_EAGLE_ALTERNATIVES", "7")
+    monkeypatch.setenv("SGLANG_HYBRID_NGRAM_K", "32")
+    with pytest.raises(Exception, match=r"= 72 is above 63: lower SGLANG_HYBRID_EAGLE_ALTERNATIVES"):
+        _resolve(_argv(models, "--speculative-num-steps", "5"))

@@ -240,6 +240,8 @@ def test_model_alternatives_hang_as_leaves_beside_the_chain_against_a_brute_forc
 
 
 def test_model_alternatives_of_zero_probability_change_nothing_and_bad_shapes_are_refused():
+    """Alternatives of probability 0 leave the decision as it was; malformed ones are refused with the reason; a
+    padded decision (width buckets) takes them and truncates the tree in rank order, leaves like any node."""
     root, model, ngram = _drafts(5)
     step = DecisionStep(mode="merge", n_nodes=8, ngram_calibration=NgramCalibration.load().to())
     cost = CostModel([1, 16, 64, 256], [1.0, 1.1, 1.6, 4.0]).to("cpu")
@@ -255,8 +257,12 @@ def test_model_alternatives_of_zero_probability_change_nothing_and_bad_shapes_ar
     with pytest.raises(ValueError, match="differ in M"):
         step(root, alt._replace(alt_confidence=alt.alt_confidence[:, :, :2]), ngram)
     padded = DecisionStep(mode="merge", n_nodes=8, ngram_calibration=NgramCalibration.load().to(), widths=[5, 9])
-    with pytest.raises(ValueError, match="ragged verify"):
-        padded(root, alt, ngram)
+    ragged = step(root, alt, ngram)                                  # no price: the 8 best nodes
+    assert bool(((ragged.tree.source == Source.MODEL) & (ragged.tree.depth >= 1)).any())
+    for w in (5, 9):
+        cut = padded(root, alt, ngram, width=w).tree
+        for f in ("tokens", "parents", "depth", "valid", "source"):
+            assert torch.equal(getattr(cut, f), getattr(ragged.tree, f)[:, :w]), (w, f)
 
 
 def test_model_alternatives_under_adaptive_depths_keep_each_depths_own_positions():

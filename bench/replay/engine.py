@@ -196,19 +196,16 @@ class EngineConfig:
     #: the context the price's tables are at (``PRICE_CONTEXTS``); None: the launch's own, ``price_at``. "blend" and
     #: "batch" need the charge's roofline (a GPU cost spec) to stand in for the probes
     price_context: Optional[str] = None
-    #: a design, not built (ragged verify only: the ideal engine or ``ragged_sync``; the simulated drafter only): the
-    #: EAGLE side as a chain with its ``M`` next-best tokens at each position hung as leaves
-    #: (``step.ModelDraft.alt_tokens``; their draws in ``synth.SimulatedEagleTrees.alternatives``), no draft forward
-    #: beyond the chain's and no launch beyond the decision's counted ones; 0: the chain alone
+    #: the worker's setting ``eagle_alternatives`` (the simulated drafter only): the EAGLE side as a chain with its
+    #: ``M`` next-best tokens at each position hung as leaves (``step.ModelDraft.alt_tokens``; their draws in
+    #: ``synth.SimulatedEagleTrees.alternatives``), no draft forward beyond the chain's, the worker's launches for
+    #: them counted with the decision's (``bench.step_launches``); 0: the chain alone
     eagle_alternatives: int = 0
 
     def __post_init__(self):
         if isinstance(self.eagle_alternatives, bool) or not isinstance(self.eagle_alternatives, int) \
                 or self.eagle_alternatives < 0:
             raise ValueError(f"eagle_alternatives must be an int >= 0, got {self.eagle_alternatives!r}")
-        if self.eagle_alternatives and self.as_built and self.verify == "padded":
-            raise ValueError("eagle_alternatives is a design for ragged verify (EngineConfig.ideal, or verify="
-                             "'ragged_sync'): padded width buckets take the EAGLE chain alone")
         if self.cost_tables not in COST_TABLES:
             raise ValueError(f"cost_tables must be one of {tuple(COST_TABLES)}, got {self.cost_tables!r}")
         if self.price_context is not None and self.price_context not in PRICE_CONTEXTS:
@@ -320,9 +317,10 @@ class EngineConfig:
     def _alternatives_text(self) -> str:
         if not self.eagle_alternatives:
             return ""
-        return (f"; a design, not built: the EAGLE chain with its next {self.eagle_alternatives} most likely tokens "
-                "at each position as leaves (no draft forward beyond the chain's; each HYBRID policy's n_nodes "
-                f"grows by {self.eagle_alternatives} per EAGLE step)")
+        return (f"; eagle_alternatives={self.eagle_alternatives}: the EAGLE chain with its next "
+                f"{self.eagle_alternatives} most likely tokens at each position as leaves (no draft forward beyond the "
+                "chain's, the worker's launches for them counted; each HYBRID policy's n_nodes grows by "
+                f"{self.eagle_alternatives} per EAGLE step)")
 
     def _verify_text(self) -> str:
         text = VERIFY_LAYOUTS[self.verify].format(width_lag=self.width_lag, sync_us=self.sync_us)
@@ -517,14 +515,16 @@ class EnginePolicy(P.Policy):
             # launch no more kernels than HYBRID's)
             return step_launches.hybrid_launches(batch, "merge", self.num_steps, self.engine.ngram_k,
                                                  width_plan=True, depth_plan=True,
-                                                 measured=self.engine.price_at == "blend", kernels="fused")
+                                                 measured=self.engine.price_at == "blend", kernels="fused",
+                                                 alternatives=self.engine.eagle_alternatives)
         if not self.use_ngram:
             return step_launches.model_only_launches(batch, self.num_steps, measured=self.engine.price_at == "blend")
         return step_launches.hybrid_launches(batch, self.mode, self.num_steps, self.engine.ngram_k,
                                              width_plan=self.widths is not None and len(self.widths) > 1,
                                              depth_plan=self.depths is not None,
                                              measured=self.engine.price_at == "blend",
-                                             kernels=self.engine.decision_kernels)
+                                             kernels=self.engine.decision_kernels,
+                                             alternatives=self.engine.eagle_alternatives)
 
     def reset(self, batch: int, cost=None):
         """A fresh engine at ``batch`` requests; ``cost`` (``costs.BatchCost``): the step times the run is charged,
@@ -757,14 +757,18 @@ def engine_policies(core, engine: EngineConfig, model_ks=(2, 4, 6, 8), hybrid_mo
     combination is a policy, named ``hybrid_<mode>[_s<steps>][_k<ngram_k>]`` (the deployed values keep the plain
     name). Each has the node budget the worker resolves for it (``HybridSettings.resolved_n_nodes``: steps + ngram_k
     in merge mode) and the width buckets and n-gram proposal width that follow from it."""
-    from sglang_hybrid.sglang_plugin.config import HybridSettings
+    from sglang_hybrid.sglang_plugin.config import MAX_NODES, HybridSettings
 
     out = []
     for mode in hybrid_modes:
         for steps in (engine.num_steps, *[s for s in hybrid_steps if s != engine.num_steps]):
             for k in (engine.ngram_k, *[k for k in ngram_ks if k != engine.ngram_k]):
-                n_nodes = HybridSettings(mode=mode, ngram_k=k).resolved_n_nodes(steps) \
-                    + steps * engine.eagle_alternatives          # the design's leaves get their own slots
+                n_nodes = HybridSettings(mode=mode, ngram_k=k,
+                                         eagle_alternatives=engine.eagle_alternatives).resolved_n_nodes(steps)
+                if engine.as_built:
+                    # the worker's limit: a launch whose default is above it sets n_nodes to it, as its start-up
+                    # error says (server_args), and the price keeps the best nodes
+                    n_nodes = min(n_nodes, MAX_NODES)
                 eng = engine if k == engine.ngram_k else dataclasses.replace(engine, ngram_k=k, n_nodes=n_nodes)
                 name = (f"hybrid_{mode}" + (f"_s{steps}" if steps != engine.num_steps else "")
                         + (f"_k{k}" if k != engine.ngram_k else ""))

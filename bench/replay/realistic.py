@@ -57,12 +57,13 @@ MODES = ("as built", "ideal")
 #: token-tier graphs; both tables measured at start as in the README's launch): run beside ``MODES`` on the headline
 #: point and the real trace (``Config.ragged_mode``), the engine issue 25's gap target is stated for
 RAGGED = "as built, ragged"
-#: designs, not built: the launch with ``ragged_verify=on`` (``RAGGED``) and the ideal engine, each with the EAGLE
-#: side's next-best tokens at each chain position hung as leaves (``EngineConfig.eagle_alternatives``;
-#: ``Config.eagle_alternatives``), on the headline point only (a recorded trace holds the head's chain only): what a
-#: tree-shaped EAGLE side that costs no draft forward would reach
-RAGGED_ALTERNATIVES = "as built, ragged, EAGLE alternatives (design)"
-ALTERNATIVES = "ideal, EAGLE alternatives (design)"
+#: the worker's setting ``eagle_alternatives`` (``Config.eagle_alternatives``; ``EngineConfig.eagle_alternatives``):
+#: the EAGLE side's next-best tokens at each chain position hung as leaves, a tree that costs no draft forward, in the
+#: README's launch (padded verify), the launch with ``ragged_verify=on`` (``RAGGED``) and the ideal engine, on the
+#: headline point only (a recorded trace holds the head's chain only)
+PADDED_ALTERNATIVES = "as built, EAGLE alternatives"
+RAGGED_ALTERNATIVES = "as built, ragged, EAGLE alternatives"
+ALTERNATIVES = "ideal, EAGLE alternatives"
 REAL_TRACE = Path("out/traces/smollm2_t0_final.jsonl")
 ROOT = Path(__file__).resolve().parents[2]
 #: the device kit's step-time table from an H200 (``bash bench/device_run.sh``, 2026-12-04): a compact PyTorch
@@ -198,7 +199,8 @@ class Config:
     ragged_sync_us: float = RAGGED_SYNC_US
     #: also run HYBRID as launched with ``ragged_verify=on`` (``RAGGED``) on the headline point and the real trace
     ragged_mode: bool = True
-    #: ``ALTERNATIVES``: the next-best EAGLE tokens per chain position the design hangs as leaves; 0 leaves it out
+    #: the setting ``eagle_alternatives`` the modes ``PADDED_ALTERNATIVES``, ``RAGGED_ALTERNATIVES`` and
+    #: ``ALTERNATIVES`` run at (the next-best EAGLE tokens per chain position hung as leaves); 0 leaves them out
     eagle_alternatives: int = 3
     real_trace: Optional[Path] = None
     #: processes the cells run in (forked from the run, each a whole cell: results do not depend on it)
@@ -244,6 +246,8 @@ class Runner:
             self.engines[RAGGED] = dataclasses.replace(self.engines["as built"], verify="ragged_sync",
                                                        sync_us=cfg.ragged_sync_us)
         if cfg.eagle_alternatives:
+            self.engines[PADDED_ALTERNATIVES] = dataclasses.replace(self.engines["as built"],
+                                                                    eagle_alternatives=cfg.eagle_alternatives)
             if RAGGED in self.engines:
                 self.engines[RAGGED_ALTERNATIVES] = dataclasses.replace(self.engines[RAGGED],
                                                                         eagle_alternatives=cfg.eagle_alternatives)
@@ -341,10 +345,10 @@ class Runner:
         return MODES + ((RAGGED,) if RAGGED in self.engines else ())
 
     @property
-    def design_modes(self) -> tuple:
-        """The designs HYBRID also runs in on the headline point alone (the simulated drafter's):
-        ``RAGGED_ALTERNATIVES`` and ``ALTERNATIVES``."""
-        return tuple(m for m in (RAGGED_ALTERNATIVES, ALTERNATIVES) if m in self.engines)
+    def alternatives_modes(self) -> tuple:
+        """The modes with EAGLE alternatives HYBRID also runs in on the headline point alone (the simulated
+        drafter's): ``PADDED_ALTERNATIVES``, ``RAGGED_ALTERNATIVES`` and ``ALTERNATIVES``."""
+        return tuple(m for m in (PADDED_ALTERNATIVES, RAGGED_ALTERNATIVES, ALTERNATIVES) if m in self.engines)
 
     def hybrid_candidates(self, mode) -> list:
         """Names of the HYBRID merge policies tuned per cell in ``mode`` (the deployed EAGLE steps first)."""
@@ -693,6 +697,24 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
                       "(headline + real trace)", not bad,
                       f"worst {fmt_ci(low[1]['vs_single'])} vs {low[1]['single_name']} at {label(low[0][0])} "
                       f"{low[0][2]} B={low[0][3]}; {len(bad)} of {len(ragged)} cells below 0.97"))
+        alt = [(k, c) for k, c in all_cells(runner, RAGGED_ALTERNATIVES) if c is not None]
+        if alt:
+            m = runner.engines[RAGGED_ALTERNATIVES].eagle_alternatives
+            low = min(alt, key=lambda kc: kc[1]["vs_single"][0])
+            bad = [kc for kc in alt if kc[1]["vs_single"][0] < 0.97]
+            v.append((f"issue 25: HYBRID launched with ragged_verify=on, eagle_alternatives={m} >= 0.97x the best "
+                      "single drafter in every headline cell (no real-trace rows: the trace records the head's chain, "
+                      "not its alternatives)", not bad,
+                      f"worst {fmt_ci(low[1]['vs_single'])} vs {low[1]['single_name']} at {low[0][2]} "
+                      f"B={low[0][3]}; {len(bad)} of {len(alt)} cells below 0.97"))
+            gaps = [(1 - c["hybrid"] / i["hybrid"], k) for k, c in alt
+                    if (i := runner.cell(k[0], ALTERNATIVES, k[2], k[3])) is not None]
+            if gaps:
+                g, k = max(gaps)
+                over = sum(1 for gg, _ in gaps if gg > 0.05)
+                v.append(("issue 25: that launch / the ideal engine with the same alternatives: gap <= 5 % in every "
+                          "headline cell", over == 0, f"worst gap {g:.1%} at {k[2]} B={k[3]}; {over} of {len(gaps)} "
+                                                      "cells over 5 %"))
     st = {"m": 0, "a": 0, "h": 0}
     for k, r in runner.runs.items():
         if k[1] == "as built" and k[2] == "code" and k[4] == "hybrid_merge" and k[0] == head:
@@ -740,8 +762,9 @@ def detail_table(runner: Runner, source, cells) -> list:
     rows = [("best model-only", MODES[0], "model"), ("n-gram else EAGLE", MODES[0], "rule")] + [
         (f"HYBRID merge ({m})", m, "hybrid") for m in MODES] + [
         ("HYBRID ragged_verify=on", RAGGED, "hybrid")] * (RAGGED in runner.engines) + [
-        ("HYBRID ragged+alt (design)", RAGGED_ALTERNATIVES, "hybrid")] * (RAGGED_ALTERNATIVES in runner.engines) + [
-        ("HYBRID ideal+alt (design)", ALTERNATIVES, "hybrid")] * (ALTERNATIVES in runner.engines) + [
+        ("HYBRID +alternatives", PADDED_ALTERNATIVES, "hybrid")] * (PADDED_ALTERNATIVES in runner.engines) + [
+        ("HYBRID ragged+alt", RAGGED_ALTERNATIVES, "hybrid")] * (RAGGED_ALTERNATIVES in runner.engines) + [
+        ("HYBRID ideal+alt", ALTERNATIVES, "hybrid")] * (ALTERNATIVES in runner.engines) + [
         ("oracle", MODES[0], "oracle")]
     for title, m, what in rows:
         row = f"{title:<26}"
@@ -768,18 +791,20 @@ def detail_table(runner: Runner, source, cells) -> list:
     return lines
 
 
-def design_lines(runner: Runner, cells) -> list:
-    """The designs (``Runner.design_modes``, not built) beside the engines they extend, per headline cell: HYBRID /
-    best single drafter and / best model-only, for the launch with ``ragged_verify=on`` and the ideal engine, each
-    with the EAGLE chain alone and with its alternatives as leaves; and how many cells of each reach 0.97x the best
-    single drafter."""
-    pairs = [(m, d) for m, d in ((RAGGED, RAGGED_ALTERNATIVES), ("ideal", ALTERNATIVES)) if d in runner.engines]
+def alternatives_lines(runner: Runner, cells) -> list:
+    """The modes with EAGLE alternatives (``Runner.alternatives_modes``) beside the engines they extend, per headline
+    cell: HYBRID / best single drafter and / best model-only, for the README's launch, the launch with
+    ``ragged_verify=on`` and the ideal engine, each with the EAGLE chain alone and with its alternatives as leaves;
+    and how many cells of each reach 0.97x the best single drafter."""
+    pairs = [(m, d) for m, d in (("as built", PADDED_ALTERNATIVES), (RAGGED, RAGGED_ALTERNATIVES),
+                                  ("ideal", ALTERNATIVES)) if d in runner.engines]
     if not pairs:
         return []
     alt = runner.engines[pairs[0][1]].eagle_alternatives
-    out = [f"Designs, not built: the EAGLE side's next {alt} most likely tokens at each chain position hung as leaves "
-           f"(no draft forward beyond the chain's, the decision's launches as counted; {label(HEADLINE)}; SIMULATED, "
-           "decision charged). HYBRID / best single drafter, / best model-only, chain -> with alternatives [95% CI]:"]
+    out = [f"EAGLE alternatives (setting eagle_alternatives={alt}): the EAGLE side's next {alt} most likely tokens at "
+           f"each chain position hung as leaves (no draft forward beyond the chain's; the worker's launches for them "
+           f"counted with the decision's; {label(HEADLINE)}; SIMULATED, decision charged). HYBRID / best single "
+           "drafter, / best model-only, chain -> with alternatives [95% CI]:"]
     reach = {d: [0, 0] for _, d in pairs}
     for w, b in cells:
         parts = []
@@ -789,7 +814,7 @@ def design_lines(runner: Runner, cells) -> list:
                 continue
             reach[d][0] += a["vs_single"][0] >= 0.97
             reach[d][1] += 1
-            name = "ragged_verify=on" if m == RAGGED else m
+            name = {RAGGED: "ragged_verify=on", "as built": "README launch"}.get(m, m)
             parts.append(f"{name} {c['vs_single'][0]:.2f} -> {fmt_ci(a['vs_single'])}, "
                          f"{c['vs_model'][0]:.2f} -> {a['vs_model'][0]:.2f} (S{a['hybrid_steps']}/K"
                          f"{a['hybrid_ngram_k']})")
@@ -1023,7 +1048,8 @@ def run(cfg: Config, log=print) -> int:
             trees = replay_synth.SimulatedEagleTrees(banks[s], flags[s], pt[0], pt[1], toks, probs, s)
             eb[s] = replay_synth.with_eagle(banks[s], toks, probs, trees)
         if pt == HEADLINE:
-            runner.run_source(pt, eb, groups, head_cells, list(cfg.seeds), runner.head_modes + runner.design_modes,
+            runner.run_source(pt, eb, groups, head_cells, list(cfg.seeds),
+                              runner.head_modes + runner.alternatives_modes,
                               log)
             eb_head = eb
         else:
@@ -1105,10 +1131,10 @@ def run(cfg: Config, log=print) -> int:
         f"{evaluation_seeds(cfg.seeds)}; {charged}):")
     for line in detail_table(runner, HEADLINE, head_cells):
         log(line)
-    design = design_lines(runner, head_cells)
-    if design:
+    alt_lines = alternatives_lines(runner, head_cells)
+    if alt_lines:
         log("")
-        for line in design:
+        for line in alt_lines:
             log(line)
     if "real" in sources:
         log("")

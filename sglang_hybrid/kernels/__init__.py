@@ -111,13 +111,18 @@ class FusedDecisionStep:
                  width: Optional[int] = None, model_bias: Optional[torch.Tensor] = None,
                  ngram_bias: Optional[torch.Tensor] = None, counters=None,
                  from_lookup: Optional[torch.Tensor] = None, chain_out: Optional[torch.Tensor] = None,
-                 workspace: Optional[Workspace] = None) -> Decision:
+                 workspace: Optional[Workspace] = None, alt_tokens: Optional[torch.Tensor] = None,
+                 alt_conf: Optional[torch.Tensor] = None) -> Decision:
         """The ``Decision`` of ``DecisionStep.__call__(root_tokens, ModelDraft(model_tokens, model_conf, S), ngram,
         cost=cost, draft_cost=draft_cost, width=width, model_bias=model_bias, ngram_bias=ngram_bias)``. With
         ``counters`` (``HybridCounters``) the step is also counted on the device as ``HybridCounters.on_select``
         counts it (``from_lookup``: the rows the prompt lookup supplied); the caller counts the host share
         (``on_select_host``). ``chain_out`` (``[B, S]``, unit column stride): where to copy ``model_tokens``.
-        ``workspace``: where the decision's tensors live (valid until the next call with it; None: fresh tensors)."""
+        ``workspace``: where the decision's tensors live (valid until the next call with it; None: fresh tensors).
+        ``alt_tokens`` / ``alt_conf`` (``[B, S, M]``, both or neither): the EAGLE alternatives
+        (``ModelDraft.alt_tokens`` / ``alt_confidence``), which the kernels assume distinct from each other and from
+        the chain token at their position, as ranks 2 to ``M + 1`` of one distribution are (the torch step folds a
+        duplicate under merge; the worker excludes the chain token, ``HybridDraftWorker``)."""
         from . import decision
 
         d = self.decide
@@ -148,6 +153,13 @@ class FusedDecisionStep:
             raise ValueError(f"the model chain has {s} tokens but the draft depths are {d.depths}")
         if s < 1:
             raise ValueError("the fused decision needs a drafted model chain (S >= 1)")
+        if (alt_tokens is None) != (alt_conf is None):
+            raise ValueError("alt_tokens and alt_conf come together: pass both or neither")
+        if alt_tokens is not None:
+            m = alt_tokens.shape[2] if alt_tokens.dim() == 3 else -1
+            if m < 1 or tuple(alt_tokens.shape) != (b, s, m) or tuple(alt_conf.shape) != (b, s, m):
+                raise ValueError(f"alt_tokens and alt_conf must both have shape ({b}, {s}, M), M >= 1, got "
+                                 f"{tuple(alt_tokens.shape)} and {tuple(alt_conf.shape)}")
         depths = d.depths if adaptive else (s,)
         return decision.launch(
             root=root_tokens, model_tokens=model_tokens, model_conf=model_conf,
@@ -158,7 +170,8 @@ class FusedDecisionStep:
             temps=d.model_cal.temperatures, ngram_tables=d.ngram_cal, buckets=self._buckets, depths=depths,
             depths_t=self._depths_tensor(depths), cost=cost, draft_cost=draft_cost if adaptive else None,
             mode=d.mode, n_nodes=d.n_nodes, width=int(width), block_rows=self.block_rows, counters=counters,
-            from_lookup=from_lookup, chain_out=chain_out, workspace=workspace)
+            from_lookup=from_lookup, chain_out=chain_out, workspace=workspace, alt_tokens=alt_tokens,
+            alt_conf=alt_conf)
 
 
 def follow_context(seq_lens: torch.Tensor, cost, draft_cost) -> None:
@@ -304,5 +317,29 @@ def fused_after_verify(step, tree, slots: torch.Tensor, seq_lens_before: torch.T
         C_NTESTED=m.NGRAM_TESTED, C_NPRED=m.NGRAM_PRED, C_NHIT=m.NGRAM_HIT)
 
 
-__all__ = ["FusedDecisionStep", "Workspace", "available", "fused_after_verify", "fused_links_and_mask",
-           "fused_proposals"]
+def step_alternatives(first, slots: torch.Tensor, gens: torch.Tensor, recorded_p: torch.Tensor,
+                      recorded_i: torch.Tensor, chain: torch.Tensor, workspace: Optional[Workspace] = None):
+    """The step's EAGLE alternatives (``sglang_plugin.alternatives.step_alternatives``) in one launch
+    (``kernels.alternatives``)."""
+    from . import alternatives
+
+    return alternatives.step_alternatives(first, slots, gens, recorded_p, recorded_i, chain, workspace=workspace)
+
+
+def record_alternatives(first, slots: torch.Tensor, gens: torch.Tensor, probs: torch.Tensor,
+                        tokens: torch.Tensor) -> None:
+    """``FirstAlternatives.record`` in one launch (``kernels.alternatives``)."""
+    from . import alternatives
+
+    alternatives.record(first, slots, gens, probs, tokens)
+
+
+def count_alternatives(counters, tree, chain: torch.Tensor, emitted: torch.Tensor, accept_lens: torch.Tensor) -> None:
+    """``HybridStep.after_verify``'s count of the EAGLE alternatives (``kernels.alternatives``) in one launch."""
+    from . import alternatives
+
+    alternatives.count_outcome(counters, tree, chain, emitted, accept_lens)
+
+
+__all__ = ["FusedDecisionStep", "Workspace", "available", "count_alternatives", "fused_after_verify",
+           "fused_links_and_mask", "fused_proposals", "record_alternatives", "step_alternatives"]

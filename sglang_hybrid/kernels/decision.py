@@ -3,12 +3,13 @@
 Why: the torch decision (``sglang_hybrid.step.DecisionStep``) dispatches hundreds of small operators between the EAGLE
 draft and the verify forward; on a GPU each is a kernel launch on the critical path of every decode step. This module
 computes the same ``Decision`` for the configuration the SGLang worker runs (padded verify at a host-chosen width
-bucket; an EAGLE chain of full length and an n-gram chain; with or without adaptive depths and cost tables) in three
-launches:
+bucket; an EAGLE chain of full length, with or without its alternatives as leaves, and an n-gram chain; with or
+without adaptive depths and cost tables) in three launches:
 
 1. ``_survivals_kernel`` (grid: request blocks) fuses ``ModelCalibrationTables.acceptance``,
    ``request_bias.corrected_acceptance``, ``NgramCalibrationTables.acceptance``, ``survival.chain_survival`` (both
-   chains) and the depth extrapolation of ``DecisionStep._depth_candidates`` (rate ``s_last ** (1 / S)``).
+   chains), ``DecisionStep.alternatives_survival`` and the depth extrapolation of ``DecisionStep._depth_candidates``
+   (rate ``s_last ** (1 / S)``).
 2. ``_select_kernel`` (grid: request blocks x candidate depths) fuses ``selector.select`` for two chains at price 0
    (pool, running minimum, merge folding, choose, ranking, output layout, ``ancestors_from_parents``), the cumulative
    survivals ``widths.choose_plan`` sums, and ``widths.truncate`` of the drafted depth's block.
@@ -22,10 +23,14 @@ depth), so merge folding is "the n-gram chain's first ``c`` nodes fold into the 
 common token prefix. The rank order (survival descending, depth ascending, pool index ascending over eligible nodes)
 is computed by counting, for each node, the eligible nodes ahead of it: the same total order the two stable sorts
 produce. A node's ancestors are the earlier nodes of its own chain plus, for an unfolded n-gram node, the shared
-prefix. Survivals are products, minima and maxima taken in the reference's order (the chain products sequentially,
-as ``cumprod``). Sums that decide something (choose's gain per source, the plan's expected tokens over slots and
-requests, its goodput) are float64 here and in the torch reference, so their different summing orders cannot order
-two alternatives differently unless they tie within a float64 rounding step.
+prefix. The EAGLE alternatives (``step.ModelDraft.alt_tokens``) keep the closed forms: each is a leaf under the
+chain's previous node, distinct from its siblings and from the chain's token there (ranks of one distribution), so its
+running minimum is the chain's above it capped by its own survival, nothing folds into it but the n-gram node right
+after the common prefix (when it carries that leaf's token: the n-gram chain's rest then hangs under the leaf), and
+its ancestors are the chain above it. Survivals are products, minima and maxima taken in the reference's order (the
+chain products sequentially, as ``cumprod``). Sums that decide something (choose's gain per source, the plan's
+expected tokens over slots and requests, its goodput) are float64 here and in the torch reference, so their different
+summing orders cannot order two alternatives differently unless they tie within a float64 rounding step.
 
 The torch implementation stays the reference (the oracle in ``tests/test_fused_decision.py``) and the path for
 engines without Triton. Host side, a call does shape checks and allocations only: no value is read back, nothing
@@ -48,6 +53,8 @@ from .workspace import alloc
 UNDRAFTED = 1 << 40
 #: the model calibration's clamp (``calibration._EPS``)
 CAL_EPS = 1e-6
+#: elements a Triton tensor may hold (``triton._utils.TRITON_MAX_TENSOR_NUMEL``)
+MAX_TILE = 1 << 20
 
 
 @triton.jit
@@ -87,8 +94,10 @@ def _survivals_kernel(
         de_ptr, me_ptr, re_ptr, ce_ptr, table_ptr,
         a_m_ptr, s_m_ptr, a_n_ptr, s_n_ptr, ext_ptr, rate_ptr,
         mtok_ptr, mtok_s0, mtok_s1, chain_ptr, chain_s0,
+        aconf_ptr, ac_s0, ac_s1, ac_s2, s_alt_ptr,
         B,
         COPY_CHAIN: tl.constexpr, S: tl.constexpr, K: tl.constexpr, DM: tl.constexpr, NT: tl.constexpr,
+        M: tl.constexpr, M2: tl.constexpr,
         HAS_BIAS: tl.constexpr, NG_HAS_BIAS: tl.constexpr,
         ADAPTIVE: tl.constexpr, BB: tl.constexpr, C2: tl.constexpr,
         N_DE: tl.constexpr, N_ME: tl.constexpr, N_RE: tl.constexpr, N_CE: tl.constexpr, E2: tl.constexpr,
@@ -97,7 +106,8 @@ def _survivals_kernel(
     """Fuses ``DecisionStep.model_acceptance`` (with the request offset), ``DecisionStep.ngram_acceptance`` (with the
     request's n-gram offset) and ``DecisionStep.ngram_survival`` for a chain,
     ``chain_survival`` of both chains and the per-request rate of ``_depth_candidates``; with ``COPY_CHAIN``, the copy
-    of the EAGLE chain that must outlive the draft graph's next replay (``HybridStep._chain``)."""
+    of the EAGLE chain that must outlive the draft graph's next replay (``HybridStep._chain``); with ``M`` > 0,
+    ``DecisionStep.alternatives_survival`` of the ``M`` alternatives at each chain position (``[B, S * M]``)."""
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     rmask = rows < B
     r64 = rows.to(tl.int64)
@@ -115,6 +125,19 @@ def _survivals_kernel(
         a = tl.where(p <= 0.0, 0.0, tl.where(p >= 1.0, 1.0, a))
         if HAS_BIAS:
             a = _corrected(a, bias, BIAS_EPS_C)
+        if M > 0:
+            # the alternatives at this position: the same calibration and offset, times the parent's survival
+            mm = tl.arange(0, M2)
+            amask = rmask[:, None] & (mm[None, :] < M)
+            pa = tl.load(aconf_ptr + r64[:, None] * ac_s0 + j * ac_s1 + mm[None, :] * ac_s2, mask=amask,
+                         other=0.0).to(tl.float32)
+            pa = tl.minimum(tl.maximum(pa, 0.0), 1.0)
+            pca = tl.minimum(tl.maximum(pa, CAL_EPS_C), 1.0 - CAL_EPS_C)
+            aa = _sigmoid((tl.log(pca) - tl.log(1.0 - pca)) / t)
+            aa = tl.where(pa <= 0.0, 0.0, tl.where(pa >= 1.0, 1.0, aa))
+            if HAS_BIAS:
+                aa = _corrected(aa, bias[:, None], BIAS_EPS_C)
+            tl.store(s_alt_ptr + r64[:, None] * (S * M) + j * M + mm[None, :], surv[:, None] * aa, mask=amask)
         surv = surv * a
         if COPY_CHAIN:
             tok = tl.load(mtok_ptr + r64 * mtok_s0 + j * mtok_s1, mask=rmask, other=0)
@@ -168,14 +191,16 @@ def _survivals_kernel(
 @triton.jit
 def _select_kernel(
         root_ptr, mtok_ptr, mtok_s0, mtok_s1, msurv_ptr, ntok_ptr, ntok_s0, ntok_s1, nsurv_ptr, ng_len_ptr, dlen_ptr,
+        atok_ptr, at_s0, at_s1, at_s2, asurv_ptr,
         csum_ptr, nsel_ptr,
         o_tok_ptr, o_par_ptr, o_anc_ptr, o_dep_ptr, o_val_ptr, o_src_ptr, o_surv_ptr, o_exp_ptr,
         B,
-        S: tl.constexpr, DM: tl.constexpr, K: tl.constexpr, N_NODES: tl.constexpr, MERGE: tl.constexpr,
-        KBLOCK: tl.constexpr, WIDTH: tl.constexpr, BB: tl.constexpr, P2: tl.constexpr, W2: tl.constexpr,
-        UNDRAFTED_C: tl.constexpr):
-    """Fuses ``selector.select(root, [model chain, n-gram chain], 0.0, mode)`` for one candidate depth, the
-    cumulative draft survivals of ``widths.choose_plan``, and (for the drafted depth's block) ``widths.truncate``."""
+        S: tl.constexpr, DM: tl.constexpr, K: tl.constexpr, M: tl.constexpr, N_NODES: tl.constexpr,
+        MERGE: tl.constexpr, KBLOCK: tl.constexpr, WIDTH: tl.constexpr, BB: tl.constexpr, P2: tl.constexpr,
+        W2: tl.constexpr, UNDRAFTED_C: tl.constexpr):
+    """Fuses ``selector.select(root, [model chain (with its alternatives), n-gram chain], 0.0, mode)`` for one
+    candidate depth, the cumulative draft survivals of ``widths.choose_plan``, and (for the drafted depth's block)
+    ``widths.truncate``."""
     pid_d = tl.program_id(1)
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     rmask = rows < B
@@ -183,15 +208,21 @@ def _select_kernel(
     len_m = tl.load(dlen_ptr + pid_d)                                    # model chain length at this depth
     len_n = tl.minimum(tl.load(ng_len_ptr + rows, mask=rmask, other=0), K)
 
-    # ---- the pool: model chain (DM nodes), n-gram chain (K nodes); q = depth - 1 inside its chain ----
+    # ---- the pool, in the torch selector's order: the model chain (DM nodes), its alternatives (S * M leaves,
+    # position-major: step._with_alternatives), the n-gram chain (K nodes); q = depth - 1 ----
+    MA = S * M
     p = tl.arange(0, P2)
     is_m = p < DM
-    is_n = (p >= DM) & (p < DM + K)
-    q = tl.where(is_m, p, p - DM)
+    is_a = (p >= DM) & (p < DM + MA)
+    is_n = (p >= DM + MA) & (p < DM + MA + K)
+    a_i = tl.where(is_a, p - DM, 0)                                      # leaf index: position * M + rank
+    q = tl.where(is_m, p, tl.where(is_a, a_i // (M if M > 0 else 1), p - DM - MA))
     in_m = is_m[None, :] & (q[None, :] < len_m) & rmask[:, None]
     in_n = is_n[None, :] & (q[None, :] < len_n[:, None]) & rmask[:, None]
-    valid = in_m | in_n
-    # the n-gram partner at the same depth of every model node (for folding), and the model partner of n-gram nodes
+    # an alternative exists where its chain position was drafted (step._with_alternatives: < min(length, S))
+    in_a = is_a[None, :] & (q[None, :] < tl.minimum(len_m, S)) & rmask[:, None]
+    valid = in_m | in_n | in_a
+    # the model and n-gram chains at every node's depth: the node itself, its partner (folding), a leaf's sibling
     pm = (q[None, :] < DM) & (q[None, :] < len_m) & rmask[:, None]
     pn = (q[None, :] < K) & (q[None, :] < len_n[:, None]) & rmask[:, None]
     tok_m = tl.load(mtok_ptr + r64[:, None] * mtok_s0 + q[None, :] * mtok_s1, mask=pm & (q[None, :] < S), other=0)
@@ -199,37 +230,64 @@ def _select_kernel(
     tok_n = tl.load(ntok_ptr + r64[:, None] * ntok_s0 + q[None, :] * ntok_s1, mask=pn, other=0).to(tl.int64)
     sv_m = tl.load(msurv_ptr + r64[:, None] * DM + q[None, :], mask=pm, other=0.0)
     sv_n = tl.load(nsurv_ptr + r64[:, None] * K + q[None, :], mask=pn, other=0.0)
-    # running minimum along each chain (selector: path_min), for the node and its partner
-    same_chain_before = (is_m[:, None] == is_m[None, :]) & (q[None, :] <= q[:, None])            # [P, P']
+    # running minimum along each chain (selector: path_min) at every node's depth
+    chain_le = is_m[None, :] & (q[None, :] <= q[:, None])                                       # [P, P']
+    ngram_le = is_n[None, :] & (q[None, :] <= q[:, None])
     sel_m = tl.where(pm, sv_m, 0.0)
     sel_n = tl.where(pn, sv_n, 0.0)
-    cm_m = tl.min(tl.where(same_chain_before[None, :, :], sel_m[:, None, :], float("inf")), 2)
-    cm_n = tl.min(tl.where(same_chain_before[None, :, :], sel_n[:, None, :], float("inf")), 2)
+    cm_m = tl.min(tl.where(chain_le[None, :, :], sel_m[:, None, :], float("inf")), 2)
+    cm_n = tl.min(tl.where(ngram_le[None, :, :], sel_n[:, None, :], float("inf")), 2)
     tok = tl.where(is_m[None, :], tok_m, tok_n)
     surv = tl.where(is_m[None, :], cm_m, cm_n)
+    if M > 0:
+        # a leaf: its own survival (the parent's included), capped by the running minimum of the chain above it
+        tok_a = tl.load(atok_ptr + r64[:, None] * at_s0 + (a_i // M)[None, :] * at_s1 + (a_i % M)[None, :] * at_s2,
+                        mask=in_a, other=0).to(tl.int64)
+        sv_a = tl.load(asurv_ptr + r64[:, None] * MA + a_i[None, :], mask=in_a, other=0.0)
+        chain_lt = is_m[None, :] & (q[None, :] < q[:, None])
+        cm_par = tl.min(tl.where(chain_lt[None, :, :], sel_m[:, None, :], float("inf")), 2)
+        tok = tl.where(is_a[None, :], tok_a, tok)
+        surv = tl.where(is_a[None, :], tl.minimum(cm_par, sv_a), surv)
     surv = tl.where(valid, surv, 0.0)
-    src = tl.where(is_m[None, :], 0, 1)
+    src = tl.where(is_n[None, :], 1, 0)
     if MERGE:
-        # folding (selector._fold_identical_paths for two chains): the common token prefix of the two chains
+        # folding (selector._fold_identical_paths for a chain with leaves and a chain): the n-gram chain's first c
+        # nodes (the common token prefix) fold into the model chain's; the next one, when a leaf at that depth has
+        # its token (the alternatives are distinct, so at most one), folds into that leaf (f = 1)
         eq = pm & pn & (tok_m == tok_n) & is_m[None, :]
         eq_i = tl.where(is_m[None, :], eq.to(tl.int32), 1)
-        run = tl.min(tl.where(same_chain_before[None, :, :], eq_i[:, None, :], 1), 2)     # all equal up to q
+        run = tl.min(tl.where(chain_le[None, :, :], eq_i[:, None, :], 1), 2)               # all equal up to q
         c = tl.sum(tl.where(is_m[None, :], run, 0), 1)                                    # [BB]
         folded = q[None, :] < c[:, None]
         surv = tl.where(is_m[None, :] & folded, tl.maximum(cm_m, tl.where(pn, cm_n, 0.0)), surv)
         src = tl.where(is_m[None, :] & folded, 2, src)
+        if M > 0:
+            fold_a = in_a & (q[None, :] == c[:, None]) & pn & (tok_a == tok_n)
+            f = tl.max(fold_a.to(tl.int32), 1)                                            # [BB] 0 or 1
+            leaf_p = tl.sum(tl.where(fold_a, p[None, :], 0), 1)
+            surv = tl.where(fold_a, tl.maximum(surv, cm_n), surv)
+            src = tl.where(fold_a, 2, src)
+            folded = q[None, :] < (c + f)[:, None]
+        else:
+            fold_a = in_a & (q[None, :] < 0)
+            f = tl.zeros((BB,), tl.int32)
+            leaf_p = tl.zeros((BB,), tl.int32)
         valid = valid & ~(is_n[None, :] & folded)
         surv = tl.where(valid, surv, 0.0)
     else:
         c = tl.zeros((BB,), tl.int32)
+        f = tl.zeros((BB,), tl.int32)
+        leaf_p = tl.zeros((BB,), tl.int32)
+        fold_a = in_a & (q[None, :] < 0)
     depth = tl.where(valid, q[None, :] + 1, 0)
     elig = valid & (surv > 0.0)
     if not MERGE:
-        # choose: the source with the larger sum of eligible survivals supplies all its nodes (ties: the model)
-        g_m = tl.sum(tl.where(elig & is_m[None, :], surv, 0.0).to(tl.float64), 1)
+        # choose: the source with the larger sum of eligible survivals supplies all its nodes (ties: the model, whose
+        # nodes are the chain and its leaves)
+        g_m = tl.sum(tl.where(elig & ~is_n[None, :], surv, 0.0).to(tl.float64), 1)
         g_n = tl.sum(tl.where(elig & is_n[None, :], surv, 0.0).to(tl.float64), 1)
         use_m = g_m >= g_n
-        elig = elig & (is_m[None, :] == use_m[:, None])
+        elig = elig & (~is_n[None, :] == use_m[:, None])
 
     # ---- rank: eligible nodes ahead of each node (survival desc, depth asc, pool index asc) ----
     s_i = surv[:, :, None]
@@ -247,15 +305,18 @@ def _select_kernel(
         ((o[None, :, None] - 1) < n_sel[:, None, None])                                        # [BB, W, P]
     out_valid = tl.sum(hit.to(tl.int32), 2) > 0
     hit64 = hit.to(tl.int64)
+    kind = tl.where(is_m, 0, tl.where(is_a, 1, 2))                  # chain, leaf, n-gram
     o_tok = tl.sum(hit64 * tok[:, None, :], 2)
     o_q = tl.sum(hit64 * q[None, None, :].to(tl.int64), 2)
-    o_ism = tl.sum(hit64 * is_m[None, None, :].to(tl.int64), 2) > 0
+    o_kind = tl.sum(hit64 * kind[None, None, :].to(tl.int64), 2)
     o_src = tl.sum(hit64 * src[:, None, :].to(tl.int64), 2)
     o_surv = tl.sum(tl.where(hit, surv[:, None, :], 0.0), 2)
     o_dep = tl.sum(hit64 * depth[:, None, :].to(tl.int64), 2)
-    # parent: the previous node of the chain, the shared prefix for the n-gram node right after it, the root at depth 1
-    par_p = tl.where(q == 0, -1, p - 1)
-    par_p = tl.where(is_n[None, :] & (q[None, :] == c[:, None]) & (c[:, None] > 0), q[None, :] - 1, par_p[None, :])
+    # parent: the chain's previous node (a chain node's, a leaf's), the previous n-gram node, the root at depth 1;
+    # the first unfolded n-gram node hangs off the leaf it folded into, else the end of the shared prefix
+    par_p = tl.where(q == 0, -1, tl.where(is_a, q - 1, p - 1))
+    first_n = is_n[None, :] & (q[None, :] == (c + f)[:, None])
+    par_p = tl.where(first_n, tl.where(f[:, None] > 0, leaf_p[:, None], c[:, None] - 1), par_p[None, :])
     par_rank = tl.sum(tl.where(p[None, None, :] == par_p[:, :, None], rank[:, None, :], 0), 2)
     o_par = tl.sum(tl.where(hit, tl.where(par_p >= 0, par_rank + 1, 0)[:, None, :], 0), 2).to(tl.int64)
 
@@ -286,13 +347,18 @@ def _select_kernel(
         tl.store(o_surv_ptr + base, o_surv, mask=wmask)
         tl.store(o_exp_ptr + rows, tl.sum(tl.where(o[None, :] < WIDTH, tl.where(is_root, 0.0, o_surv), 0.0), 1),
                  mask=rmask)
-        # ancestors (reflexive): a node's own chain up to it, the shared prefix for n-gram nodes, the root
+        # ancestors (reflexive): a chain node's are the chain up to it, a leaf's the chain above it, an unfolded
+        # n-gram node's the shared prefix, the leaf it folded into and its own chain up to it; the root, everyone's
         q1 = o_q[:, :, None]
         q2 = o_q[:, None, :]
-        m1 = o_ism[:, :, None]
-        m2 = o_ism[:, None, :]
+        k1 = o_kind[:, :, None]
+        k2 = o_kind[:, None, :]
+        o_fl = tl.sum(hit64 * fold_a.to(tl.int64)[:, None, :], 2) > 0                           # the folded leaf
         draft_pair = out_valid[:, :, None] & out_valid[:, None, :]
-        anc = draft_pair & ((m1 == m2) & (q2 <= q1) | (~m1 & m2 & (q2 < c[:, None, None])))
+        on_chain = (k2 == 0) & (((k1 == 0) & (q2 <= q1)) | ((k1 == 1) & (q2 < q1)) |
+                                ((k1 == 2) & (q2 < c[:, None, None])))
+        on_ngram = (k1 == 2) & (((k2 == 2) & (q2 <= q1)) | ((k2 == 1) & o_fl[:, None, :]))
+        anc = draft_pair & (on_chain | on_ngram)
         anc = anc | ((o[None, None, :] == 0) & o_val[:, :, None]) | (o[None, :, None] == o[None, None, :])
         amask = rmask[:, None, None] & (o[None, :, None] < WIDTH) & (o[None, None, :] < WIDTH)
         tl.store(o_anc_ptr + (r64[:, None, None] * WIDTH + o[None, :, None]) * WIDTH + o[None, None, :], anc,
@@ -447,14 +513,17 @@ _COUNTER_SLOTS = _counter_slots()
 def launch(*, root, model_tokens, model_conf, bias, ngram_bias, ng_tokens, ng_len, ng_match_len, ng_count, ng_total,
            ng_depth, ng_source, temps, ngram_tables, buckets, depths: tuple, depths_t, cost, draft_cost, mode: str,
            n_nodes: int, width: int, block_rows: int, counters=None, from_lookup=None, chain_out=None,
-           workspace=None) -> Decision:
+           workspace=None, alt_tokens=None, alt_conf=None) -> Decision:
     """Run the three kernels; every argument already validated by ``FusedDecisionStep`` (shapes, devices, dtypes).
     ``bias`` / ``ngram_bias``: the requests' online offsets on the model / n-gram side (``[B]`` float32, or None).
     ``depths``: the candidate depths as host ints (one entry when the engine does not draft adaptively).
     ``counters``: a ``HybridCounters`` whose device totals the plan kernel adds the step to (``from_lookup``: the rows
     the prompt lookup supplied, or None). ``chain_out``: ``[B, S]`` (row stride free) to copy the EAGLE chain into.
-    ``workspace`` (``kernels.workspace.Workspace``): where the outputs live (None: fresh tensors)."""
+    ``workspace`` (``kernels.workspace.Workspace``): where the outputs live (None: fresh tensors). ``alt_tokens`` /
+    ``alt_conf`` (``[B, S, M]`` or None): the EAGLE alternatives (``step.ModelDraft.alt_tokens``), distinct from
+    each other and from the chain token at their position."""
     b, s = model_tokens.shape
+    m = alt_tokens.shape[2] if alt_tokens is not None else 0
     k = ng_tokens.shape[1]
     dev = root.device
     adaptive = len(depths) > 1
@@ -469,7 +538,17 @@ def launch(*, root, model_tokens, model_conf, bias, ngram_bias, ng_tokens, ng_le
     a_n = alloc(ws, "a_n", (b, k), f32, dev)
     ext = alloc(ws, "ext", (b, dm), f32, dev) if adaptive else s_m
     rate = alloc(ws, "rate", (b,), f32, dev) if adaptive else None
+    s_alt = alloc(ws, "s_alt", (b, s * m), f32, dev) if m else s_m
+    ac = alt_conf if m else model_conf
+    at = alt_tokens if m else model_tokens
+    ac_strides = tuple(ac.stride()) if m else (0, 0, 0)
+    at_strides = tuple(at.stride()) if m else (0, 0, 0)
     nt = ngram_tables
+    # the selection's largest tiles are rows x pool x max(pool, width): keep them within Triton's tensor limit (wide
+    # trees, e.g. many EAGLE alternatives, on the interpreter's whole-batch programs)
+    p2, w2 = pow2(dm + s * m + k), pow2(n_nodes + 1)
+    while block_rows > 1 and block_rows * p2 * max(p2, w2) > MAX_TILE:
+        block_rows //= 2
     grid_b = triton.cdiv(b, block_rows)
     e2 = pow2(max(nt.depth_edges.numel(), nt.match_edges.numel(), nt.ratio_edges.numel(), nt.count_edges.numel()))
     _survivals_kernel[(grid_b,)](
@@ -481,8 +560,10 @@ def launch(*, root, model_tokens, model_conf, bias, ngram_bias, ng_tokens, ng_le
         a_m, s_m, a_n, s_n, ext, rate if rate is not None else a_m,
         model_tokens, *model_tokens.stride(), chain_out if chain_out is not None else model_tokens,
         chain_out.stride(0) if chain_out is not None else 0,
+        ac, *ac_strides, s_alt,
         b,
-        COPY_CHAIN=chain_out is not None, S=s, K=k, DM=dm, NT=temps.numel(), HAS_BIAS=bias is not None,
+        COPY_CHAIN=chain_out is not None, S=s, K=k, DM=dm, NT=temps.numel(), M=m, M2=pow2(max(m, 1)),
+        HAS_BIAS=bias is not None,
         NG_HAS_BIAS=ngram_bias is not None, ADAPTIVE=adaptive, BB=block_rows, C2=pow2(k),
         N_DE=nt.depth_edges.numel(), N_ME=nt.match_edges.numel(), N_RE=nt.ratio_edges.numel(),
         N_CE=nt.count_edges.numel(), E2=e2, SH1=nt.shape[1], SH2=nt.shape[2], SH3=nt.shape[3], SH4=nt.shape[4],
@@ -501,10 +582,11 @@ def launch(*, root, model_tokens, model_conf, bias, ngram_bias, ng_tokens, ng_le
     expected = alloc(ws, "expected", (b,), f32, dev)
     _select_kernel[(grid_b, nd)](
         root, model_tokens, *model_tokens.stride(), ext, ng_tokens, *ng_tokens.stride(), s_n, ng_len, depths_t,
+        at, *at_strides, s_alt,
         csum, nsel, tokens, parents, ancestors, depth, valid, source, survival, expected,
         b,
-        S=s, DM=dm, K=k, N_NODES=n_nodes, MERGE=mode == "merge", KBLOCK=kblock, WIDTH=width, BB=block_rows,
-        P2=pow2(dm + k), W2=pow2(w_full), UNDRAFTED_C=UNDRAFTED)
+        S=s, DM=dm, K=k, M=m, N_NODES=n_nodes, MERGE=mode == "merge", KBLOCK=kblock, WIDTH=width, BB=block_rows,
+        P2=p2, W2=w2, UNDRAFTED_C=UNDRAFTED)
 
     out_width = alloc(ws, "next_width", (), i64, dev)
     b_star = alloc(ws, "b_star", (), i64, dev)

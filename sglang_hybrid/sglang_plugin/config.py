@@ -58,6 +58,10 @@ def resolved_ngram_bias_eta(setting, ragged: bool) -> Optional[float]:
     return setting
 
 
+#: the most draft nodes a verify tree holds (setting ``n_nodes``, and its default from the other settings)
+MAX_NODES = 63
+
+
 class HybridSettings(BaseModel):
     """Every HYBRID setting (documented in docs/sglang.md)."""
 
@@ -68,8 +72,15 @@ class HybridSettings(BaseModel):
                              "as branches of one tree (shared prefix merged)")
     ngram_k: int = Field(8, ge=1, le=32, description="longest n-gram chain proposed per request and step")
     n_nodes: Optional[int] = Field(
-        None, ge=1, le=63, description="draft nodes verified per request (verify width W = n_nodes + 1); default: "
-                                       "steps + ngram_k in merge mode, max(steps, ngram_k) in choose mode")
+        None, ge=1, le=MAX_NODES, description="draft nodes verified per request (verify width W = n_nodes + 1); "
+                                              "default: steps * (1 + eagle_alternatives) + ngram_k in merge mode, "
+                                              "max(steps * (1 + eagle_alternatives), ngram_k) in choose mode")
+    eagle_alternatives: int = Field(
+        0, ge=0, le=7, strict=True,
+        description="at each EAGLE chain position, also offer the draft model's next M most likely tokens as leaves "
+                    "beside the chain's own (a tree from the chain's draft forwards, no extra forward; "
+                    "step.ModelDraft.alt_tokens); the price picks which are verified. Default 0: the chain alone "
+                    "(docs/sglang.md, 'EAGLE alternatives')")
     verify_widths: Optional[list[int]] = Field(
         None, description="verify widths the engine captures and picks from each step (the price's choice, one step "
                           "late; see docs/sglang.md); default with a cost_table: 2, 4, 6, 7, 8, 16, ... up to "
@@ -164,9 +175,12 @@ class HybridSettings(BaseModel):
         return options
 
     def resolved_n_nodes(self, num_steps: int) -> int:
+        """Draft nodes per verify tree: the setting ``n_nodes``, else every node the drafters can offer (merge) or
+        the larger side (choose): the EAGLE chain with its alternatives, and the n-gram chain."""
         if self.n_nodes is not None:
             return self.n_nodes
-        return num_steps + self.ngram_k if self.mode == "merge" else max(num_steps, self.ngram_k)
+        model = num_steps * (1 + self.eagle_alternatives)
+        return model + self.ngram_k if self.mode == "merge" else max(model, self.ngram_k)
 
     def measures_cost_table(self, device_type: str) -> bool:
         """Whether the worker measures the verify cost table at start on a ``device_type`` ("cuda", "cpu", ...)

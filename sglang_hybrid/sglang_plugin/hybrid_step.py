@@ -37,6 +37,7 @@ from sglang_hybrid.step import Decision, DecisionStep, ModelDraft, NgramDraft
 from sglang_hybrid.survival import chain_parents
 
 from . import alignment, context_lookup
+from .alternatives import alternatives_outcome
 from .config import ENV_PREFIX, HybridConfigError, HybridSettings, resolved_ngram_bias_eta
 from .metrics import HybridCounters
 
@@ -50,6 +51,8 @@ class HybridStep:
         self.settings = settings
         self.num_steps = num_steps
         self.k = settings.ngram_k
+        #: EAGLE alternatives per chain position the worker hands ``select`` (setting ``eagle_alternatives``)
+        self.alternatives = settings.eagle_alternatives
         self.n_nodes = settings.resolved_n_nodes(num_steps)
         self.device = torch.device(device)
         #: verify widths the engine switches between (the last is the full width n_nodes + 1) and EAGLE draft depths
@@ -174,7 +177,8 @@ class HybridStep:
 
     def select(self, root_tokens: torch.Tensor, model_tokens: torch.Tensor, model_conf: torch.Tensor,
                slots: torch.Tensor, cur_gen: torch.Tensor, seq_lens: torch.Tensor,
-               width: Optional[int] = None, lookup_span: Optional[int] = None) -> Decision:
+               width: Optional[int] = None, lookup_span: Optional[int] = None,
+               alt_tokens: Optional[torch.Tensor] = None, alt_conf: Optional[torch.Tensor] = None) -> Decision:
         """Decide the verify tree for a decode batch; ``Decision.tree`` is ``width`` wide (default: the full width),
         ``Decision.next_width`` / ``next_depth`` the width bucket and EAGLE depth a later step should use.
 
@@ -185,7 +189,9 @@ class HybridStep:
         excluded), at whose mean the cost tables measured at start are blended first (``_follow_context``).
         ``width``: this step's verify width, one of ``widths``. ``lookup_span``: positions of each request's context
         the prompt lookup reads, from ``lookup_span`` on the host (a few static values; a row with more committed
-        tokens gets no lookup proposal); None: the whole table.
+        tokens gets no lookup proposal); None: the whole table. ``alt_tokens`` / ``alt_conf`` ``[B, S, M]`` (setting
+        ``eagle_alternatives``): the draft model's next ``M`` tokens at each chain position and their probabilities,
+        distinct from each other and from the chain's token there (``ModelDraft.alt_tokens``).
         """
         b, s = model_tokens.shape
         dev = model_tokens.device
@@ -201,7 +207,8 @@ class HybridStep:
             chain = self._chain[:b, :s]
             d = self.fused(root_tokens, model_tokens, model_conf, ngram, cost=self.cost, width=width,
                            draft_cost=self.draft_cost, model_bias=bias, ngram_bias=ngram_bias, counters=self.counters,
-                           from_lookup=from_lookup, chain_out=chain, workspace=self.workspace)
+                           from_lookup=from_lookup, chain_out=chain, workspace=self.workspace, alt_tokens=alt_tokens,
+                           alt_conf=alt_conf)
             self.counters.on_select_host(d.tree.tokens.shape[1], depth=s, decision="fused")
         else:
             alignment.ring_write_root(self.buffers, slots, seq_lens, root_tokens)
@@ -209,7 +216,8 @@ class HybridStep:
             from_lookup = None
             if self.context is not None:
                 ng, from_lookup = self._fill_from_context(ng, slots, cur_gen, seq_lens, root_tokens, lookup_span)
-            model = ModelDraft(model_tokens, model_conf, torch.full((b,), s, dtype=torch.int64, device=dev))
+            model = ModelDraft(model_tokens, model_conf, torch.full((b,), s, dtype=torch.int64, device=dev),
+                               alt_tokens, alt_conf)
             ngram = NgramDraft(ng.tokens[:, :k], chain_parents(b, k, dev), ng.length.clamp(max=k),
                                ng.match_len[:, :k], ng.count[:, :k], ng.total[:, :k], ng.depth[:, :k],
                                ng.source[:, :k])
@@ -258,6 +266,11 @@ class HybridStep:
         if model_step is not None and model_step[0].shape != slots.shape:
             raise ValueError(f"after_verify got {slots.shape[0]} requests but the step selected for "
                              f"{model_step[0].shape[0]}: call it once per select, with the same batch")
+        if self.alternatives and model_step is not None:
+            if self.fused is not None:
+                kernels.count_alternatives(self.counters, tree, model_step[2], emitted, accept_lens)
+            else:
+                self.counters.on_alternatives(*alternatives_outcome(tree, model_step[2], emitted, accept_lens))
         if self.fused is not None:
             kernels.fused_after_verify(self, tree, slots, seq_lens_before, emitted, accept_lens, model_step, ngram_step)
             return

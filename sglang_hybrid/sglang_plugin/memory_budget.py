@@ -357,14 +357,18 @@ def eagle_budget(dep: Deployment, num_steps: int) -> Budget:
 
 def hybrid_buffer_bytes(*, pool_size: int, num_steps: int, ngram_k: int, proposal_width: int,
                         context_cols: Optional[int], model_bias: bool, fused: bool, max_bs: int, width: int,
-                        depths: int, mask_entries: int, ngram_bias: bool = False) -> HybridBuffers:
+                        depths: int, mask_entries: int, ngram_bias: bool = False,
+                        alternatives: int = 0) -> HybridBuffers:
     """HYBRID's own device buffers (``HybridStep``), from its allocation code.
 
     Fixed: the proposal buffers (int64, ``alignment.alloc_buffers``: tokens and four features ``[P, pw]``, length,
     position and generation ``[P]``, the ring ``[P, max(2 pw, 16) + 1]``), the prompt lookup table
     (``context_lookup.alloc_context``: int32 ``[P, context_cols + 1]`` and int64 ``[P]``; ``context_cols`` = SGLang's
     ``req_to_token`` row, None = setting off), the EAGLE chain copy (int64 ``[P, steps]``) and the online offsets
-    (float32 and int64 ``[P]`` per side, settings ``model_bias_eta`` and ``ngram_bias_eta``).
+    (float32 and int64 ``[P]`` per side, settings ``model_bias_eta`` and ``ngram_bias_eta``); with ``alternatives``
+    (M, setting ``eagle_alternatives``) the position-0 top tokens per slot (``alternatives.FirstAlternatives``:
+    float32 and int64 ``[P, M + 1]``, int64 ``[P]``) and the draft's records of every position's (float32 and int64
+    ``[max_bs, steps, M + 1]``, ``HybridDraftWorker``).
 
     Workspace (``fused``: the fused step, ``kernels/__init__.py`` and ``kernels/decision.py``): at ``max_bs`` requests,
     the full ``width`` and ``depths`` candidate depths, its proposals, decision and verify-input arrays, plus the verify
@@ -375,13 +379,16 @@ def hybrid_buffer_bytes(*, pool_size: int, num_steps: int, ngram_k: int, proposa
     if context_cols is not None:
         fixed += 4 * p * (context_cols + 1) + 8 * p
     fixed += 12 * p * (int(model_bias) + int(ngram_bias))
+    m = alternatives
+    if m:
+        fixed += 12 * p * (m + 1) + 8 * p + 12 * max_bs * num_steps * (m + 1)
     ws = 0
     if fused and max_bs:
         b, w, k, s = max_bs, width, ngram_k, num_steps
         adaptive = depths > 1
         ws = 6 * b * pw * 8 + 2 * b * 8 + 4 * b * (int(model_bias) + int(ngram_bias))
         ws += b if context_cols is not None else 0
-        ws += 2 * b * s * 4 + 2 * b * k * 4 + ((b * s * 4 + b * 4) if adaptive else 0)
+        ws += 2 * b * s * 4 + 2 * b * k * 4 + ((b * s * 4 + b * 4) if adaptive else 0) + b * s * m * 4
         ws += depths * b * w * 8 + depths * b * 4
         ws += 3 * b * w * 8 + b * w * w + 2 * b * w + b * w * 4 + b * 4 + (8 + 8 + 4 + 8)
         ws += 5 * b * w * 8 + mask_entries
@@ -594,7 +601,7 @@ def _start_budget(worker, dep: Deployment, states: Sequence) -> Budget:
         context_cols=step.context.tokens.shape[1] - 1 if step.context is not None else None,
         model_bias=step.model_bias is not None, ngram_bias=step.ngram_bias is not None, fused=step.fused is not None,
         max_bs=dep.max_bs or dep.max_running_requests, width=width, depths=len(step.depths),
-        mask_entries=workspace_mask_entries(dep, width))
+        mask_entries=workspace_mask_entries(dep, width), alternatives=worker.settings.eagle_alternatives)
     ragged = getattr(worker, "_ragged", False)
     if ragged:
         from .ragged.graph_capture import tier_graph_kind

@@ -55,7 +55,10 @@ FALLBACKS = {"conf_placeholder": 19, "no_host_view": 20, "lookup_whole_table": 2
 NGRAM_TESTED, NGRAM_PRED, NGRAM_HIT = 23, 24, 25   # n-gram chain tokens tested; their priced acceptance; hits
 #: each side's chain outcome in the counter vector: (tested, priced acceptance summed, hits)
 OUTCOME = {"model": (MODEL_TESTED, MODEL_PRED, MODEL_HIT), "ngram": (NGRAM_TESTED, NGRAM_PRED, NGRAM_HIT)}
-SIZE = 26
+#: EAGLE alternatives (setting ``eagle_alternatives``): verified alternative nodes; requests whose accepted path
+#: took one
+ALT_NODES, ALT_TAKEN = 26, 27
+SIZE = 28
 
 
 def tree_class(source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -182,6 +185,11 @@ class HybridCounters:
         self.totals[first:last + 1] += torch.stack(
             [t.sum(), (t * acceptance.to(torch.float64)).sum(), (t * hit.to(torch.float64)).sum()])
 
+    def on_alternatives(self, nodes: torch.Tensor, taken: torch.Tensor) -> None:
+        """Count one verify's EAGLE alternatives (``alternatives.alternatives_outcome``): the alternative nodes
+        verified and the requests whose accepted path went through one (0-dim device tensors)."""
+        self.totals[ALT_NODES:ALT_TAKEN + 1] += torch.stack([nodes, taken]).to(torch.float64)
+
     def on_fallback(self, cause: str, n: int = 1) -> None:
         """Count ``n`` (a host int: the host took the fallback) under ``fallback_<cause>``; one add on the device, no
         sync."""
@@ -265,6 +273,9 @@ def summarize(v: torch.Tensor, width_steps: Optional[dict] = None, depth_steps: 
         out[f"{side}_tested"] = int(tested)
         out[f"{side}_predicted"] = v[pred] / tested if tested else 0.0
         out[f"{side}_accepted"] = v[hit] / tested if tested else 0.0
+    out["alternatives_verified"] = int(v[ALT_NODES])
+    out["alternatives_per_request"] = v[ALT_NODES] / reqs
+    out["alternatives_taken"] = int(v[ALT_TAKEN])
     out["width_steps"] = {str(w): n for w, n in sorted((width_steps or {}).items())}
     out["depth_steps"] = {str(d): n for d, n in sorted((depth_steps or {}).items())}
     out["decision_steps"] = dict(sorted((decision_steps or {}).items()))
@@ -289,6 +300,8 @@ def format_summary(s: dict) -> str:
         parts.append(f"eagle_priced={s['model_predicted']:.2f} eagle_accepted={s['model_accepted']:.2f}")
     if s.get("ngram_tested"):
         parts.append(f"ngram_priced={s['ngram_predicted']:.2f} ngram_accepted={s['ngram_accepted']:.2f}")
+    if s.get("alternatives_verified"):
+        parts.append(f"alternatives/req={s['alternatives_per_request']:.2f} taken={s['alternatives_taken']}")
     if s.get("width_steps"):
         parts.append("widths=" + ",".join(f"{w}:{n}" for w, n in s["width_steps"].items()))
     if s.get("ragged_steps"):

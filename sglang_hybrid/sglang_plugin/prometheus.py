@@ -41,6 +41,10 @@ COUNTERS = {
     "chain_tokens_accepted": ("side", "tested chain tokens the target accepted, by drafter"),
     "chain_tokens_priced": ("side", "the acceptance HYBRID priced the tested chain tokens with, summed, by drafter "
                                     "(over chain_tokens_accepted: how well that drafter's calibration fits)"),
+    "eagle_alternatives_verified": (None, "EAGLE alternatives verified (setting eagle_alternatives): tree nodes "
+                                          "beside the chain's own token"),
+    "eagle_alternatives_taken": (None, "requests whose accepted path left the EAGLE chain through a verified "
+                                       "alternative"),
     "fallbacks": ("cause", "worker fallbacks by cause (docs/sglang.md, 'No silent fallbacks'); should stay 0"),
 }
 PADDED_GAUGE = "padded_slot_fraction"
@@ -53,7 +57,9 @@ def series(total: dict) -> dict:
     Accepted tokens per source are rebuilt from the summary's mean and count (integers, exactly representable)."""
     out = {("decode_steps", None): total["steps"], ("ragged_verify_steps", None): total["ragged_steps"],
            ("ragged_verify_tokens", None): total["ragged_tokens"], ("ragged_verify_rows", None): total["ragged_rows"],
-           ("ragged_padded_tokens", None): total["ragged_padded_tokens"]}
+           ("ragged_padded_tokens", None): total["ragged_padded_tokens"],
+           ("eagle_alternatives_verified", None): total["alternatives_verified"],
+           ("eagle_alternatives_taken", None): total["alternatives_taken"]}
     for c in CLASSES:
         n = total[f"chosen_{c}"]
         out[("request_steps", c)] = n

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import os
 
-from .config import ENV_EAGLE3, ENV_PREFIX, HybridConfigError, HybridSettings, check_files, load_settings
+from .config import (ENV_EAGLE3, ENV_PREFIX, MAX_NODES, HybridConfigError, HybridSettings, check_files,
+                     load_settings)
 from .draft_arch import draft_is_eagle3
 
 logger = logging.getLogger(__name__)
@@ -121,6 +122,11 @@ def validate_server_args(server_args, *, check_ngram: bool = True) -> HybridSett
                 f"ignore HYBRID's tree mask; use --{name.replace('_', '-')} {' or '.join(allowed)}"
                 + (" (on a CPU engine only Triton verifies trees)" if len(allowed) == 1 else ""))
     n_nodes = settings.resolved_n_nodes(int(_get(server_args, "speculative_num_steps") or DEFAULT_NUM_STEPS))
+    if n_nodes > MAX_NODES:
+        raise HybridArgsError(
+            f"HYBRID's default n_nodes = steps x (1 + eagle_alternatives){' + ngram_k' * (settings.mode == 'merge')}"
+            f" = {n_nodes} is above {MAX_NODES}: lower {ENV_PREFIX}EAGLE_ALTERNATIVES, --speculative-num-steps or "
+            f"{ENV_PREFIX}NGRAM_K, or set {ENV_PREFIX}N_NODES to at most {MAX_NODES} (the price then keeps the best)")
     ndt = _get(server_args, "speculative_num_draft_tokens")
     if ndt is not None and int(ndt) != n_nodes + 1:
         raise HybridArgsError(

@@ -7,7 +7,8 @@ Decode step (everything on the device except the first bullet, which is host boo
   its slot into the device prompt lookup's table (``context_lookup``, once per slot occupancy);
 * ``HybridDraftWorker.draft``: the EAGLE chain (topk = 1, ``num_steps`` tokens; CUDA graph when available) plus the
   softmax probability of every drafted token (``step_conf``, recorded inside ``draft_forward`` so the draft graph
-  captures it);
+  captures it) and, with the setting ``eagle_alternatives``, each position's next most likely tokens (``top_p`` /
+  ``top_i``; position 0's from the previous draft extend, kept per slot: ``alternatives``);
 * ``HybridStep.select``: align n-gram proposals (a row left without one takes the device prompt lookup's, over the
   batch's real contexts: a span from host-known sequence lengths, ``_longest_context``), then the
   core's ``step.DecisionStep`` (calibrate, survivals, price, choose or merge) -> ``VerifyTree`` at this step's
@@ -33,7 +34,8 @@ decided on the device each step and read on the host one step late, so choosing 
 Under DP attention both are fixed (ranks must agree).
 
 Lossless: the verify rules are SGLang's (greedy tree walk; tree speculative sampling with zero draft probabilities,
-exact for deterministic proposals, which both EAGLE's argmax chain and n-gram copies are). Padding nodes are
+exact for deterministic proposals distinct among siblings, which EAGLE's argmax chain, its alternatives (the draft's
+next-ranked tokens, the chain's own taken out) and n-gram copies are). Padding nodes are
 unreachable in the retrieve lists (see ``verify_input``).
 
 Not supported (rejected at start by ``server_args.validate_server_args``): pipeline parallelism, disaggregation,
@@ -56,9 +58,10 @@ from sglang.srt.speculative.eagle_info import EagleVerifyInput
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft, run_eagle_verify
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
+from sglang_hybrid import kernels
 from sglang_hybrid.cost import ContextCostModel
 
-from . import memory_budget, runtime_states, startup_costs
+from . import alternatives, memory_budget, runtime_states, startup_costs
 from .config import ENV_PREFIX, load_settings, resolved_ngram_bias_eta
 from .hybrid_step import HybridStep
 from .metrics import HybridCounters
@@ -195,6 +198,13 @@ class HybridDraftWorker(EagleDraftWorker):
         cap = self._topk1_parents_prealloc.shape[0]
         #: [max_bs, num_steps] softmax probability of each drafted token (column 0 from draft extend)
         self.step_conf = torch.ones((cap, self.speculative_num_steps), dtype=torch.float32, device=self.device)
+        #: setting ``eagle_alternatives`` (M): the top M + 1 tokens of each draft forward's distribution, recorded
+        #: beside the confidence ([max_bs, num_steps, M + 1]; column 0 is the draft extend's, kept per slot by the
+        #: owner: ``alternatives.FirstAlternatives``); None when off
+        self.alternatives = load_settings().eagle_alternatives
+        shape = (cap, self.speculative_num_steps, self.alternatives + 1)
+        self.top_p = torch.zeros(shape, dtype=torch.float32, device=self.device) if self.alternatives else None
+        self.top_i = torch.zeros(shape, dtype=torch.int64, device=self.device) if self.alternatives else None
         original_forward = self.draft_runner.forward
 
         def forward_recording_confidence(*args, **kwargs):
@@ -220,7 +230,14 @@ class HybridDraftWorker(EagleDraftWorker):
         if self._conf_col is None or self._conf_col >= self.speculative_num_steps:
             return
         logits = logits_output.next_token_logits
-        p = torch.softmax(logits.float(), dim=-1).amax(dim=-1)     # the chain is argmax-drafted
+        if self.alternatives:
+            top_p, top_i = alternatives.top_tokens(logits, self.alternatives, self.hot_token_id)
+            n = top_p.shape[0]
+            self.top_p[:n, self._conf_col].copy_(top_p)
+            self.top_i[:n, self._conf_col].copy_(top_i)
+            p = top_p[:, 0]                                        # the chain is argmax-drafted
+        else:
+            p = torch.softmax(logits.float(), dim=-1).amax(dim=-1)
         self.step_conf[: p.shape[0], self._conf_col].copy_(p)
         self._conf_col += 1
 
@@ -255,6 +272,8 @@ class HybridDraftWorker(EagleDraftWorker):
             if runner is not None:
                 runner.execute = original_execute
         self._first_token_confidence(batch, batch_result.next_draft_input, captured)
+        if self.alternatives and self.hybrid_owner is not None:
+            self.hybrid_owner.record_first_alternatives(batch, captured[-1] if captured else None, self.hot_token_id)
 
     def _first_token_confidence(self, batch, draft_input, captured: list) -> None:
         """``first_token_confidence`` from the last captured extend output; where the placeholder stays, the fallback
@@ -359,6 +378,9 @@ class HybridWorkerV2(EAGLEWorkerV2):
             t = self.hybrid_step.context.tokens
             logger.info("HYBRID: device prompt lookup table %d slots x %d tokens, int32, %.1f MiB (setting "
                         "context_lookup)", t.shape[0], t.shape[1] - 1, t.numel() * t.element_size() / 2**20)
+        m = self.settings.eagle_alternatives
+        #: position 0's alternatives per request slot (setting ``eagle_alternatives``; None when off)
+        self.first_alternatives = alternatives.FirstAlternatives(pool_size, m, self.device) if m else None
         from sglang_hybrid.ngram import NgramDrafter
 
         width = self.hybrid_step.proposal_width
@@ -681,9 +703,21 @@ class HybridWorkerV2(EAGLEWorkerV2):
         slots = batch.req_pool_indices
         cur_gen = self._cur_gen if self._cur_gen is not None else self.hybrid_step.buffers.gen[slots]
         width = self.speculative_num_draft_tokens
+        alt_tokens = alt_conf = None
+        if self.first_alternatives is not None:
+            bs = draft_tokens.shape[0]
+            dw = self._draft_worker
+            if self.hybrid_step.fused is not None:
+                alt_tokens, alt_conf = kernels.step_alternatives(
+                    self.first_alternatives, slots, cur_gen, dw.top_p[:bs], dw.top_i[:bs], draft_tokens,
+                    workspace=self.hybrid_step.workspace)
+            else:
+                alt_tokens, alt_conf = alternatives.step_alternatives(self.first_alternatives, slots, cur_gen,
+                                                                      dw.top_p[:bs], dw.top_i[:bs], draft_tokens)
         decision = self.hybrid_step.select(draft_input.bonus_tokens, draft_tokens, conf, slots, cur_gen,
                                            batch.seq_lens, width=self._tree_width or width,
-                                           lookup_span=self._lookup_span(batch))
+                                           lookup_span=self._lookup_span(batch), alt_tokens=alt_tokens,
+                                           alt_conf=alt_conf)
         tree, plan = self.tree_broadcast(decision.tree, torch.stack([decision.next_depth, decision.next_width]))
         tree = widen(tree, width)           # ragged verify at a narrower bucket: absent nodes cost nothing
         self._stage_plan(plan)
@@ -699,6 +733,25 @@ class HybridWorkerV2(EAGLEWorkerV2):
         if self._ragged:
             verify_input.ragged = self._ragged_layout(attn, tree, batch.seq_lens, seq_lens_sum)
         return verify_input
+
+    def record_first_alternatives(self, batch, extend_output, hot_token_id) -> None:
+        """Keep the next step's position-0 alternatives (setting ``eagle_alternatives``) from the draft extend's
+        row-selected logits (``extend_output``), per request slot, for the requests of this step's generations; where
+        the logits do not match the batch (the placeholder fallback of ``first_token_confidence``), the slots' kept
+        ones are dropped instead, so a later step never reads another position's."""
+        if self.first_alternatives is None:
+            return
+        slots = batch.req_pool_indices
+        gens = self._cur_gen if self._cur_gen is not None else self.hybrid_step.buffers.gen[slots]
+        logits = getattr(extend_output, "next_token_logits", None)
+        if logits is None or logits.shape[0] != slots.shape[0]:
+            self.first_alternatives.gen[slots.to(torch.int64)] = -1
+            return
+        probs, tokens = alternatives.top_tokens(logits, self.first_alternatives.m, hot_token_id)
+        if self.hybrid_step.fused is not None:
+            kernels.record_alternatives(self.first_alternatives, slots, gens, probs, tokens)
+        else:
+            self.first_alternatives.record(slots, gens, probs, tokens)
 
     def _ragged_layout(self, attn, tree, seq_lens: torch.Tensor, seq_lens_sum: int):
         """The step's ragged layout; its node counts reach the host once per step (they size the forward, see
