@@ -195,7 +195,7 @@ class SimulatedEagleTrees:
     def alternatives(self, req, pos, depth: int, m: int) -> tuple:
         """(tokens int64 [B, depth, m], probs float32 [B, depth, m]): at each of the first ``depth`` positions of the
         chain drafted after output[:pos] of each request ``req``, the simulated head's candidates of ranks 2 to
-        ``m + 1`` there, the leaves of ``step.ModelDraft.alt_tokens`` (a design of the replay, not a launch).
+        ``m + 1`` there, the leaves of ``step.ModelDraft.alt_tokens`` (the worker's setting ``eagle_alternatives``).
 
         The same rule as the trees' further children of a chain node: the r-th takes the share ``u_r`` (Beta around
         the MEASURED `RANK_HIT`) of the probability its better ones left, and is the output's token, when no better
