@@ -132,7 +132,7 @@ class _count_triton:
 
 def _hybrid_step_fn(step, b: int):
     from sglang_hybrid.kernels import fused_links_and_mask
-    from sglang_hybrid.sglang_plugin import alignment, alternatives
+    from sglang_hybrid.sglang_plugin import alignment
     from sglang_hybrid.sglang_plugin.tree_mask import full_mask, tree_links_torch, verify_nodes
 
     g = torch.Generator().manual_seed(b)
@@ -150,18 +150,12 @@ def _hybrid_step_fn(step, b: int):
     m = step.alternatives
     if m:
         # the worker's share (setting eagle_alternatives): the draft extend's top tokens kept per slot, then the
-        # step's alternatives from them and the draft forwards' records (those are taken inside the draft's graph)
-        first = alternatives.FirstAlternatives(max(b, 1), m, "cpu")
-        extend_logits = torch.randn((b, VOCAB), generator=g)
+        # step's alternatives from them and the draft forwards' records (those are taken inside the draft's graph).
+        # The extend's softmax is the first drafted token's confidence's too (worker.extend_probabilities), taken
+        # with or without the alternatives, so it is not theirs to count
+        extend_probs = torch.softmax(torch.randn((b, VOCAB), generator=g), -1)
         rec_p = torch.rand((b, step.num_steps, m + 1), generator=g)
         rec_i = torch.randint(0, VOCAB, (b, step.num_steps, m + 1), generator=g)
-        if step.fused is not None:           # the worker's paths (HybridWorkerV2.build_verify, record_first_...)
-            from sglang_hybrid.kernels import alternatives as fused
-
-            pick = functools.partial(fused.step_alternatives, workspace=step.workspace)
-            keep = functools.partial(fused.record, first)
-        else:
-            pick, keep = alternatives.step_alternatives, first.record
 
     emitted = torch.zeros((b, w), dtype=torch.int64)                  # the verify's output (not the step's work)
     accepted = torch.ones(b, dtype=torch.int64)
@@ -169,7 +163,7 @@ def _hybrid_step_fn(step, b: int):
     def one_step():
         alt = {}
         if m:
-            alt_tokens, alt_conf = pick(first, slots, gen, rec_p, rec_i, chain)
+            alt_tokens, alt_conf = step.step_alternatives(slots, gen, rec_p, rec_i, chain)
             alt = dict(alt_tokens=alt_tokens, alt_conf=alt_conf)
         d = step.select(root, chain, conf, slots, gen, seq, width=w, **alt)
         if step.fused is not None:
@@ -181,7 +175,7 @@ def _hybrid_step_fn(step, b: int):
             full_mask(anc, seq, int(b * 101))
         step.after_verify(d.tree, slots, seq, emitted, accepted)
         if m:
-            keep(slots, gen, *alternatives.top_tokens(extend_logits, m))
+            step.keep_first_alternatives(slots, gen, extend_probs)
 
     return one_step
 
@@ -396,8 +390,9 @@ def main(argv=None) -> int:
           f"configuration (fused path, the worker's default where Triton runs: most {worst}; the torch path "
           f"dispatches up to {torch_worst} operators)")
     extra = max(alt) - max(counts[("fused", "merge", PLANS[-1][0])])
-    print(f"(with eagle_alternatives={ALTERNATIVES}, off by default, the worker adds {extra} launches: the draft "
-          "extend's softmax and top-k, the position-0 table's update, the step's alternatives and their counters)")
+    print(f"(with eagle_alternatives={ALTERNATIVES}, off by default, the worker adds {extra} launches: the top-k of "
+          "the draft extend's distribution (its softmax is the first drafted token's confidence's, taken anyway), the "
+          "position-0 table's update, the step's alternatives and their counters)")
     return 0
 
 

@@ -12,17 +12,16 @@ from sglang_hybrid.sglang_plugin import alternatives as alt
 from sglang_hybrid.sglang_plugin.config import HybridConfigError, HybridSettings, load_settings
 
 
-def test_top_tokens_are_the_softmax_ranks_through_the_hot_map():
+def test_top_tokens_are_the_distributions_ranks_through_the_hot_map():
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn((5, 40), generator=g)
-    p, i = alt.top_tokens(logits, 3)
-    probs = torch.softmax(logits, -1)
+    probs = torch.softmax(torch.randn((5, 40), generator=g), -1)
+    p, i = alt.top_tokens(probs, 3)
     for r in range(5):
         order = sorted(range(40), key=lambda t: -float(probs[r, t]))[:4]
         assert i[r].tolist() == order
         assert torch.allclose(p[r], probs[r, order])
     hot = torch.randperm(40, generator=g) + 1000                   # a reduced vocabulary's map to target ids
-    _, mapped = alt.top_tokens(logits, 3, hot)
+    _, mapped = alt.top_tokens(probs, 3, hot)
     assert torch.equal(mapped, hot[i])
 
 
@@ -64,6 +63,38 @@ def test_first_alternatives_belong_to_their_request_only():
     assert tokens[0, 0].tolist() == [5, 6] and probs[0, 0].tolist() == pytest.approx([0.3, 0.05])
     assert tokens[0, 1].tolist() == [1, 3] and tokens[0, 2].tolist() == [1, 2]       # the chain's token taken out
     assert probs[1, 0].tolist() == [0.0, 0.0]                                           # another request's: none
+
+
+def test_hybrid_step_keeps_position_0_alternatives_and_drops_them_where_the_extend_did_not_match():
+    """``HybridStep.keep_first_alternatives`` / ``step_alternatives``, the worker's two calls, on the torch path (the
+    fused one runs the kernels ``bench/fused_exactness.py`` compares with it, and ``tests/test_fused_decision.py``
+    runs these two calls under the interpreter with no host read or allocation): position 0's alternatives are ranks
+    2 and 3 of the draft extend's distribution where the chain took the argmax; an extend that did not match the
+    batch (None) drops them (read as probability 0, never stale); with the setting off, none."""
+    from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
+
+    kernels = "torch"
+    st = HybridStep(HybridSettings(mode="merge", ngram_k=4, eagle_alternatives=2, decision_kernels=kernels,
+                                   log_interval=0), num_steps=3, pool_size=6, device="cpu", max_context_len=64)
+    assert st.fused is None
+    g = torch.Generator().manual_seed(3)
+    probs = torch.softmax(torch.randn((2, 30), generator=g), -1)
+    slots, gens = torch.tensor([4, 1]), torch.tensor([3, 0])
+    chain = torch.stack([probs.argmax(-1), torch.tensor([5, 6]), torch.tensor([7, 8])], 1)
+    rec_p = torch.sort(torch.rand((2, 3, 3), generator=g), -1, descending=True).values
+    rec_i = torch.tensor([[[9, 10, 11]] * 3] * 2)
+    st.keep_first_alternatives(slots, gens, probs)
+    tokens, conf = st.step_alternatives(slots, gens, rec_p, rec_i, chain)
+    ranks = probs.topk(3, -1).indices[:, 1:]
+    assert torch.equal(tokens[:, 0], ranks) and torch.allclose(conf[:, 0], probs.gather(-1, ranks))
+    assert tokens[:, 1:].tolist() == [[[9, 10]] * 2] * 2                  # later positions: the draft's records
+    st.keep_first_alternatives(slots, gens, None)
+    _, conf = st.step_alternatives(slots, gens, rec_p, rec_i, chain)
+    assert torch.equal(conf[:, 0], torch.zeros((2, 2))) and torch.equal(conf[:, 1:], rec_p[:, 1:, :2])
+    off = HybridStep(HybridSettings(mode="merge", ngram_k=4, decision_kernels=kernels, log_interval=0), num_steps=3,
+                     pool_size=6, device="cpu", max_context_len=64)
+    off.keep_first_alternatives(slots, gens, probs)
+    assert off.first_alternatives is None and off.step_alternatives(slots, gens, None, None, chain) == (None, None)
 
 
 def test_alternatives_outcome_counts_verified_leaves_and_paths_through_them():

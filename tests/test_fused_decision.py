@@ -174,8 +174,6 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
                         num_steps=4, pool_size=8, device="cpu", max_context_len=256)
         assert st.fused is not None
         long_seconds = st.cost.seconds.clone()
-        from sglang_hybrid.kernels import alternatives as fused_alt
-        from sglang_hybrid.sglang_plugin.alternatives import FirstAlternatives, top_tokens
         sa = HybridStep(HybridSettings(mode="merge", ngram_k=6, eagle_alternatives=2, log_interval=0), num_steps=4,
                         pool_size=8, device="cpu", max_context_len=256)
         assert sa.fused is not None and sa.widths == (4 * 3 + 6 + 1,)
@@ -189,21 +187,20 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
         root, chain, conf = torch.randint(0, 9, (b,)), torch.randint(0, 9, (b, 4)), torch.rand((b, 4))
         emitted, acc = torch.randint(0, 9, (b, 7)), torch.full((b,), 2)
         span = st.lookup_span(41)
-        first_alt = FirstAlternatives(8, 2, "cpu")
         rec_p, rec_i = torch.rand((b, 4, 3)), torch.randint(0, 9, (b, 4, 3))
-        extend_top = top_tokens(torch.randn((b, 50)), 2)      # the draft extend's (torch's softmax and top-k)
+        extend_probs = torch.softmax(torch.randn((b, 50)), -1)    # the draft extend's (worker.extend_probabilities)
         alt_emitted = torch.randint(0, 9, (b, 19))
         def step():
             d = st.select(root, chain, conf, slots, gen, seq, width=7, lookup_span=span)
             kernels.fused_links_and_mask(d.tree.tokens, d.tree.valid, d.tree.ancestors, seq, 4 * b * 41,
                                          workspace=st.workspace)
             st.after_verify(d.tree, slots, seq, emitted, acc)
-            alt = fused_alt.step_alternatives(first_alt, slots, gen, rec_p, rec_i, chain, workspace=sa.workspace)
+            alt = sa.step_alternatives(slots, gen, rec_p, rec_i, chain)
             da = sa.select(root, chain, conf, slots, gen, seq, width=19, alt_tokens=alt[0], alt_conf=alt[1])
             kernels.fused_links_and_mask(da.tree.tokens, da.tree.valid, da.tree.ancestors, seq, 4 * b * 41,
                                          workspace=sa.workspace)
             sa.after_verify(da.tree, slots, seq, alt_emitted, acc)
-            fused_alt.record(first_alt, slots, gen, *extend_top)
+            sa.keep_first_alternatives(slots, gen, extend_probs)
             return d
 
         makers = ("empty", "zeros", "ones", "full", "tensor", "empty_like", "zeros_like", "full_like", "arange")
@@ -250,8 +247,9 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
         except ValueError as e:
             errors.append(str(e))
         print(json.dumps({"reads": reads, "steps": st.counters.decision_steps, "errors": errors,
-                          "alt_steps": sa.counters.decision_steps, "alt_nodes": sa.counters.snapshot()[
-                              "alternatives_verified"], "alt_table": int((first_alt.gen[slots] == gen).sum()),
+                          "alt_steps": sa.counters.decision_steps,
+                          "alt_nodes": sa.counters.snapshot()["alternatives_verified"],
+                          "alt_table": int((sa.first_alternatives.gen[slots] == gen).sum()),
                           "same_place": same_place, "traced_replays": cap.replays["step"], "followed": followed}))
     """)
     assert res["reads"] == [] and res["steps"] == res["alt_steps"] == {"fused": 6}, res

@@ -141,7 +141,7 @@ def test_eagle_alternatives_path_is_one_graph(inputs):
     def run(first_p, first_i, first_g):
         first = alt.FirstAlternatives(pool, m, "cpu")
         first.probs, first.tokens, first.gen = first_p.clone(), first_i.clone(), first_g.clone()
-        first.record(slots, gens, *alt.top_tokens(logits, m))
+        first.record(slots, gens, *alt.top_tokens(torch.softmax(logits, -1), m))
         tokens, probs = alt.step_alternatives(first, slots, gens, rec_p, rec_i, chain)
         d = decide(x["root"], ModelDraft(chain, x["prob"], torch.full((B,), KM), tokens, probs), ngram,
                    cost=x["cost"], width=4)

@@ -128,8 +128,7 @@ _PROBE = """
                                    draft_cost_table=tmp + "/d.json", model_bias_eta=0.1, ngram_bias_eta=0.3,
                                    eagle_alternatives=2, log_interval=0),
                     num_steps=3, pool_size=4, device="cpu", max_context_len=32)
-    from sglang_hybrid.sglang_plugin.alternatives import FirstAlternatives
-    first = FirstAlternatives(4, 2, "cpu")       # the worker's, per slot
+    first = st.first_alternatives                # position 0's, per slot
     out["hybrid_fixed"] = storage_bytes([list(st.buffers), list(st.context), st._chain, st.model_bias,
                                          st.model_bias_gen, st.ngram_bias, st.ngram_bias_gen, first.probs,
                                          first.tokens, first.gen])

@@ -219,6 +219,47 @@ def test_trace_reader_rejects_malformed_files(tmp_path):
         trace.write_trace(tmp_path / "x.jsonl", hdr, [rec])
 
 
+def test_trace_alternatives_are_each_forwards_next_ranks_and_round_trip(pair, tmp_path):
+    """``eagle_rows(..., alternatives=M)``: the chains are those recorded without alternatives, and at chain position 0
+    of every row the M alternatives are ranks 2 to M + 1 of the head's distribution after the loop's own drafter
+    extends the committed prefix pair by pair (an independent path: `EagleDrafter.extend`, not the teacher-forced
+    pass), the chain's token excluded; at every position they are distinct, never the chain token, ordered and below
+    it. The file round-trips them, and the reader refuses them misshapen or without the header's count."""
+    from sglang_hybrid.reference.drafters import EagleDrafter
+
+    model, head = pair
+    prompt, output, k, m = _prompts()[3], _prompts(seed=4)[4][:20], 4, 3
+    chain_t, chain_p = trace.eagle_rows(model, head, prompt, output, k)
+    toks, probs, alt_t, alt_p = trace.eagle_rows(model, head, prompt, output, k, alternatives=m)
+    assert toks == chain_t and probs == chain_p
+    tokens = torch.tensor(prompt + output)
+    feats = model.model(input_ids=tokens[None]).last_hidden_state[0]
+    for pos in range(len(output)):
+        n = len(prompt) + pos
+        dr = EagleDrafter(head, model)
+        dr.start(0)
+        dr.extend(0, feats[:n - 1], tokens[1:n])
+        dist = torch.nn.functional.linear(dr.states[0].g_last, dr.lm_w).float().softmax(-1)
+        order = [t for t in dist.argsort(descending=True).tolist() if t != toks[pos][0]][:m]
+        assert alt_t[pos][0] == order
+        assert alt_p[pos][0] == pytest.approx(dist[order].tolist(), abs=2e-6)
+        for j in range(k):
+            assert len(set(alt_t[pos][j])) == m and toks[pos][j] not in alt_t[pos][j]
+            assert alt_p[pos][j] == sorted(alt_p[pos][j], reverse=True) and max(alt_p[pos][j]) <= probs[pos][j]
+    rec = trace.TraceRecord("r", "code", prompt, output, toks, probs, eagle_alt_tokens=alt_t, eagle_alt_probs=alt_p)
+    hdr = trace.TraceHeader(model="tiny", draft_model="tiny-head", temperature=0.0, eagle_k=k, eagle_alternatives=m)
+    h2, (rec2,) = trace.read_trace(trace.write_trace(tmp_path / "t.jsonl", hdr, [rec]))
+    assert h2.eagle_alternatives == m and rec2.to_json() == rec.to_json()
+    with pytest.raises(trace.TraceFormatError, match=r"eagle_alt_tokens.*\[eagle_alternatives=2\]"):
+        trace.write_trace(tmp_path / "x.jsonl", trace.TraceHeader("t", "h", 0.0, k, eagle_alternatives=2), [rec])
+    with pytest.raises(trace.TraceFormatError, match="eagle_alternatives is 0"):
+        trace.write_trace(tmp_path / "x.jsonl", trace.TraceHeader("t", "h", 0.0, k), [rec])
+    bad = trace.TraceRecord("r", "code", prompt, output, toks, probs, eagle_alt_tokens=alt_t,
+                            eagle_alt_probs=[[[1.5] * m] * k] * len(output))
+    with pytest.raises(trace.TraceFormatError, match=r"eagle_alt_probs row 0 .*\[0, 1\]"):
+        trace.write_trace(tmp_path / "x.jsonl", hdr, [bad])
+
+
 def test_bad_arguments_raise_clear_errors(pair):
     model, head = pair
     with pytest.raises(ValueError, match="mode"):

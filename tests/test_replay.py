@@ -1,6 +1,7 @@
 """Replay benchmark mechanics (the bench/replay/ package, bench/cost_tables/roofline.py) on tiny traces."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -235,6 +236,19 @@ def test_trace_roundtrip_and_bad_input(tmp_path):
         replay_traces.read_trace(tmp_path / "hdr.jsonl")
     with pytest.raises(FileNotFoundError):
         replay_traces.read_trace(tmp_path / "missing.jsonl")
+    # recorded EAGLE alternatives ([L, k, M] per request) survive the round trip as arrays of that shape
+    rng = np.random.default_rng(0)
+    reqs = [dataclasses.replace(r, eagle_alt_tokens=rng.integers(0, 500, (len(r.output), 3, 2)).astype(np.int32),
+                                eagle_alt_probs=rng.random((len(r.output), 3, 2)).astype(np.float32))
+            for r in tr.requests]
+    alt = replay_traces.Trace(dataclasses.replace(tr.header, eagle_alternatives=2), reqs)
+    replay_traces.write_trace(alt, tmp_path / "alt.jsonl")
+    back = replay_traces.read_trace(tmp_path / "alt.jsonl")
+    assert back.eagle_alternatives == 2
+    for a, b in zip(reqs, back.requests):
+        assert b.eagle_alt_tokens.shape == (len(a.output), 3, 2)
+        assert np.array_equal(a.eagle_alt_tokens, b.eagle_alt_tokens)
+        assert np.allclose(a.eagle_alt_probs, b.eagle_alt_probs, atol=1e-5)
 
 
 def test_roofline_is_memory_bound_then_compute_bound_and_states_assumptions():

@@ -435,7 +435,7 @@ def test_eagle_tree_draft_forwards_run_topk_beams_and_only_the_roofline_prices_t
     with pytest.raises(ValueError, match="num_draft_tokens"):
         bank.eagle_trees.rows(np.zeros(1, np.int64), np.zeros(1, np.int64), 2, 2, 8)
     plain = replay_drafts.DraftBank(one_request_trace(L=20, k=8), k=8)
-    with pytest.raises(replay_drafts.DrafterUnavailable, match="chain only"):
+    with pytest.raises(replay_drafts.DrafterUnavailable, match="not its trees"):
         replay_sim.simulate(P.EagleTree(5, 4, 8), plain, [0], batch=1, cost=spec.for_batch(4))
 
 
@@ -1199,7 +1199,7 @@ def test_ideal_engine_with_eagle_alternatives_verifies_the_leaves_at_no_extra_dr
     with the chain's next-best tokens as leaves drafts the same forwards as without them and, the price being 0 at
     batch 1 on a flat step time, commits at least as many tokens per step (a right leaf adds one where the chain
     stopped); the README's launch (padded width buckets) runs them too, charged the worker's launches for them; a
-    trace without trees refuses them."""
+    trace that records none refuses them."""
     core = _core_or_skip()
     bank, _ = _tree_bank(L=600, alpha=0.5, alpha_copy=0.5)
     runs = {}
@@ -1215,7 +1215,7 @@ def test_ideal_engine_with_eagle_alternatives_verifies_the_leaves_at_no_extra_dr
     leaves = replay_engine.engine_policies(core, replay_engine.EngineConfig(adaptive_depth=False,
                                                                             eagle_alternatives=2), ())[0]
     assert leaves.n_nodes == chain.n_nodes + 2 * chain.num_steps
-    assert leaves.launches(4) == chain.launches(4) + 5       # softmax, top-k and three kernels (bench.step_launches)
+    assert leaves.launches(4) == chain.launches(4) + 4       # top-k and three kernels (bench.step_launches)
     wide_bank, _ = _tree_bank(L=600, alpha=0.5, alpha_copy=0.5, k=17)
     padded = replay_sim.simulate(leaves, wide_bank, [0], batch=1,
                                  cost=linear_cost(base=1.0, per_token=0.0, draft=0.01))
@@ -1235,3 +1235,75 @@ def test_ideal_engine_with_eagle_alternatives_verifies_the_leaves_at_no_extra_dr
     pol = replay_engine.engine_policies(core, replay_engine.EngineConfig.ideal(eagle_alternatives=2), ())[0]
     with pytest.raises(replay_drafts.DrafterUnavailable, match="simulated drafter"):
         replay_sim.simulate(pol, plain, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.0, draft=0.01))
+
+
+def _recorded_alternatives_trace(L=60, k=8, m=2, dead_from=None):
+    """One request whose EAGLE chain is always wrong, with recorded alternatives (``TraceRequest.eagle_alt_tokens``)
+    whose second one at chain position 0 is the output's next token, the others wrong; ``dead_from``: row 0's chain
+    stops there (-1 tokens)."""
+    rng = np.random.default_rng(5)
+    req = one_request_trace(L=L, k=k, eagle_right=False, output=rng.integers(0, 5000, L))[0]
+    alt = np.empty((L, k, m), np.int32)
+    for j in range(m):
+        alt[:, :, j] = req.eagle_tokens + 1000 * (j + 1)              # wrong and distinct: the truth is < 5000
+    alt[:, 0, 1] = req.output                                         # position 0's second alternative is right
+    probs = np.broadcast_to(np.array([0.3, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01], np.float32)[:m], (L, k, m)).copy()
+    if dead_from is not None:
+        req.eagle_tokens[0, dead_from:] = -1
+    return [dataclasses.replace(req, eagle_alt_tokens=alt, eagle_alt_probs=probs)]
+
+
+def test_recorded_eagle_alternatives_are_served_and_a_right_one_is_accepted():
+    """A recorded trace's alternatives (``drafts.RecordedAlternatives``): served by (request, position) as recorded,
+    -1 / probability 0 at and past the chain's end, refused above the recorded count with the command that records
+    more; and the ideal engine's HYBRID with ``eagle_alternatives`` verifies them, so a chain that is always wrong
+    whose position-0 alternative is right commits that token and the bonus every step, where without the
+    alternatives it commits about one."""
+    core = _core_or_skip()
+    bank = replay_drafts.DraftBank(_recorded_alternatives_trace(dead_from=3), k=8)
+    reqs = bank.requests
+    t, q = bank.eagle_alt.alternatives(np.array([0, 0]), np.array([0, 5]), 6, 2)
+    assert t.shape == (2, 6, 2) and q.dtype == np.float32
+    assert (t[0, :3] == reqs[0].eagle_alt_tokens[0, :3]).all() and (t[0, 3:] == -1).all() and (q[0, 3:] == 0).all()
+    assert (t[1] == reqs[0].eagle_alt_tokens[5, :6]).all() and (q[1] == reqs[0].eagle_alt_probs[5, :6]).all()
+    with pytest.raises(replay_drafts.DrafterUnavailable, match="--trace-alternatives 3"):
+        bank.eagle_alt.alternatives(np.array([0]), np.array([0]), 4, 3)
+    bank = replay_drafts.DraftBank(_recorded_alternatives_trace(), k=8)
+    runs = {}
+    for m in (0, 2):
+        eng = replay_engine.EngineConfig.ideal(adaptive_depth=False, eagle_alternatives=m)
+        pol = replay_engine.engine_policies(core, eng, ())[0]
+        runs[m] = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.0,
+                                                                              draft=0.01))
+    assert runs[0].tokens / runs[0].steps < 1.3
+    assert runs[2].tokens >= 2 * runs[2].steps - 1                   # the last step may run out of output
+
+
+def test_realistic_alternatives_modes_run_on_a_recorded_trace_at_their_chain_modes_ngram_chain():
+    """A real trace that records the head's alternatives runs HYBRID with ``eagle_alternatives`` in the launch with
+    ``ragged_verify=on`` and the ideal engine (``Runner.real_alternatives_modes``), after their chain modes; each tunes
+    its EAGLE steps only at the n-gram chain length its chain mode chose in the cell (``CHAIN_MODE``), and
+    ``alternatives_lines`` reports the real trace's cells beside the chain modes'."""
+    R = replay_realistic
+    reqs = [dataclasses.replace(_recorded_alternatives_trace(L=40, m=3)[0], id=f"code{i}") for i in range(4)]
+    cfg = R.Config(requests=4, out_tokens=40, seeds=(0, 1), batches=(4,), eagle_ks=(2,), model_ks=(2,),
+                   hybrid_steps=(6,), hybrid_ngram_ks=(16,), ngram_ks=(8,), sweep=False, decompose=False, plot=None,
+                   eagle_alternatives=3)
+    runner = R.Runner(cfg)
+    assert runner.real_alternatives_modes == (R.RAGGED_ALTERNATIVES, R.ALTERNATIVES)
+    bank = replay_drafts.DraftBank(reqs, runner.bank_k, ngram_width=runner.pw, pad=runner.bank_pad)
+    groups = {"code": [0, 1, 2, 3]}
+    runner.run_source("real", {0: bank, 1: bank}, {0: groups, 1: groups}, [("code", 4)], [0, 1],
+                      runner.head_modes + runner.real_alternatives_modes, lambda *_: None)
+    for m in runner.real_alternatives_modes:
+        k_chain = runner.best[("real", R.CHAIN_MODE[m], "code", 4, "hybrid")][1]
+        tuned = [k[4][len("tune:"):] for k in runner.runs
+                 if k[:4] == ("real", m, "code", 4) and k[4].startswith("tune:")]
+        pols = runner.engine_pols[m]
+        assert sorted(pols[n].num_steps for n in tuned) == [4, 6]                   # the steps, at one chain length
+        assert {pols[n].engine.ngram_k for n in tuned} == {k_chain}
+        assert pols[tuned[0]].engine.eagle_alternatives == 3
+        assert runner.cell("real", m, "code", 4)["hybrid"] > 0
+    lines = R.alternatives_lines(runner, [("code", 4)], "real")
+    assert "real, small (SmolLM2 trace)" in lines[0] and lines[1].startswith("  code B=4: ragged_verify=on ")
+    assert "README launch" not in lines[1]                          # the padded launch's leaves: headline point only

@@ -190,7 +190,7 @@ def test_fallback_conf_placeholder_is_counted_and_logged_once(caplog):
     from sglang_hybrid.sglang_plugin.metrics import HybridCounters
 
     counters = HybridCounters("cpu")
-    draft_worker = SimpleNamespace(hybrid_owner=SimpleNamespace(fallbacks=hw.Fallbacks(counters)))
+    draft_worker = SimpleNamespace(hybrid_owner=SimpleNamespace(fallbacks=hw.Fallbacks(counters)), alternatives=0)
     batch = SimpleNamespace(seq_lens=torch.tensor([5, 9]))
     logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 1.0]])
 
@@ -200,7 +200,7 @@ def test_fallback_conf_placeholder_is_counted_and_logged_once(caplog):
 
     nd = draft_input()
     with caplog.at_level("WARNING", logger=hw.logger.name):
-        hw.HybridDraftWorker._first_token_confidence(draft_worker, batch, nd, [LogitsProcessorOutput(logits)])
+        hw.HybridDraftWorker._after_extend(draft_worker, batch, nd, [LogitsProcessorOutput(logits)])
     want = torch.softmax(logits, -1).gather(-1, torch.tensor([[0], [2]]))
     assert torch.allclose(nd.topk_p, want) and nd.topk_p[0, 0] < 1
     assert counters.snapshot()["fallback_conf_placeholder"] == 0 and not _fallback_logs(caplog, "conf_placeholder")
@@ -209,7 +209,7 @@ def test_fallback_conf_placeholder_is_counted_and_logged_once(caplog):
     with caplog.at_level("WARNING", logger=hw.logger.name):
         for captured in ([padded], [padded], []):                        # no logits captured at all: also counted
             nd = draft_input()
-            hw.HybridDraftWorker._first_token_confidence(draft_worker, batch, nd, captured)
+            hw.HybridDraftWorker._after_extend(draft_worker, batch, nd, captured)
             assert torch.equal(nd.topk_p, torch.ones(2, 1))              # the placeholder stayed
     assert counters.snapshot()["fallback_conf_placeholder"] == 6
     logs = _fallback_logs(caplog, "conf_placeholder")
@@ -217,8 +217,8 @@ def test_fallback_conf_placeholder_is_counted_and_logged_once(caplog):
     assert "3 rows for 2 requests" in logs[0].getMessage() and "placeholder confidence 1.0" in logs[0].getMessage()
     # an idle batch (DP attention) has nothing to fix and nothing to count
     empty = EagleDraftInput(topk_p=torch.ones(0, 1), topk_index=torch.zeros(0, 1, dtype=torch.int64))
-    assert hw.first_token_confidence(None, empty) is None
-    hw.HybridDraftWorker._first_token_confidence(draft_worker, SimpleNamespace(seq_lens=torch.zeros(0)),
+    assert hw.extend_probabilities(None, empty) == (None, None)
+    hw.HybridDraftWorker._after_extend(draft_worker, SimpleNamespace(seq_lens=torch.zeros(0)),
                                                  EagleDraftInput(topk_p=torch.ones(0, 1)), [])
     assert counters.snapshot()["fallback_conf_placeholder"] == 6
 

@@ -118,6 +118,9 @@ def main(argv=None) -> int:
     ap.add_argument("--n-chat", type=int, default=8, help="--make-trace: chat prompts")
     ap.add_argument("--max-new", type=int, default=320, help="--make-trace: max new tokens per request")
     ap.add_argument("--head", default=None, help="--make-trace: EAGLE head folder (default: the shipped one)")
+    ap.add_argument("--trace-alternatives", type=int, default=replay_record.ALTERNATIVES, metavar="M",
+                    help="--make-trace: next-ranked EAGLE tokens recorded per chain position, 0 to 7 (default "
+                         f"{replay_record.ALTERNATIVES}: any eagle_alternatives setting can then be replayed)")
     rg = ap.add_argument_group("realistic replay (--realistic: the headline run; bench/replay/realistic.py)")
     rg.add_argument("--realistic", action="store_true",
                     help="real-text workloads, SIMULATED model-drafter sweep, engine as built and --ideal side by side")
@@ -163,9 +166,10 @@ def main(argv=None) -> int:
                          "beside the README's launch on the headline point and the real trace)")
     rg.add_argument("--eagle-alternatives", type=_alternatives, default=3, metavar="M",
                     help="realistic: the worker's setting eagle_alternatives, run on the headline point in the "
-                         "README's launch, the launch with ragged_verify=on and the ideal engine: the EAGLE side's "
-                         "next M most likely tokens at each chain position hung as leaves (no draft forward beyond "
-                         "the chain's; default 3; 0 leaves those modes out)")
+                         "README's launch, the launch with ragged_verify=on and the ideal engine, and in the last "
+                         "two on the real trace where it records them: the EAGLE side's next M most likely tokens at "
+                         "each chain position hung as leaves (no draft forward beyond the chain's; default 3; 0 "
+                         "leaves those modes out)")
     rg.add_argument("--no-sweep", action="store_true", help="realistic: the headline point alpha=0.7/0.9 only")
     rg.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
                     help="realistic: processes the cells run in (default: this machine's usable cores; the results "
@@ -226,7 +230,8 @@ def main(argv=None) -> int:
         return RR.run(cfg)
     if args.make_trace:
         return replay_record.make_trace(args.make_trace, args.temperature, args.n_code, args.n_chat, args.max_new,
-                                        args.k or 8, args.head, args.seed)
+                                        args.k or 8, args.head, args.seed,
+                                        alternatives=args.trace_alternatives)
 
     if not args.trace and not args.synthetic:
         ap.error("give --trace FILE... (from the reference loop) or --synthetic")

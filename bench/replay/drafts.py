@@ -34,6 +34,11 @@ class DraftBank:
         self.offset = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
         self.eagle_tokens = np.concatenate([r.eagle_tokens for r in requests]).astype(np.int64)
         self.eagle_probs = np.concatenate([r.eagle_probs for r in requests]).astype(np.float32)
+        #: the EAGLE alternatives behind these chains (anything with ``alternatives(req, pos, depth, m)``): the
+        #: trace's recorded ones when every request holds them, else None (a simulated drafter sets its own,
+        #: `synth.with_eagle`)
+        self.eagle_alt = RecordedAlternatives(self, requests) if all(
+            getattr(r, "eagle_alt_tokens", None) is not None for r in requests) else None
         # root (last committed token) for each position, and the output padded so windows past the end never match
         self.root = np.concatenate([np.concatenate([[r.prompt[-1]], r.output[:-1]]) if len(r.output) else []
                                     for r in requests]).astype(np.int64)
@@ -208,6 +213,32 @@ class DraftBank:
                 "CMAKE_ARGS=-DPython_EXECUTABLE=$(which python3))") from None
         self.notes["suffix"] = "Arctic SuffixDecodingCache 0.3.0 via bench/anchors.ArcticAdapter, no global cache"
         return self._per_request(ad.start, lambda i, p: ad.propose(i, self.k), ad.extend, ad.finish)
+
+
+class RecordedAlternatives:
+    """A recorded trace's EAGLE alternatives (`traces.TraceRequest.eagle_alt_tokens`): at each chain position the
+    head's next M tokens after the chain's own, served like the simulated drafter's
+    (`synth.SimulatedEagleTrees.alternatives`)."""
+
+    def __init__(self, bank: "DraftBank", requests: list):
+        self.bank = bank
+        self.tokens = np.concatenate([r.eagle_alt_tokens for r in requests]).astype(np.int64)
+        self.probs = np.concatenate([r.eagle_alt_probs for r in requests]).astype(np.float32)
+
+    def alternatives(self, req, pos, depth: int, m: int) -> tuple:
+        """(tokens int64 [B, depth, m], probs float32 [B, depth, m]) after output[:pos] of each request ``req``;
+        positions at or past the chain's end (its first -1 token) hold -1 and probability 0."""
+        depth, m = int(depth), int(m)
+        if not 1 <= m <= self.tokens.shape[2]:
+            raise DrafterUnavailable(f"EAGLE alternatives m={m}: the trace records {self.tokens.shape[2]} per chain "
+                                     "position (record more with python -m bench.replay --make-trace FILE "
+                                     f"--trace-alternatives {m})")
+        if depth > self.tokens.shape[1]:
+            raise ValueError(f"depth {depth} exceeds the trace's eagle_k={self.tokens.shape[1]}")
+        r = self.bank.rows(np.asarray(req, np.int64), np.asarray(pos, np.int64))
+        toks, probs = self.tokens[r, :depth, :m], self.probs[r, :depth, :m]
+        dead = (np.cumsum(self.bank.eagle_tokens[r, :depth] < 0, axis=1) > 0)[:, :, None]
+        return np.where(dead, -1, toks), np.where(dead, 0.0, probs).astype(np.float32)
 
 
 class DrafterUnavailable(RuntimeError):

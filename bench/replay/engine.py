@@ -685,8 +685,7 @@ class EnginePolicy(P.Policy):
         etoks, eprobs = view.drafts.eagle(view.req, view.pos, depth)
         alternatives = None
         if self.engine.eagle_alternatives:
-            alternatives = P.simulated_trees(view, "EAGLE alternatives").alternatives(
-                view.req, view.pos, depth, self.engine.eagle_alternatives)
+            alternatives = P.eagle_alternatives(view, depth, self.engine.eagle_alternatives)
         cost, draft_cost = self._price_inputs(view)
         draft_cost = draft_cost if self.depths is not None else None
         ngram = None

@@ -141,13 +141,28 @@ class EagleFixed(Policy):
 
 def simulated_trees(view, what: str):
     """The simulated drafter's EAGLE trees (``synth.SimulatedEagleTrees``) behind ``view``'s drafts; a recorded trace
-    has none (it holds the head's chain only), so ``what`` needs the simulated drafter: ``DrafterUnavailable``."""
+    has none (it holds the head's chain and at most each position's next tokens, not the head's deeper branches), so
+    ``what`` needs the simulated drafter: ``DrafterUnavailable``."""
     trees = getattr(view.drafts, "eagle_trees", None)
     if trees is None:
         from bench.replay.drafts import DrafterUnavailable
 
-        raise DrafterUnavailable(f"{what} need the simulated drafter: a recorded trace holds the head's chain only")
+        raise DrafterUnavailable(f"{what} need the simulated drafter: a recorded trace holds the head's chain "
+                                 "(and at most its alternatives), not its trees")
     return trees
+
+
+def eagle_alternatives(view, depth: int, m: int) -> tuple:
+    """Each chain position's next ``m`` EAGLE tokens behind ``view``'s drafts (``ModelDraft.alt_tokens``, the worker's
+    setting ``eagle_alternatives``): the simulated head's, or a recorded trace's when it holds them
+    (``drafts.RecordedAlternatives``); else ``DrafterUnavailable``."""
+    alt = getattr(view.drafts, "eagle_alt", None)
+    if alt is None:
+        from bench.replay.drafts import DrafterUnavailable
+
+        raise DrafterUnavailable("EAGLE alternatives need the simulated drafter or a trace recorded with them "
+                                 "(python -m bench.replay --make-trace FILE --trace-alternatives M)")
+    return alt.alternatives(view.req, view.pos, depth, m)
 
 
 class EagleTree(Policy):

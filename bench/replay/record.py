@@ -1,8 +1,9 @@
 """Recording a real per-position trace for the replay (``python -m bench.replay --make-trace FILE``).
 
 SmolLM2-135M-Instruct decodes code-editing and chat prompts (greedy output = any lossless speculative mode's output),
-then the trained EAGLE head's chain at every output position is computed by `sglang_hybrid.reference.trace.eagle_rows`
-and the file is written by `sglang_hybrid.reference.trace.write_trace`.
+then the trained EAGLE head's chain at every output position, with each chain position's next-ranked tokens (the
+worker's setting ``eagle_alternatives``), is computed by `sglang_hybrid.reference.trace.eagle_rows` and the file is
+written by `sglang_hybrid.reference.trace.write_trace`.
 """
 from __future__ import annotations
 
@@ -74,11 +75,20 @@ def _decode_batch(target, prompts, max_new, temperature, seed, eos):
     return outs
 
 
+#: next-ranked tokens recorded per chain position: the worker's largest ``eagle_alternatives``, so a replay can run
+#: any setting on the recorded drafts
+ALTERNATIVES = 7
+
+
 def make_trace(out_path, temperature=0.0, n_code=8, n_chat=8, max_new=320, k=8, head_dir=None, seed=0,
-               threads=1) -> int:
+               threads=1, alternatives=ALTERNATIVES) -> int:
     """Record a per-position trace with the reference loop's pieces: the target's own decode of each prompt (greedy
-    output = any lossless speculative mode's output), then the EAGLE rows by `reference.trace.eagle_rows`.
+    output = any lossless speculative mode's output), then the EAGLE rows by `reference.trace.eagle_rows`, each
+    chain position with its next ``alternatives`` tokens.
     Outputs are cached next to the trace (`.outputs.json`) so decoding survives a missing head or a restart."""
+    if not 0 <= int(alternatives) <= ALTERNATIVES:
+        raise ValueError(f"--trace-alternatives {alternatives}: the worker's eagle_alternatives goes from 0 to "
+                         f"{ALTERNATIVES}, so record 0 to {ALTERNATIVES}")
     import torch
     from tqdm import tqdm
 
@@ -115,9 +125,11 @@ def make_trace(out_path, temperature=0.0, n_code=8, n_chat=8, max_new=320, k=8, 
         return 2
     recs = []
     for pid, r in tqdm(got.items(), desc="EAGLE rows"):
-        toks, probs = TR.eagle_rows(lm.model, head, r["prompt"], r["output"], k)
-        recs.append(TR.TraceRecord(pid, r["workload"], r["prompt"], r["output"], toks, probs))
-    header = TR.TraceHeader(model=lm.name, draft_model=str(head_dir), temperature=float(temperature), eagle_k=k)
+        rows = TR.eagle_rows(lm.model, head, r["prompt"], r["output"], k, alternatives)
+        alt = dict(eagle_alt_tokens=rows[2], eagle_alt_probs=rows[3]) if alternatives else {}
+        recs.append(TR.TraceRecord(pid, r["workload"], r["prompt"], r["output"], rows[0], rows[1], **alt))
+    header = TR.TraceHeader(model=lm.name, draft_model=str(head_dir), temperature=float(temperature), eagle_k=k,
+                            eagle_alternatives=alternatives)
     TR.write_trace(out_path, header, recs)
     print(f"wrote {out_path}: {len(recs)} requests, {sum(len(r.output) for r in recs)} output tokens")
     return 0

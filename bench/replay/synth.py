@@ -322,4 +322,5 @@ def with_eagle(bank, tokens: np.ndarray, probs: np.ndarray, trees: "SimulatedEag
     b = copy.copy(bank)
     b.eagle_tokens, b.eagle_probs = tokens, probs
     b.eagle_trees = trees
+    b.eagle_alt = trees         # the simulated head's alternatives belong to its trees, not to the bank's trace
     return b

@@ -25,6 +25,9 @@ class TraceRequest:
     output: np.ndarray        # int32 [L]
     eagle_tokens: np.ndarray  # int32 [L, K]
     eagle_probs: np.ndarray   # float32 [L, K]
+    #: int32 / float32 [L, K, M]: each chain position's next M tokens (the header's eagle_alternatives), or None
+    eagle_alt_tokens: np.ndarray | None = None
+    eagle_alt_probs: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -40,26 +43,36 @@ class Trace:
     def eagle_k(self) -> int:
         return int(self.header.eagle_k)
 
+    @property
+    def eagle_alternatives(self) -> int:
+        return int(self.header.eagle_alternatives)
+
 
 def read_trace(path) -> Trace:
     """Read and validate a trace with `sglang_hybrid.reference.trace.read_trace` (raises `TraceError`, or
     FileNotFoundError), then turn each record into arrays."""
     header, records = TR.read_trace(path)
-    k = header.eagle_k
+    k, m = header.eagle_k, header.eagle_alternatives
     reqs = []
     for r in records:
         n = len(r.output)
+        alt = (np.asarray(r.eagle_alt_tokens, np.int32).reshape(n, k, m),
+               np.asarray(r.eagle_alt_probs, np.float32).reshape(n, k, m)) if m else (None, None)
         reqs.append(TraceRequest(r.id, r.workload, np.asarray(r.prompt, np.int32), np.asarray(r.output, np.int32),
                                  np.asarray(r.eagle_tokens, np.int32).reshape(n, k),
-                                 np.asarray(r.eagle_probs, np.float32).reshape(n, k)))
+                                 np.asarray(r.eagle_probs, np.float32).reshape(n, k), *alt))
     return Trace(header, reqs)
 
 
 def write_trace(trace: Trace, path) -> None:
     """Write a trace with `sglang_hybrid.reference.trace.write_trace` (used for synthetic traces; real ones come from
     the reference loop or `bench.replay.record`); probabilities are rounded to 5 decimals."""
+    m = trace.eagle_alternatives
     records = [TR.TraceRecord(r.id, r.workload, r.prompt.tolist(), r.output.tolist(), r.eagle_tokens.tolist(),
-                              np.round(r.eagle_probs.astype(float), 5).tolist()) for r in trace.requests]
+                              np.round(r.eagle_probs.astype(float), 5).tolist(),
+                              eagle_alt_tokens=r.eagle_alt_tokens.tolist() if m else None,
+                              eagle_alt_probs=np.round(r.eagle_alt_probs.astype(float), 5).tolist() if m else None)
+               for r in trace.requests]
     TR.write_trace(path, trace.header, records)
 
 

@@ -5,7 +5,8 @@ Why: in torch the alternatives add about fifty small operators to every decode s
 taking the chain's token out, the counters after verify), each a launch on the critical path of a GPU step. Here:
 
 * ``_record_kernel``: ``FirstAlternatives.record`` (the draft extend's top tokens kept per request slot, with the
-  slot's generation; its ``top_tokens`` stay torch's softmax and top-k);
+  slot's generation; its ``top_tokens`` stay torch's top-k over the softmax the worker takes once for the first
+  drafted token's confidence too);
 * ``_alternatives_kernel``: ``step_alternatives`` (position 0 from the table where its generation is the request's,
   the later positions from the draft's records, the chain's token taken out, rank order kept);
 * ``_outcome_kernel``: ``alternatives_outcome`` added into the counters (one program looping over the batch, no

@@ -75,11 +75,15 @@ class EagleDrafter:
         self.states[rid] = _HeadState(cache, st.n_pairs + m, g[0, -1])
 
     @torch.no_grad()
-    def _chains(self, states: list, k: int, min_survival: float):
-        """Greedy chains for several head states at once: per state a list of tokens and of probabilities."""
+    def _chains(self, states: list, k: int, min_survival: float, alternatives: int = 0):
+        """Greedy chains for several head states at once: per state a list of tokens and of probabilities, and, when
+        ``alternatives`` = M > 0, per state and chain position the same forward's ranks 2 to M + 1 (tokens and
+        probabilities: the SGLang worker's setting ``eagle_alternatives`` hangs those as leaves)."""
         A = len(states)
         toks = [[] for _ in range(A)]
         probs = [[] for _ in range(A)]
+        alt_toks = [[] for _ in range(A)]
+        alt_probs = [[] for _ in range(A)]
         G = torch.stack([st.g_last for st in states])  # [A, h]
         caches = [st.cache for st in states]
         surv = [1.0] * A
@@ -87,11 +91,16 @@ class EagleDrafter:
         for i in range(k):
             p = F.linear(G[live], self.lm_w).float().softmax(-1)
             pv, tv = p.max(-1)
+            if alternatives:        # the chain's token taken out, the next M remain (distinct, as the worker's)
+                av, at = p.scatter(-1, tv[:, None], -1.0).topk(alternatives, dim=-1)
             nxt = []
             for j, a in enumerate(live):
                 q = float(pv[j])
                 toks[a].append(int(tv[j]))
                 probs[a].append(q)
+                if alternatives:
+                    alt_toks[a].append(at[j].tolist())
+                    alt_probs[a].append(av[j].tolist())
                 surv[a] *= q
                 if surv[a] >= min_survival:
                     nxt.append(a)
@@ -104,6 +113,8 @@ class EagleDrafter:
                 out, caches[a] = self.head(emb, G[a][None, None], torch.tensor([[states[a].n_pairs + i]]),
                                            cache=caches[a])
                 G[a] = out[0, -1]
+        if alternatives:
+            return toks, probs, alt_toks, alt_probs
         return toks, probs
 
     def propose(self, rids, k: int):
@@ -122,18 +133,22 @@ class EagleDrafter:
         return tokens, probs, lengths
 
     @torch.no_grad()
-    def trace_rows(self, feats: torch.Tensor, tokens: torch.Tensor, n_prompt: int, k: int):
+    def trace_rows(self, feats: torch.Tensor, tokens: torch.Tensor, n_prompt: int, k: int, alternatives: int = 0):
         """EAGLE chains after committing `tokens[:n]` for every `n = n_prompt .. len(tokens)-1` (always `k` long, so
         a replay can simulate any cut-off).
 
         `feats [L, h]` are the target's teacher-forced features of `tokens [L]` (causal, so they equal the features
         the loop sees incrementally). Row `p` drafts guesses for `tokens[n_prompt + p], ...`.
-        Returns `(tok [P, k] int64, prob [P, k] float32)`.
+        Returns `(tok [P, k] int64, prob [P, k] float32)`, and with `alternatives` = M > 0 also
+        `(alt_tok [P, k, M] int64, alt_prob [P, k, M] float32)`: at each chain position the same forward's ranks 2 to
+        M + 1 (`_chains`). Rows without a committed pair (n < 2) hold -1 tokens and probability 0.
         """
         L = tokens.shape[0]
+        m = int(alternatives)
         emb = self.embed(tokens[1:][None])
         g_all, (kc, vc) = self.head(emb, feats.to(self.dtype)[None, :-1], torch.arange(L - 1)[None])
-        rows_t, rows_p = [], []
+        rows = [[], [], [], []]                 # tokens, probs, alternatives' tokens, alternatives' probs
+        blank = ([-1] * k, [0.0] * k, [[-1] * m] * k, [[0.0] * m] * k)
         ns = list(range(n_prompt, L))
         # the positions' chains are independent: draft them `chunk` at a time, so each chain step reads the lm_head
         # once for the whole chunk instead of once per position (the lm_head read is the cost on a CPU)
@@ -142,18 +157,17 @@ class EagleDrafter:
             part = ns[c:c + chunk]
             states = [_HeadState((kc[:, :, :n - 1], vc[:, :, :n - 1]), n - 1, g_all[0, n - 2])
                       for n in part if n >= 2]  # n - 1 pairs committed: (f_t, x_{t+1}) for t < n - 1
-            toks, prs = self._chains(states, k, 0.0) if states else ([], [])
-            it = iter(zip(toks, prs))
+            got = self._chains(states, k, 0.0, m) if states else ()
+            it = iter(zip(*got))
             for n in part:
-                if n < 2:
-                    rows_t.append([-1] * k)
-                    rows_p.append([0.0] * k)
-                    continue
-                t, p = next(it)
-                rows_t.append(t)
-                rows_p.append(p)
-        return torch.tensor(rows_t, dtype=torch.int64).reshape(-1, k), \
-            torch.tensor(rows_p, dtype=torch.float32).reshape(-1, k)
+                for dst, src in zip(rows, blank if n < 2 else next(it)):
+                    dst.append(src)
+        tok = torch.tensor(rows[0], dtype=torch.int64).reshape(-1, k)
+        prob = torch.tensor(rows[1], dtype=torch.float32).reshape(-1, k)
+        if not m:
+            return tok, prob
+        return tok, prob, torch.tensor(rows[2], dtype=torch.int64).reshape(-1, k, m), \
+            torch.tensor(rows[3], dtype=torch.float32).reshape(-1, k, m)
 
 
 class NgramSource:

@@ -1,9 +1,12 @@
 """Per-position trace files (reference loop -> replay benchmark), format fixed in docs/ARCHITECTURE.md.
 
 JSON Lines, UTF-8. Line 1 is a header `{"format": "hybrid-spark-trace", "version": 1, "model", "draft_model",
-"temperature", "eagle_k", "created"}`; each further line is one request `{"id", "workload", "prompt", "output",
-"eagle_tokens", "eagle_probs"}` where row `p` of `eagle_tokens` / `eagle_probs` is the EAGLE chain drafted after
-committing `prompt + output[:p]` (guesses for `output[p], output[p+1], ...`).
+"temperature", "eagle_k", "created"}` and optionally `"eagle_alternatives": M` (absent = 0); each further line is one
+request `{"id", "workload", "prompt", "output", "eagle_tokens", "eagle_probs"}` where row `p` of `eagle_tokens` /
+`eagle_probs` is the EAGLE chain drafted after committing `prompt + output[:p]` (guesses for `output[p],
+output[p+1], ...`). With M > 0 each request also holds `"eagle_alt_tokens"` / `"eagle_alt_probs"` (`[len(output)]
+[eagle_k][M]`): at each chain position the same draft forward's ranks 2 to M + 1, the chain's token excluded (what the
+SGLang worker's setting `eagle_alternatives` hangs as leaves), so a replay can run that setting on real drafts.
 
 Why one EAGLE row per position rather than per loop step: the target is causal, so the draft after a given prefix
 does not depend on how the prefix was reached; with a row per position a replay can simulate any drafter policy.
@@ -42,10 +45,15 @@ class TraceHeader:
     temperature: float
     eagle_k: int
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    #: next-ranked tokens per chain position each record holds (0: the chain only, as in traces before this key)
+    eagle_alternatives: int = 0
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, "model": self.model, "draft_model": self.draft_model,
-                "temperature": float(self.temperature), "eagle_k": int(self.eagle_k), "created": self.created}
+        d = {"format": FORMAT, "version": VERSION, "model": self.model, "draft_model": self.draft_model,
+             "temperature": float(self.temperature), "eagle_k": int(self.eagle_k), "created": self.created}
+        if self.eagle_alternatives:
+            d["eagle_alternatives"] = int(self.eagle_alternatives)
+        return d
 
 
 @dataclass
@@ -57,15 +65,41 @@ class TraceRecord:
     eagle_tokens: list[list[int]]
     eagle_probs: list[list[float]]
     extra: dict = field(default_factory=dict)
+    #: ``[len(output)][eagle_k][M]`` when the header's ``eagle_alternatives`` = M > 0, else None
+    eagle_alt_tokens: list | None = None
+    eagle_alt_probs: list | None = None
 
     def to_json(self) -> dict:
         d = {"id": self.id, "workload": self.workload, "prompt": self.prompt, "output": self.output,
              "eagle_tokens": self.eagle_tokens, "eagle_probs": self.eagle_probs}
+        if self.eagle_alt_tokens is not None:
+            d["eagle_alt_tokens"], d["eagle_alt_probs"] = self.eagle_alt_tokens, self.eagle_alt_probs
         d.update(self.extra)
         return d
 
 
-def _check_record(rec: TraceRecord, k: int, where: str) -> None:
+def _check_alternatives(rec: TraceRecord, k: int, m: int, where: str) -> None:
+    """The alternatives' shape ``[n][k][m]``, token ids >= -1, probabilities finite in [0, 1]; absent when m = 0."""
+    if not m:
+        if rec.eagle_alt_tokens is not None or rec.eagle_alt_probs is not None:
+            raise TraceFormatError(f"{where}: 'eagle_alt_tokens'/'eagle_alt_probs' given but the header's "
+                                   "eagle_alternatives is 0 (absent)")
+        return
+    n = len(rec.output)
+    for name in ("eagle_alt_tokens", "eagle_alt_probs"):
+        v = getattr(rec, name)
+        if not (isinstance(v, list) and len(v) == n and all(isinstance(r, list) and len(r) == k and all(
+                isinstance(c, list) and len(c) == m for c in r) for r in v)):
+            raise TraceFormatError(f"{where}: '{name}' must be [{n} output positions][eagle_k={k}]"
+                                   f"[eagle_alternatives={m}]")
+    for p, (tr, pr) in enumerate(zip(rec.eagle_alt_tokens, rec.eagle_alt_probs)):
+        if not all(isinstance(t, int) and t >= -1 for c in tr for t in c):
+            raise TraceFormatError(f"{where}: eagle_alt_tokens row {p} has a non-int or < -1 entry")
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) and 0.0 <= x <= 1.0 for c in pr for x in c):
+            raise TraceFormatError(f"{where}: eagle_alt_probs row {p} must hold finite floats in [0, 1]")
+
+
+def _check_record(rec: TraceRecord, k: int, where: str, m: int = 0) -> None:
     if not isinstance(rec.id, str) or not isinstance(rec.workload, str):
         raise TraceFormatError(f"{where}: 'id' and 'workload' must be strings")
     for name in ("prompt", "output"):
@@ -85,6 +119,7 @@ def _check_record(rec: TraceRecord, k: int, where: str) -> None:
             raise TraceFormatError(f"{where}: eagle_tokens row {p} has a non-int or < -1 entry")
         if not all(isinstance(x, (int, float)) and math.isfinite(x) and 0.0 <= x <= 1.0 for x in pr):
             raise TraceFormatError(f"{where}: eagle_probs row {p} must hold finite floats in [0, 1]")
+    _check_alternatives(rec, k, m, where)
 
 
 def write_trace(path: str | Path, header: TraceHeader, records: list[TraceRecord]) -> Path:
@@ -92,7 +127,7 @@ def write_trace(path: str | Path, header: TraceHeader, records: list[TraceRecord
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for i, r in enumerate(records):
-        _check_record(r, header.eagle_k, f"record {i} ({r.id})")
+        _check_record(r, header.eagle_k, f"record {i} ({r.id})", header.eagle_alternatives)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(header.to_json()) + "\n")
@@ -120,13 +155,15 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TraceRecord]]:
     try:
         header = TraceHeader(model=str(h["model"]), draft_model=str(h["draft_model"]),
                              temperature=float(h["temperature"]), eagle_k=int(h["eagle_k"]),
-                             created=str(h["created"]))
+                             created=str(h["created"]), eagle_alternatives=int(h.get("eagle_alternatives", 0)))
     except KeyError as e:
         raise TraceFormatError(f"{path}:1: header misses {e}") from None
     except (TypeError, ValueError) as e:
         raise TraceFormatError(f"{path}:1: bad header value ({e})") from None
     if header.eagle_k < 0:
         raise TraceFormatError(f"{path}:1: eagle_k must be >= 0")
+    if header.eagle_alternatives < 0:
+        raise TraceFormatError(f"{path}:1: eagle_alternatives must be >= 0")
     records = []
     for ln, line in enumerate(lines[1:], start=2):
         try:
@@ -139,24 +176,36 @@ def read_trace(path: str | Path) -> tuple[TraceHeader, list[TraceRecord]]:
         missing = [k for k in keys if k not in d]
         if missing:
             raise TraceFormatError(f"{path}:{ln}: missing {missing}")
-        rec = TraceRecord(*(d[k] for k in keys), extra={k: v for k, v in d.items() if k not in keys})
-        _check_record(rec, header.eagle_k, f"{path}:{ln}")
+        alt = ("eagle_alt_tokens", "eagle_alt_probs")
+        rec = TraceRecord(*(d[k] for k in keys), extra={k: v for k, v in d.items() if k not in keys + alt},
+                          eagle_alt_tokens=d.get(alt[0]), eagle_alt_probs=d.get(alt[1]))
+        _check_record(rec, header.eagle_k, f"{path}:{ln}", header.eagle_alternatives)
         records.append(rec)
     return header, records
 
 
 @torch.no_grad()
-def eagle_rows(target, head, prompt: list[int], output: list[int], k: int):
-    """EAGLE chains (tokens, probs as lists) for every output position, via one teacher-forced target pass."""
+def eagle_rows(target, head, prompt: list[int], output: list[int], k: int, alternatives: int = 0):
+    """EAGLE chains (tokens, probs as lists) for every output position, via one teacher-forced target pass; with
+    ``alternatives`` = M > 0 also each chain position's next M tokens and probabilities (the records'
+    ``eagle_alt_tokens`` / ``eagle_alt_probs``)."""
     from sglang_hybrid.reference.drafters import EagleDrafter
 
     if not output:
-        return [], []
+        return ([], [], [], []) if alternatives else ([], [])
     tokens = torch.tensor(prompt + output)
     feats = target.model(input_ids=tokens[None]).last_hidden_state[0].to(next(head.parameters()).dtype)
     dr = EagleDrafter(head, target)
-    toks, probs = dr.trace_rows(feats, tokens, len(prompt), k)
-    return toks.tolist(), [[round(float(x), 6) for x in row] for row in probs.tolist()]
+    got = dr.trace_rows(feats, tokens, len(prompt), k, alternatives)
+    out = [got[0].tolist(), _rounded(got[1].tolist())]
+    if alternatives:
+        out += [got[2].tolist(), [_rounded(r) for r in got[3].tolist()]]
+    return tuple(out)
+
+
+def _rounded(rows: list) -> list:
+    """Probabilities rounded to 6 decimals (the file's precision)."""
+    return [[round(float(x), 6) for x in row] for row in rows]
 
 
 def records_from_results(target, head, results, k: int, progress: bool = False) -> list[TraceRecord]:

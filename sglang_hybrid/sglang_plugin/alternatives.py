@@ -26,11 +26,12 @@ from typing import Optional
 import torch
 
 
-def top_tokens(logits: torch.Tensor, m: int, hot_token_id: Optional[torch.Tensor] = None):
-    """The ``m + 1`` most likely tokens of each row's softmax over ``logits [N, V]``: ``(probabilities [N, m + 1]
-    float32, tokens [N, m + 1] int64)``, most likely first. ``hot_token_id``: the draft's reduced-vocabulary map
-    (EAGLE-3, or a token map), through which SGLang turns a draft index into a target token id."""
-    p, i = torch.softmax(logits.float(), dim=-1).topk(m + 1, dim=-1)
+def top_tokens(probs: torch.Tensor, m: int, hot_token_id: Optional[torch.Tensor] = None):
+    """The ``m + 1`` most likely tokens of each row of ``probs [N, V]`` (a softmax the caller already takes for the
+    chain's own confidence, so it is taken once): ``(probabilities [N, m + 1] float32, tokens [N, m + 1] int64)``,
+    most likely first. ``hot_token_id``: the draft's reduced-vocabulary map (EAGLE-3, or a token map), through which
+    SGLang turns a draft index into a target token id."""
+    p, i = probs.float().topk(m + 1, dim=-1)
     if hot_token_id is not None:
         i = hot_token_id[i]
     return p, i.to(torch.int64)

@@ -37,7 +37,7 @@ from sglang_hybrid.step import Decision, DecisionStep, ModelDraft, NgramDraft
 from sglang_hybrid.survival import chain_parents
 
 from . import alignment, context_lookup
-from .alternatives import alternatives_outcome
+from .alternatives import FirstAlternatives, alternatives_outcome, step_alternatives, top_tokens
 from .config import ENV_PREFIX, HybridConfigError, HybridSettings, resolved_ngram_bias_eta
 from .metrics import HybridCounters
 
@@ -53,6 +53,10 @@ class HybridStep:
         self.k = settings.ngram_k
         #: EAGLE alternatives per chain position the worker hands ``select`` (setting ``eagle_alternatives``)
         self.alternatives = settings.eagle_alternatives
+        #: position 0's alternatives per request slot, kept from the draft extend between steps
+        #: (``alternatives.FirstAlternatives``); None when off
+        self.first_alternatives = (FirstAlternatives(pool_size, self.alternatives, device) if self.alternatives
+                                   else None)
         self.n_nodes = settings.resolved_n_nodes(num_steps)
         self.device = torch.device(device)
         #: verify widths the engine switches between (the last is the full width n_nodes + 1) and EAGLE draft depths
@@ -254,6 +258,37 @@ class HybridStep:
         context_lookup.write_rows(self.context, slots, seq_lens, root_tokens.reshape(-1, 1), ones)
         got = context_lookup.lookup(self.context, slots, seq_lens, cur_gen, ng.tokens.shape[1], span=span)
         return context_lookup.fill_missing(ng, got)
+
+    def keep_first_alternatives(self, slots: torch.Tensor, gens: torch.Tensor, extend_probs: Optional[torch.Tensor],
+                                hot_token_id: Optional[torch.Tensor] = None) -> None:
+        """Keep the next step's position-0 alternatives (setting ``eagle_alternatives``) per request slot, for the
+        requests of generations ``gens``: the top tokens of the draft extend's next-token probabilities
+        ``extend_probs [B, V]`` (through the draft's vocabulary map ``hot_token_id``). None: the extend's logits did
+        not match the batch (the worker's placeholder fallback); the slots' kept ones are dropped instead, so a later
+        step never reads another position's. Nothing when the setting is off."""
+        first = self.first_alternatives
+        if first is None:
+            return
+        if extend_probs is None:
+            first.gen[slots.to(torch.int64)] = -1
+            return
+        probs, tokens = top_tokens(extend_probs, first.m, hot_token_id)
+        if self.fused is not None:
+            kernels.record_alternatives(first, slots, gens, probs, tokens)
+        else:
+            first.record(slots, gens, probs, tokens)
+
+    def step_alternatives(self, slots: torch.Tensor, gens: torch.Tensor, recorded_p: Optional[torch.Tensor],
+                          recorded_i: Optional[torch.Tensor], chain: torch.Tensor) -> tuple:
+        """This step's ``(alt_tokens, alt_conf)`` ``[B, S, M]`` for ``select`` (``alternatives.step_alternatives``):
+        position 0 from the kept table, later positions from the draft forwards' records ``recorded_p`` /
+        ``recorded_i`` ``[B, >= S, M + 1]``; ``(None, None)`` when the setting is off."""
+        if self.first_alternatives is None:
+            return None, None
+        if self.fused is not None:
+            return kernels.step_alternatives(self.first_alternatives, slots, gens, recorded_p, recorded_i, chain,
+                                             workspace=self.workspace)
+        return step_alternatives(self.first_alternatives, slots, gens, recorded_p, recorded_i, chain)
 
     def after_verify(self, tree: VerifyTree, slots: torch.Tensor, seq_lens_before: torch.Tensor,
                      emitted: torch.Tensor, accept_lens: torch.Tensor) -> None:

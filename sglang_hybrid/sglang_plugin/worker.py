@@ -58,7 +58,6 @@ from sglang.srt.speculative.eagle_info import EagleVerifyInput
 from sglang.srt.speculative.eagle_worker_common import prepare_for_draft, run_eagle_verify
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
-from sglang_hybrid import kernels
 from sglang_hybrid.cost import ContextCostModel
 
 from . import alternatives, memory_budget, runtime_states, startup_costs
@@ -120,25 +119,31 @@ class Fallbacks:
                            cause, message, cause)
 
 
-def first_token_confidence(extend_output, draft_input) -> Optional[str]:
-    """Give the next step's first drafted token its draft probability: EAGLE's topk=1 draft extend reports a
-    placeholder ``topk_p`` of 1.0; replace it with the softmax probability of the drafted token (``topk_index``) from
-    the extend's row-selected logits (``extend_output``, a ``LogitsProcessorOutput``, or None when none was captured).
-
-    Returns None when done (or for an empty batch), else why the placeholder stays (the caller counts it)."""
+def extend_probabilities(extend_output, draft_input) -> tuple:
+    """The draft extend's next-token distribution, one row per request of ``draft_input``: ``(probabilities [B, V]
+    float32, None)``, the softmax of the extend's row-selected logits (``extend_output``, a ``LogitsProcessorOutput``,
+    or None when none was captured); else ``(None, why not)``, and ``(None, None)`` for an empty batch. Taken once a
+    step: the first drafted token's confidence (``first_token_confidence``) and the EAGLE alternatives
+    (``HybridStep.keep_first_alternatives``) both read it."""
     index = draft_input.topk_index
     if index is None:
-        return "the draft input has no top-k index"
+        return None, "the draft input has no top-k index"
     rows = index.shape[0]
     if rows == 0:
-        return None
+        return None, None
     logits = getattr(extend_output, "next_token_logits", None)
     if logits is None:
-        return "no draft-extend logits were captured"
+        return None, "no draft-extend logits were captured"
     if logits.shape[0] != rows:
-        return f"the draft-extend logits have {logits.shape[0]} rows for {rows} requests"
-    draft_input.topk_p = torch.softmax(logits.float(), dim=-1).gather(-1, index.to(torch.int64))
-    return None
+        return None, f"the draft-extend logits have {logits.shape[0]} rows for {rows} requests"
+    return torch.softmax(logits.float(), dim=-1), None
+
+
+def first_token_confidence(probs: torch.Tensor, draft_input) -> None:
+    """Give the next step's first drafted token its draft probability: EAGLE's topk=1 draft extend reports a
+    placeholder ``topk_p`` of 1.0; replace it with the probability of the drafted token (``topk_index``) in the
+    extend's distribution ``probs`` (``extend_probabilities``)."""
+    draft_input.topk_p = probs.gather(-1, draft_input.topk_index.to(torch.int64))
 
 
 def missing_host_view(batch, bs: int) -> Optional[str]:
@@ -200,7 +205,7 @@ class HybridDraftWorker(EagleDraftWorker):
         self.step_conf = torch.ones((cap, self.speculative_num_steps), dtype=torch.float32, device=self.device)
         #: setting ``eagle_alternatives`` (M): the top M + 1 tokens of each draft forward's distribution, recorded
         #: beside the confidence ([max_bs, num_steps, M + 1]; column 0 is the draft extend's, kept per slot by the
-        #: owner: ``alternatives.FirstAlternatives``); None when off
+        #: owner's step: ``HybridStep.keep_first_alternatives``); None when off
         self.alternatives = load_settings().eagle_alternatives
         shape = (cap, self.speculative_num_steps, self.alternatives + 1)
         self.top_p = torch.zeros(shape, dtype=torch.float32, device=self.device) if self.alternatives else None
@@ -229,15 +234,15 @@ class HybridDraftWorker(EagleDraftWorker):
             self._extend_capture.append(logits_output)
         if self._conf_col is None or self._conf_col >= self.speculative_num_steps:
             return
-        logits = logits_output.next_token_logits
+        probs = torch.softmax(logits_output.next_token_logits.float(), dim=-1)
         if self.alternatives:
-            top_p, top_i = alternatives.top_tokens(logits, self.alternatives, self.hot_token_id)
+            top_p, top_i = alternatives.top_tokens(probs, self.alternatives, self.hot_token_id)
             n = top_p.shape[0]
             self.top_p[:n, self._conf_col].copy_(top_p)
             self.top_i[:n, self._conf_col].copy_(top_i)
             p = top_p[:, 0]                                        # the chain is argmax-drafted
         else:
-            p = torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+            p = probs.amax(dim=-1)
         self.step_conf[: p.shape[0], self._conf_col].copy_(p)
         self._conf_col += 1
 
@@ -271,14 +276,19 @@ class HybridDraftWorker(EagleDraftWorker):
             self._extend_capture = None
             if runner is not None:
                 runner.execute = original_execute
-        self._first_token_confidence(batch, batch_result.next_draft_input, captured)
-        if self.alternatives and self.hybrid_owner is not None:
-            self.hybrid_owner.record_first_alternatives(batch, captured[-1] if captured else None, self.hot_token_id)
+        self._after_extend(batch, batch_result.next_draft_input, captured)
 
-    def _first_token_confidence(self, batch, draft_input, captured: list) -> None:
-        """``first_token_confidence`` from the last captured extend output; where the placeholder stays, the fallback
-        is counted and logged once."""
-        why = first_token_confidence(captured[-1] if captured else None, draft_input)
+    def _after_extend(self, batch, draft_input, captured: list) -> None:
+        """From the last captured extend output's distribution (``extend_probabilities``, one softmax): the first
+        drafted token's confidence (``first_token_confidence``) and, with the setting ``eagle_alternatives``, the next
+        step's position-0 alternatives (``HybridWorkerV2.keep_first_alternatives``). Where the distribution is
+        missing, the placeholder stays and the fallback is counted and logged once (and the alternatives kept for
+        those slots are dropped)."""
+        probs, why = extend_probabilities(captured[-1] if captured else None, draft_input)
+        if probs is not None:
+            first_token_confidence(probs, draft_input)
+        if self.alternatives and self.hybrid_owner is not None:
+            self.hybrid_owner.keep_first_alternatives(batch, probs, self.hot_token_id)
         n = int(batch.seq_lens.shape[0])
         if why is not None and n and self.hybrid_owner is not None:
             self.hybrid_owner.fallbacks(
@@ -378,9 +388,6 @@ class HybridWorkerV2(EAGLEWorkerV2):
             t = self.hybrid_step.context.tokens
             logger.info("HYBRID: device prompt lookup table %d slots x %d tokens, int32, %.1f MiB (setting "
                         "context_lookup)", t.shape[0], t.shape[1] - 1, t.numel() * t.element_size() / 2**20)
-        m = self.settings.eagle_alternatives
-        #: position 0's alternatives per request slot (setting ``eagle_alternatives``; None when off)
-        self.first_alternatives = alternatives.FirstAlternatives(pool_size, m, self.device) if m else None
         from sglang_hybrid.ngram import NgramDrafter
 
         width = self.hybrid_step.proposal_width
@@ -703,17 +710,11 @@ class HybridWorkerV2(EAGLEWorkerV2):
         slots = batch.req_pool_indices
         cur_gen = self._cur_gen if self._cur_gen is not None else self.hybrid_step.buffers.gen[slots]
         width = self.speculative_num_draft_tokens
-        alt_tokens = alt_conf = None
-        if self.first_alternatives is not None:
-            bs = draft_tokens.shape[0]
-            dw = self._draft_worker
-            if self.hybrid_step.fused is not None:
-                alt_tokens, alt_conf = kernels.step_alternatives(
-                    self.first_alternatives, slots, cur_gen, dw.top_p[:bs], dw.top_i[:bs], draft_tokens,
-                    workspace=self.hybrid_step.workspace)
-            else:
-                alt_tokens, alt_conf = alternatives.step_alternatives(self.first_alternatives, slots, cur_gen,
-                                                                      dw.top_p[:bs], dw.top_i[:bs], draft_tokens)
+        bs = draft_tokens.shape[0]
+        dw = self._draft_worker
+        alt_tokens, alt_conf = self.hybrid_step.step_alternatives(
+            slots, cur_gen, None if dw.top_p is None else dw.top_p[:bs], None if dw.top_i is None else dw.top_i[:bs],
+            draft_tokens)
         decision = self.hybrid_step.select(draft_input.bonus_tokens, draft_tokens, conf, slots, cur_gen,
                                            batch.seq_lens, width=self._tree_width or width,
                                            lookup_span=self._lookup_span(batch), alt_tokens=alt_tokens,
@@ -734,24 +735,13 @@ class HybridWorkerV2(EAGLEWorkerV2):
             verify_input.ragged = self._ragged_layout(attn, tree, batch.seq_lens, seq_lens_sum)
         return verify_input
 
-    def record_first_alternatives(self, batch, extend_output, hot_token_id) -> None:
-        """Keep the next step's position-0 alternatives (setting ``eagle_alternatives``) from the draft extend's
-        row-selected logits (``extend_output``), per request slot, for the requests of this step's generations; where
-        the logits do not match the batch (the placeholder fallback of ``first_token_confidence``), the slots' kept
-        ones are dropped instead, so a later step never reads another position's."""
-        if self.first_alternatives is None:
-            return
+    def keep_first_alternatives(self, batch, extend_probs: Optional[torch.Tensor], hot_token_id) -> None:
+        """``HybridStep.keep_first_alternatives`` for this batch's slots and generations: the draft extend's
+        distribution (``extend_probabilities``; None where it did not match the batch) gives the next step's
+        position-0 alternatives."""
         slots = batch.req_pool_indices
         gens = self._cur_gen if self._cur_gen is not None else self.hybrid_step.buffers.gen[slots]
-        logits = getattr(extend_output, "next_token_logits", None)
-        if logits is None or logits.shape[0] != slots.shape[0]:
-            self.first_alternatives.gen[slots.to(torch.int64)] = -1
-            return
-        probs, tokens = alternatives.top_tokens(logits, self.first_alternatives.m, hot_token_id)
-        if self.hybrid_step.fused is not None:
-            kernels.record_alternatives(self.first_alternatives, slots, gens, probs, tokens)
-        else:
-            self.first_alternatives.record(slots, gens, probs, tokens)
+        self.hybrid_step.keep_first_alternatives(slots, gens, extend_probs, hot_token_id)
 
     def _ragged_layout(self, attn, tree, seq_lens: torch.Tensor, seq_lens_sum: int):
         """The step's ragged layout; its node counts reach the host once per step (they size the forward, see
