@@ -663,6 +663,29 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
         cells = [(b, c) for b, c in cells if c is not None]
         return min(cells, key=lambda bc: bc[1][key][0]) if cells else (None, None)
 
+    def ran(mode) -> list:
+        """The cells ``mode``'s HYBRID ran: (key, ratios)."""
+        return [(k, c) for k, c in all_cells(runner, mode) if c is not None]
+
+    def ideal_gap(got, ideal, title):
+        """The HYBRID of the cells ``got`` against ``ideal``'s in every cell both ran: gap <= 5 %."""
+        gaps = [(1 - c["hybrid"] / i["hybrid"], k) for k, c in got
+                if (i := runner.cell(k[0], ideal, k[2], k[3])) is not None]
+        if gaps:
+            g, k = max(gaps)
+            over = sum(1 for gg, _ in gaps if gg > 0.05)
+            v.append((title, over == 0, f"worst gap {g:.1%} at {label(k[0])} {k[2]} B={k[3]}; {over} of "
+                                        f"{len(gaps)} cells over 5 %"))
+
+    def best_single(got, title):
+        """The HYBRID of the cells ``got`` >= 0.97x the best single drafter in every one."""
+        if got:
+            low = min(got, key=lambda kc: kc[1]["vs_single"][0])
+            bad = [kc for kc in got if kc[1]["vs_single"][0] < 0.97]
+            v.append((title, not bad, f"worst {fmt_ci(low[1]['vs_single'])} vs {low[1]['single_name']} at "
+                                      f"{label(low[0][0])} {low[0][2]} B={low[0][3]}; {len(bad)} of {len(got)} "
+                                      "cells below 0.97"))
+
     for name, w, bs, tgt in (("code-edit B=4", "code-edit", [4], 1.62), ("code-edit B=128", "code-edit", [128], 1.27),
                              ("chat, every batch", "chat", list(cfg.batches), 1.00)):
         b, c = worst(w, bs, "vs_model")
@@ -677,13 +700,10 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
     v.append((f"issue 28: HYBRID >= 1.05x 'n-gram if it matches, else EAGLE' on code, code-edit and mixed at B=4 and "
               f"32 ({tag})", bool(got) and not bad,
               "; ".join(f"{w} B={b} {c['vs_rule'][0]:.2f}" for w, b, c in got) or "not run"))
-    cells = [(k, c) for k, c in all_cells(runner, "as built") if c is not None]
+    cells = ran("as built")
     if cells:
-        low = min(cells, key=lambda kc: kc[1]["vs_single"][0])
-        bad = [kc for kc in cells if kc[1]["vs_single"][0] < 0.97]
-        v.append(("issue 28: HYBRID >= 0.97x the best single drafter in every cell (sweep + real trace, as built)",
-                  not bad, f"worst {fmt_ci(low[1]['vs_single'])} vs {low[1]['single_name']} at {label(low[0][0])} "
-                           f"{low[0][2]} B={low[0][3]}; {len(bad)} of {len(cells)} cells below 0.97"))
+        best_single(cells, "issue 28: HYBRID >= 0.97x the best single drafter in every cell (sweep + real trace, as "
+                           "built)")
         heads = [(k, c) for k, c in cells if k[0] == head]
         low = min(heads, key=lambda kc: kc[1]["vs_oracle"][0])
         bad = [kc for kc in heads if kc[1]["vs_oracle"][0] < 0.85]
@@ -695,46 +715,21 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
         v.append(("HYBRID never below 1.00x no speculation, every cell (as built)", not below,
                   f"worst {fmt_ci(low[1]['vs_nospec'])} at {label(low[0][0])} {low[0][2]} B={low[0][3]}; "
                   f"{len(below)} of {len(cells)} cells below 1.00"))
-        for mode, name in (("as built", "the README's launch (padded verify)"),
-                           (RAGGED, "issue 25: as built with ragged_verify=on")):
-            gaps = []
-            for k, c in all_cells(runner, mode):
-                i = runner.cell(k[0], "ideal", k[2], k[3])
-                if c is not None and i is not None:
-                    gaps.append((1 - c["hybrid"] / i["hybrid"], k))
-            if gaps:
-                g, k = max(gaps)
-                over = sum(1 for gg, _ in gaps if gg > 0.05)
-                v.append((f"{name}: as-built / ideal gap <= 5 % in every cell", over == 0,
-                          f"worst gap {g:.1%} at {label(k[0])} {k[2]} B={k[3]}; {over} of {len(gaps)} cells over 5 %"))
-        ragged = [(k, c) for k, c in all_cells(runner, RAGGED) if c is not None]
-        if ragged:
-            low = min(ragged, key=lambda kc: kc[1]["vs_single"][0])
-            bad = [kc for kc in ragged if kc[1]["vs_single"][0] < 0.97]
-            v.append(("issue 25: HYBRID as built with ragged_verify=on >= 0.97x the best single drafter in every cell "
-                      "(headline + real trace)", not bad,
-                      f"worst {fmt_ci(low[1]['vs_single'])} vs {low[1]['single_name']} at {label(low[0][0])} "
-                      f"{low[0][2]} B={low[0][3]}; {len(bad)} of {len(ragged)} cells below 0.97"))
-        alt = [(k, c) for k, c in all_cells(runner, RAGGED_ALTERNATIVES) if c is not None]
+        ragged = ran(RAGGED)
+        ideal_gap(cells, "ideal", "the README's launch (padded verify): as-built / ideal gap <= 5 % in every cell")
+        ideal_gap(ragged, "ideal", "issue 25: as built with ragged_verify=on: as-built / ideal gap <= 5 % in every "
+                                   "cell")
+        best_single(ragged, "issue 25: HYBRID as built with ragged_verify=on >= 0.97x the best single drafter in "
+                            "every cell (headline + real trace)")
+        alt = ran(RAGGED_ALTERNATIVES)
         if alt:
             m = runner.engines[RAGGED_ALTERNATIVES].eagle_alternatives
             where = ("headline + real trace" if any(k[0] == "real" for k, _ in alt) else
                      "headline cells; no real-trace rows: the trace records no alternatives")
-            low = min(alt, key=lambda kc: kc[1]["vs_single"][0])
-            bad = [kc for kc in alt if kc[1]["vs_single"][0] < 0.97]
-            v.append((f"issue 25: HYBRID launched with ragged_verify=on, eagle_alternatives={m} >= 0.97x the best "
-                      f"single drafter in every cell ({where})", not bad,
-                      f"worst {fmt_ci(low[1]['vs_single'])} vs {low[1]['single_name']} at {label(low[0][0])} "
-                      f"{low[0][2]} B={low[0][3]}; {len(bad)} of {len(alt)} cells below 0.97"))
-            gaps = [(1 - c["hybrid"] / i["hybrid"], k) for k, c in alt
-                    if (i := runner.cell(k[0], ALTERNATIVES, k[2], k[3])) is not None]
-            if gaps:
-                g, k = max(gaps)
-                over = sum(1 for gg, _ in gaps if gg > 0.05)
-                v.append((f"issue 25: that launch / the ideal engine with the same alternatives: gap <= 5 % in every "
-                          f"cell ({where.split(';')[0]})", over == 0,
-                          f"worst gap {g:.1%} at {label(k[0])} {k[2]} B={k[3]}; {over} of {len(gaps)} cells over "
-                          "5 %"))
+            best_single(alt, f"issue 25: HYBRID launched with ragged_verify=on, eagle_alternatives={m} >= 0.97x the "
+                             f"best single drafter in every cell ({where})")
+            ideal_gap(alt, ALTERNATIVES, "issue 25: that launch / the ideal engine with the same alternatives: gap "
+                                         f"<= 5 % in every cell ({where.split(';')[0]})")
     st = {"m": 0, "a": 0, "h": 0}
     for k, r in runner.runs.items():
         if k[1] == "as built" and k[2] == "code" and k[4] == "hybrid_merge" and k[0] == head:

@@ -78,6 +78,15 @@ class TraceRecord:
         return d
 
 
+def _check_row(tokens, probs, p: int, where: str, name: str) -> None:
+    """Row ``p`` of ``<name>_tokens`` / ``<name>_probs`` (flat): token ids are ints >= -1 (-1: no token), draft
+    probabilities finite floats in [0, 1]."""
+    if not all(isinstance(t, int) and t >= -1 for t in tokens):
+        raise TraceFormatError(f"{where}: {name}_tokens row {p} has a non-int or < -1 entry")
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) and 0.0 <= x <= 1.0 for x in probs):
+        raise TraceFormatError(f"{where}: {name}_probs row {p} must hold finite floats in [0, 1]")
+
+
 def _check_alternatives(rec: TraceRecord, k: int, m: int, where: str) -> None:
     """The alternatives' shape ``[n][k][m]``, token ids >= -1, probabilities finite in [0, 1]; absent when m = 0."""
     if not m:
@@ -93,10 +102,7 @@ def _check_alternatives(rec: TraceRecord, k: int, m: int, where: str) -> None:
             raise TraceFormatError(f"{where}: '{name}' must be [{n} output positions][eagle_k={k}]"
                                    f"[eagle_alternatives={m}]")
     for p, (tr, pr) in enumerate(zip(rec.eagle_alt_tokens, rec.eagle_alt_probs)):
-        if not all(isinstance(t, int) and t >= -1 for c in tr for t in c):
-            raise TraceFormatError(f"{where}: eagle_alt_tokens row {p} has a non-int or < -1 entry")
-        if not all(isinstance(x, (int, float)) and math.isfinite(x) and 0.0 <= x <= 1.0 for c in pr for x in c):
-            raise TraceFormatError(f"{where}: eagle_alt_probs row {p} must hold finite floats in [0, 1]")
+        _check_row((t for c in tr for t in c), (x for c in pr for x in c), p, where, "eagle_alt")
 
 
 def _check_record(rec: TraceRecord, k: int, where: str, m: int = 0) -> None:
@@ -115,10 +121,7 @@ def _check_record(rec: TraceRecord, k: int, where: str, m: int = 0) -> None:
     for p, (tr, pr) in enumerate(zip(rec.eagle_tokens, rec.eagle_probs)):
         if len(tr) != k or len(pr) != k:
             raise TraceFormatError(f"{where}: row {p} must have eagle_k={k} entries")
-        if not all(isinstance(t, int) and t >= -1 for t in tr):
-            raise TraceFormatError(f"{where}: eagle_tokens row {p} has a non-int or < -1 entry")
-        if not all(isinstance(x, (int, float)) and math.isfinite(x) and 0.0 <= x <= 1.0 for x in pr):
-            raise TraceFormatError(f"{where}: eagle_probs row {p} must hold finite floats in [0, 1]")
+        _check_row(tr, pr, p, where, "eagle")
     _check_alternatives(rec, k, m, where)
 
 

@@ -708,7 +708,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
                 f"({', '.join(TREE_MASK_BACKEND_CLASSES)}), got {type(attn).__name__}; use --attention-backend "
                 "flashinfer")
         slots = batch.req_pool_indices
-        cur_gen = self._cur_gen if self._cur_gen is not None else self.hybrid_step.buffers.gen[slots]
+        cur_gen = self._generations(slots)
         width = self.speculative_num_draft_tokens
         bs = draft_tokens.shape[0]
         dw = self._draft_worker
@@ -740,8 +740,12 @@ class HybridWorkerV2(EAGLEWorkerV2):
         distribution (``extend_probabilities``; None where it did not match the batch) gives the next step's
         position-0 alternatives."""
         slots = batch.req_pool_indices
-        gens = self._cur_gen if self._cur_gen is not None else self.hybrid_step.buffers.gen[slots]
-        self.hybrid_step.keep_first_alternatives(slots, gens, extend_probs, hot_token_id)
+        self.hybrid_step.keep_first_alternatives(slots, self._generations(slots), extend_probs, hot_token_id)
+
+    def _generations(self, slots: torch.Tensor) -> torch.Tensor:
+        """The generations of the requests in ``slots`` this step: the ones the host published with their proposals
+        (``NgramFeeder.publish``), else, where it had no view of the batch, the device buffer's."""
+        return self._cur_gen if self._cur_gen is not None else self.hybrid_step.buffers.gen[slots]
 
     def _ragged_layout(self, attn, tree, seq_lens: torch.Tensor, seq_lens_sum: int):
         """The step's ragged layout; its node counts reach the host once per step (they size the forward, see
