@@ -672,7 +672,7 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
         gaps = [(1 - c["hybrid"] / i["hybrid"], k) for k, c in got
                 if (i := runner.cell(k[0], ideal, k[2], k[3])) is not None]
         if gaps:
-            g, k = max(gaps)
+            g, k = max(gaps, key=lambda gk: gk[0])      # keys mix sources (tuples, "real"): never compare them
             over = sum(1 for gg, _ in gaps if gg > 0.05)
             v.append((title, over == 0, f"worst gap {g:.1%} at {label(k[0])} {k[2]} B={k[3]}; {over} of "
                                         f"{len(gaps)} cells over 5 %"))
