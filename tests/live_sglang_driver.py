@@ -106,8 +106,8 @@ def abort_case(model: str, prompts: list[str]) -> dict:
     verify widths, and learns each request's online EAGLE and n-gram offsets (``model_bias_eta``, ``ngram_bias_eta``,
     off by default), which a request taking over the aborted one's slot must not inherit, nor the first position's
     EAGLE alternatives kept for its slot (``eagle_alternatives = 2``). It runs the long n-gram chain recommended with
-    a cost table (``ngram_k = 24``: with the alternatives widths up to 34, 49-token proposals; docs/sglang.md, "The
-    n-gram chain length")."""
+    a cost table (``ngram_k = 24``: widths up to 28, for which the alternatives compete with the chains' nodes,
+    49-token proposals; docs/sglang.md, "The n-gram chain length")."""
     from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
 
     n_new = 8

@@ -114,11 +114,14 @@ def test_alternatives_outcome_counts_verified_leaves_and_paths_through_them():
     assert int(taken) == 1                     # row 0 went through the leaf 9; row 3's 9 was the bonus
 
 
-def test_settings_size_the_tree_for_the_alternatives():
+def test_the_alternatives_compete_for_the_chains_nodes_and_do_not_widen_the_tree():
     assert HybridSettings().eagle_alternatives == 0
-    assert HybridSettings(eagle_alternatives=3).resolved_n_nodes(4) == 4 * 4 + 8
-    assert HybridSettings(mode="choose", eagle_alternatives=3).resolved_n_nodes(4) == 16
-    assert HybridSettings(n_nodes=10, eagle_alternatives=3).resolved_n_nodes(4) == 10
+    for mode in ("merge", "choose"):
+        assert HybridSettings(mode=mode, eagle_alternatives=3).resolved_n_nodes(4) == \
+            HybridSettings(mode=mode).resolved_n_nodes(4)
+    assert HybridSettings(eagle_alternatives=3).resolved_n_nodes(4) == 4 + 8
+    assert HybridSettings(mode="choose", eagle_alternatives=3).resolved_n_nodes(4) == 8
+    assert HybridSettings(n_nodes=20, eagle_alternatives=3).resolved_n_nodes(4) == 20
     for bad in (-1, 8, "3", 1.0, True):
         with pytest.raises(Exception):
             HybridSettings(eagle_alternatives=bad)

@@ -519,12 +519,21 @@ def test_memory_budget_bench_table(capsys):
     assert all(float(line.split("both cost tables")[1].split()[3][:-1]) <= 1.5 for line in ragged), ragged
     last = next(line for line in ragged if line.split()[:2] == ["128", "131,072"])
     assert last.split("both cost tables")[1].split() == ["4", "5", "5.34", "1.46x", "6.18", "13.34", "FITS"]
-    # the same with three EAGLE alternatives per chain position (eagle_alternatives, off by default): the tree 12
-    # nodes wider, its buffers and graphs with it; it fits in every cell, at up to twice plain EAGLE's memory
+    # the same with three EAGLE alternatives per chain position (eagle_alternatives, off by default): the leaves
+    # compete for the chains' 12 nodes (HybridSettings.resolved_n_nodes), so the verify width, SGLang's buffers and
+    # graphs are the chain launch's; only HYBRID's alternatives tables (KiB) are added: 1.46x at 128 x 131,072, within
+    # issue 25's 1.5x in every cell (the tree widened by 12 nodes took 7.30 GiB, 1.99x, before 2026-12-07)
     alt = [line for line in out.splitlines() if "+3 alternatives" in line]
     assert len(alt) == len(BM.BATCHES) * len(BM.CONTEXTS) and all(line.endswith("FITS") for line in alt), alt
+    assert all(float(line.split("ragged")[1].split()[3][:-1]) <= 1.5 for line in alt), alt
     last = next(line for line in alt if line.split()[:2] == ["128", "131,072"])
-    assert last.split("ragged")[1].split() == ["4", "5", "7.30", "1.99x", "8.14", "13.34", "FITS"]
+    assert last.split("ragged")[1].split() == ["4", "5", "5.34", "1.46x", "6.18", "13.34", "FITS"]
+    case = BM.llama8b_h200(128, 131_072)
+    chain, leaves = (BM.hybrid_budget(case, BM.hybrid_settings(eagle_alternatives=m), ragged=True, tier_graphs=True)
+                     for m in (0, 3))
+    assert chain.states == leaves.states and 0 < leaves.total - chain.total < MiB
+    assert {k: v for k, v in leaves.items.items() if k != "hybrid buffers"} == \
+        {k: v for k, v in chain.items.items() if k != "hybrid buffers"}
     no_table = next(line for line in out.splitlines() if line.split()[:2] == ["128", "131,072"] and "no price" in line)
     assert no_table.split("(width 13)")[1].split() == ["1", "3", "5.64", "1.54x", "6.47", "13.34", "FITS"]
     # the default launch at 128 x 131,072: EAGLE's width, the full tree and both extras (8, 4) fit, x 4 depths

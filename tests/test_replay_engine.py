@@ -1206,7 +1206,7 @@ def test_ideal_engine_with_eagle_alternatives_verifies_the_leaves_at_no_extra_dr
     for m in (0, 3):
         eng = replay_engine.EngineConfig.ideal(adaptive_depth=False, eagle_alternatives=m)
         pol = replay_engine.engine_policies(core, eng, ())[0]
-        assert pol.n_nodes == 12 + 4 * m
+        assert pol.n_nodes == 12                 # the leaves compete for the chains' 12 nodes
         runs[m] = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.0,
                                                                               draft=0.01))
     assert runs[3].model_steps == 4 * runs[3].steps and runs[0].model_steps == 4 * runs[0].steps
@@ -1214,18 +1214,18 @@ def test_ideal_engine_with_eagle_alternatives_verifies_the_leaves_at_no_extra_dr
     chain = replay_engine.engine_policies(core, replay_engine.EngineConfig(adaptive_depth=False), ())[0]
     leaves = replay_engine.engine_policies(core, replay_engine.EngineConfig(adaptive_depth=False,
                                                                             eagle_alternatives=2), ())[0]
-    assert leaves.n_nodes == chain.n_nodes + 2 * chain.num_steps
+    assert leaves.n_nodes == chain.n_nodes       # the leaves compete for the chains' nodes (resolved_n_nodes)
     assert leaves.launches(4) == chain.launches(4) + 4       # top-k and three kernels (bench.step_launches)
     wide_bank, _ = _tree_bank(L=600, alpha=0.5, alpha_copy=0.5, k=17)
     padded = replay_sim.simulate(leaves, wide_bank, [0], batch=1,
                                  cost=linear_cost(base=1.0, per_token=0.0, draft=0.01))
     assert padded.steps > 0 and padded.model_steps == 4 * padded.steps
     assert replay_engine.EngineConfig(verify="ragged_sync", eagle_alternatives=2).eagle_alternatives == 2
-    # a tree wider than the banks' default padding (8 steps x (1 + 7) + 8 = 72 nodes) runs on a bank padded for it,
-    # as the realistic runner pads its banks (Runner.bank_pad), and says why on one that is not
-    wide = replay_engine.engine_policies(core, replay_engine.EngineConfig.ideal(
-        num_steps=8, ngram_k=8, adaptive_depth=False, eagle_alternatives=7), ())[0]
-    assert wide.n_nodes == 72
+    # a tree wider than the banks' default padding (n_nodes set to 72: room for 8 steps x (1 + 7) + 8 candidates)
+    # runs on a bank padded for it, as the realistic runner pads its banks (Runner.bank_pad), and says why on one that
+    # is not
+    wide = replay_engine.EnginePolicy("wide", "merge", 8, 72, core, replay_engine.EngineConfig.ideal(
+        num_steps=8, ngram_k=8, adaptive_depth=False, eagle_alternatives=7))
     with pytest.raises(ValueError, match="exceeds the replay's padding 64"):
         replay_sim.simulate(wide, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.0, draft=0.01))
     padded, _ = _tree_bank(L=600, alpha=0.5, alpha_copy=0.5, pad=72)

@@ -237,7 +237,7 @@ def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
     assert res["aborted_tokens"] < 64
     assert res["hybrid"] == res["reference"]
     widths = {int(w): n for w, n in res["counters"]["width_steps"].items() if n > 0}
-    assert len(widths) >= 2 and max(widths) <= 34, widths    # 3 EAGLE steps x (1 + 2) + ngram_k 24: full width 34
+    assert len(widths) >= 2 and max(widths) <= 28, widths    # 3 EAGLE steps + ngram_k 24: full width 28
     # alternatives verified, and greedy accepted paths that left the chain through one (output still plain greedy's)
     assert res["counters"]["alternatives_verified"] > 0 and res["counters"]["alternatives_taken"] > 0, res["counters"]
     depths = {int(d): n for d, n in res["counters"]["depth_steps"].items() if n > 0}

@@ -304,14 +304,16 @@ def test_registration_failure_stops_a_hybrid_launch_with_its_cause(models, monke
         registry._REGISTRY[ALGORITHM] = saved
 
 
-def test_eagle_alternatives_widen_the_tree_and_a_default_over_the_limit_stops_the_start(models, monkeypatch):
-    """``eagle_alternatives`` widens the verify tree SGLang is told about (``--speculative-num-draft-tokens`` =
-    ``n_nodes + 1`` with ``n_nodes = steps x (1 + M) + ngram_k``); a default above the tree limit stops the start,
-    naming the settings that lower it."""
+def test_eagle_alternatives_keep_the_tree_width_and_a_default_over_the_limit_stops_the_start(models, monkeypatch):
+    """``eagle_alternatives`` leaves the verify width SGLang is told about as the chains' (``--speculative-num-draft-
+    tokens`` = ``n_nodes + 1`` with ``n_nodes = steps + ngram_k``: the leaves compete for those nodes, so SGLang's
+    width-sized buffers do not grow with them); a default above the tree limit stops the start, naming the settings
+    that lower it."""
+    _, plain = _resolve(_argv(models, "--speculative-num-steps", "3"))
     monkeypatch.setenv("SGLANG_HYBRID_EAGLE_ALTERNATIVES", "2")
     _, v = _resolve(_argv(models, "--speculative-num-steps", "3"))
-    assert v.speculative_num_draft_tokens == 3 * 3 + 8 + 1
-    monkeypatch.setenv("SGLANG_HYBRID_EAGLE_ALTERNATIVES", "7")
+    assert v.speculative_num_draft_tokens == plain.speculative_num_draft_tokens == 3 + 8 + 1
     monkeypatch.setenv("SGLANG_HYBRID_NGRAM_K", "32")
-    with pytest.raises(Exception, match=r"= 72 is above 63: lower SGLANG_HYBRID_EAGLE_ALTERNATIVES"):
-        _resolve(_argv(models, "--speculative-num-steps", "5"))
+    with pytest.raises(Exception, match=r"n_nodes = steps \+ ngram_k = 72 is above 63: lower --speculative-num-steps "
+                                        r"or SGLANG_HYBRID_NGRAM_K"):
+        _resolve(_argv(models, "--speculative-num-steps", "40"))

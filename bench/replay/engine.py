@@ -319,8 +319,8 @@ class EngineConfig:
             return ""
         return (f"; eagle_alternatives={self.eagle_alternatives}: the EAGLE chain with its next "
                 f"{self.eagle_alternatives} most likely tokens at each position as leaves (no draft forward beyond the "
-                "chain's, the worker's launches for them counted; each HYBRID policy's n_nodes grows by "
-                f"{self.eagle_alternatives} per EAGLE step)")
+                "chain's, the worker's launches for them counted; they compete with the chains' nodes for the "
+                "policy's n_nodes, which they do not widen)")
 
     def _verify_text(self) -> str:
         text = VERIFY_LAYOUTS[self.verify].format(width_lag=self.width_lag, sync_us=self.sync_us)
@@ -762,8 +762,7 @@ def engine_policies(core, engine: EngineConfig, model_ks=(2, 4, 6, 8), hybrid_mo
     for mode in hybrid_modes:
         for steps in (engine.num_steps, *[s for s in hybrid_steps if s != engine.num_steps]):
             for k in (engine.ngram_k, *[k for k in ngram_ks if k != engine.ngram_k]):
-                n_nodes = HybridSettings(mode=mode, ngram_k=k,
-                                         eagle_alternatives=engine.eagle_alternatives).resolved_n_nodes(steps)
+                n_nodes = HybridSettings(mode=mode, ngram_k=k).resolved_n_nodes(steps)
                 if engine.as_built:
                     # the worker's limit: a launch whose default is above it sets n_nodes to it, as its start-up
                     # error says (server_args), and the price keeps the best nodes

@@ -73,14 +73,16 @@ class HybridSettings(BaseModel):
     ngram_k: int = Field(8, ge=1, le=32, description="longest n-gram chain proposed per request and step")
     n_nodes: Optional[int] = Field(
         None, ge=1, le=MAX_NODES, description="draft nodes verified per request (verify width W = n_nodes + 1); "
-                                              "default: steps * (1 + eagle_alternatives) + ngram_k in merge mode, "
-                                              "max(steps * (1 + eagle_alternatives), ngram_k) in choose mode")
+                                              "default: steps + ngram_k in merge mode, max(steps, ngram_k) in "
+                                              "choose mode (EAGLE alternatives compete for these nodes, they do not "
+                                              "widen the tree)")
     eagle_alternatives: int = Field(
         0, ge=0, le=7, strict=True,
         description="at each EAGLE chain position, also offer the draft model's next M most likely tokens as leaves "
                     "beside the chain's own (a tree from the chain's draft forwards, no extra forward; "
-                    "step.ModelDraft.alt_tokens); the price picks which are verified. Default 0: the chain alone "
-                    "(docs/sglang.md, 'EAGLE alternatives')")
+                    "step.ModelDraft.alt_tokens); the price picks which are verified, within the same n_nodes as the "
+                    "chains' (no wider verify, no more memory). Default 0: the chain alone (docs/sglang.md, 'EAGLE "
+                    "alternatives')")
     verify_widths: Optional[list[int]] = Field(
         None, description="verify widths the engine captures and picks from each step (the price's choice, one step "
                           "late; see docs/sglang.md); default with a cost_table: 2, 4, 6, 7, 8, 16, ... up to "
@@ -175,12 +177,19 @@ class HybridSettings(BaseModel):
         return options
 
     def resolved_n_nodes(self, num_steps: int) -> int:
-        """Draft nodes per verify tree: the setting ``n_nodes``, else every node the drafters can offer (merge) or
-        the larger side (choose): the EAGLE chain with its alternatives, and the n-gram chain."""
+        """Draft nodes per verify tree: the setting ``n_nodes``, else both chains' nodes (merge) or the longer
+        chain's (choose): the EAGLE chain and the n-gram chain.
+
+        EAGLE alternatives (``eagle_alternatives``) do not widen this default: they compete with the chains' nodes
+        for it, and the price keeps the best. Why: every verify buffer SGLang sizes (the draft extend's graphs, the
+        shared logits rows, the verify mask) grows with ``max_bs x (n_nodes + 1)``, so widening by ``steps x M``
+        made 3 alternatives cost 1.99x plain EAGLE's start-up memory against 1.46x for the chains alone
+        (``bench.memory_budget``, batch 128); and the realistic replay found the wider budget bought nothing: within
+        0.3 % in every headline cell of 2026-12-07 (docs/benchmarks.md, "EAGLE alternatives"), because the price
+        rarely keeps more nodes than the chains offer."""
         if self.n_nodes is not None:
             return self.n_nodes
-        model = num_steps * (1 + self.eagle_alternatives)
-        return model + self.ngram_k if self.mode == "merge" else max(model, self.ngram_k)
+        return num_steps + self.ngram_k if self.mode == "merge" else max(num_steps, self.ngram_k)
 
     def measures_cost_table(self, device_type: str) -> bool:
         """Whether the worker measures the verify cost table at start on a ``device_type`` ("cuda", "cpu", ...)

@@ -124,9 +124,9 @@ def validate_server_args(server_args, *, check_ngram: bool = True) -> HybridSett
     n_nodes = settings.resolved_n_nodes(int(_get(server_args, "speculative_num_steps") or DEFAULT_NUM_STEPS))
     if n_nodes > MAX_NODES:
         raise HybridArgsError(
-            f"HYBRID's default n_nodes = steps x (1 + eagle_alternatives){' + ngram_k' * (settings.mode == 'merge')}"
-            f" = {n_nodes} is above {MAX_NODES}: lower {ENV_PREFIX}EAGLE_ALTERNATIVES, --speculative-num-steps or "
-            f"{ENV_PREFIX}NGRAM_K, or set {ENV_PREFIX}N_NODES to at most {MAX_NODES} (the price then keeps the best)")
+            f"HYBRID's default n_nodes = {'steps + ngram_k' if settings.mode == 'merge' else 'max(steps, ngram_k)'}"
+            f" = {n_nodes} is above {MAX_NODES}: lower --speculative-num-steps or {ENV_PREFIX}NGRAM_K, or set "
+            f"{ENV_PREFIX}N_NODES to at most {MAX_NODES} (the price then keeps the best)")
     ndt = _get(server_args, "speculative_num_draft_tokens")
     if ndt is not None and int(ndt) != n_nodes + 1:
         raise HybridArgsError(
