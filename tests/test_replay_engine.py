@@ -1279,11 +1279,11 @@ def test_recorded_eagle_alternatives_are_served_and_a_right_one_is_accepted():
     assert runs[2].tokens >= 2 * runs[2].steps - 1                   # the last step may run out of output
 
 
-def test_realistic_alternatives_modes_run_on_a_recorded_trace_at_their_chain_modes_ngram_chain():
+def test_realistic_alternatives_modes_run_on_a_recorded_trace_tuned_like_their_chain_modes():
     """A real trace that records the head's alternatives runs HYBRID with ``eagle_alternatives`` in the launch with
-    ``ragged_verify=on`` and the ideal engine (``Runner.real_alternatives_modes``), after their chain modes; each tunes
-    its EAGLE steps only at the n-gram chain length its chain mode chose in the cell (``CHAIN_MODE``), and
-    ``alternatives_lines`` reports the real trace's cells beside the chain modes'."""
+    ``ragged_verify=on`` and the ideal engine (``Runner.real_alternatives_modes``), each tuned over the same (EAGLE
+    steps, n-gram chain) pairs as the chain modes, at the chains' node budget, and ``alternatives_lines`` reports the
+    real trace's cells beside the chain modes'."""
     R = replay_realistic
     reqs = [dataclasses.replace(_recorded_alternatives_trace(L=40, m=3)[0], id=f"code{i}") for i in range(4)]
     cfg = R.Config(requests=4, out_tokens=40, seeds=(0, 1), batches=(4,), eagle_ks=(2,), model_ks=(2,),
@@ -1295,14 +1295,16 @@ def test_realistic_alternatives_modes_run_on_a_recorded_trace_at_their_chain_mod
     groups = {"code": [0, 1, 2, 3]}
     runner.run_source("real", {0: bank, 1: bank}, {0: groups, 1: groups}, [("code", 4)], [0, 1],
                       runner.head_modes + runner.real_alternatives_modes, lambda *_: None)
+
+    def tuned(mode) -> set:
+        pols = runner.engine_pols[mode]
+        return {(pols[n].num_steps, pols[n].engine.ngram_k, pols[n].n_nodes)
+                for n in (k[4][len("tune:"):] for k in runner.runs
+                          if k[:4] == ("real", mode, "code", 4) and k[4].startswith("tune:"))}
+
     for m in runner.real_alternatives_modes:
-        k_chain = runner.best[("real", R.CHAIN_MODE[m], "code", 4, "hybrid")][1]
-        tuned = [k[4][len("tune:"):] for k in runner.runs
-                 if k[:4] == ("real", m, "code", 4) and k[4].startswith("tune:")]
-        pols = runner.engine_pols[m]
-        assert sorted(pols[n].num_steps for n in tuned) == [4, 6]                   # the steps, at one chain length
-        assert {pols[n].engine.ngram_k for n in tuned} == {k_chain}
-        assert pols[tuned[0]].engine.eagle_alternatives == 3
+        assert tuned(m) == tuned(R.RAGGED) == {(s, k, s + k) for s in (4, 6) for k in (8, 16)}
+        assert next(iter(runner.engine_pols[m].values())).engine.eagle_alternatives == 3
         assert runner.cell("real", m, "code", 4)["hybrid"] > 0
     lines = R.alternatives_lines(runner, [("code", 4)], "real")
     assert "real, small (SmolLM2 trace)" in lines[0] and lines[1].startswith("  code B=4: ragged_verify=on ")

@@ -65,8 +65,6 @@ RAGGED = "as built, ragged"
 PADDED_ALTERNATIVES = "as built, EAGLE alternatives"
 RAGGED_ALTERNATIVES = "as built, ragged, EAGLE alternatives"
 ALTERNATIVES = "ideal, EAGLE alternatives"
-#: the mode each mode with EAGLE alternatives extends (the same engine with the chain alone)
-CHAIN_MODE = {PADDED_ALTERNATIVES: "as built", RAGGED_ALTERNATIVES: RAGGED, ALTERNATIVES: "ideal"}
 REAL_TRACE = Path("out/traces/smollm2_t0_final.jsonl")
 ROOT = Path(__file__).resolve().parents[2]
 #: the device kit's step-time table from an H200 (``bash bench/device_run.sh``, 2026-12-04): a compact PyTorch
@@ -386,8 +384,7 @@ class Runner:
         are reused here (the sweep points reuse the headline point's per cell and mode, to fit the default run's time
         budget: the text, which decides how far copies run, is the same at every point; fixed EAGLE's k and HYBRID's
         EAGLE steps, which follow the simulated drafter's strength, are tuned at every point). A mode with EAGLE
-        alternatives runs after its chain mode (``CHAIN_MODE``) and tunes its EAGLE steps at the n-gram chain length
-        that mode chose in the cell."""
+        alternatives is tuned over the same (steps, chain) pairs as every HYBRID mode."""
         tune = seeds[0]
         todo = [(w, b) for w, b in cells if w in groups[tune]]
         # every bank's model-free drafts before the cells fork: the children then share them, and none runs a drafter
@@ -473,12 +470,6 @@ class Runner:
             if adaptive_from is not None and (adaptive_from, m, w, b, "hybrid") in self.best:
                 k_head = self.best[(adaptive_from, m, w, b, "hybrid")][1]
                 hy = [n for n in hy if pols[n].engine.ngram_k == k_head]
-            elif (source, CHAIN_MODE.get(m), w, b, "hybrid") in self.best:
-                # a mode with EAGLE alternatives tunes its EAGLE steps at the n-gram chain length its chain mode chose
-                # in this cell (the leaves change what an EAGLE step is worth, not how far copies run), which halves
-                # its tuning runs and keeps the run within its time budget
-                k_chain = self.best[(source, CHAIN_MODE[m], w, b, "hybrid")][1]
-                hy = [n for n in hy if pols[n].engine.ngram_k == k_chain]
             for n in hy:
                 run(pols[n], source, m, "tune:" + n, [tune])
             hy_best = max(hy, key=lambda n: self.runs[(source, m, w, b, "tune:" + n, tune)].tok_per_s)
@@ -1032,7 +1023,7 @@ def run(cfg: Config, log=print) -> int:
         f"{', '.join(f'({p.num_steps}, {p.engine.ngram_k})' for p in cands)} "
         f"(({cands[0].num_steps}, {cands[0].engine.ngram_k}) deployed by default), the fastest per cell on the first "
         "seed, as each baseline's k is tuned (S<n>/K<k> in the per-policy tables; the sweep points reuse the headline "
-        "point's n-gram chain length per cell, and the modes with EAGLE alternatives their chain mode's); model-free "
+        "point's n-gram chain length per cell); model-free "
         f"n-gram baselines tuned over k in {list(cfg.ngram_ks)}")
     log("calibration: model side identity for HYBRID and model-only alike (the simulated drafter is calibrated by "
         f"construction); n-gram side: {runner.core.ngram_cal_name}")
