@@ -803,7 +803,7 @@ def test_model_offset_option_reaches_both_engines_and_bad_values_are_refused(mon
     assert seen["cfg"].ngram_bias_eta == "auto"
     etas = {name: e.ngram_eta for name, e in replay_realistic.Runner(seen["cfg"]).engines.items()}
     assert etas == {"as built": None, "ideal": 0.3, replay_realistic.RAGGED: 0.3,
-                    replay_realistic.PADDED_ALTERNATIVES: None, replay_realistic.RAGGED_ALTERNATIVES: 0.3,
+                    replay_realistic.RAGGED_ALTERNATIVES: 0.3,
                     replay_realistic.ALTERNATIVES: 0.3}, etas
     seen.clear()
     replay.main(["--realistic", "--ngram-bias-eta", "auto"])
@@ -1281,7 +1281,7 @@ def test_recorded_eagle_alternatives_are_served_and_a_right_one_is_accepted():
 
 def test_realistic_alternatives_modes_run_on_a_recorded_trace_tuned_like_their_chain_modes():
     """A real trace that records the head's alternatives runs HYBRID with ``eagle_alternatives`` in the launch with
-    ``ragged_verify=on`` and the ideal engine (``Runner.real_alternatives_modes``), each tuned over the same (EAGLE
+    ``ragged_verify=on`` and the ideal engine (``Runner.alternatives_modes``), each tuned over the same (EAGLE
     steps, n-gram chain) pairs as the chain modes, at the chains' node budget, and ``alternatives_lines`` reports the
     real trace's cells beside the chain modes'."""
     R = replay_realistic
@@ -1290,11 +1290,11 @@ def test_realistic_alternatives_modes_run_on_a_recorded_trace_tuned_like_their_c
                    hybrid_steps=(6,), hybrid_ngram_ks=(16,), ngram_ks=(8,), sweep=False, decompose=False, plot=None,
                    eagle_alternatives=3)
     runner = R.Runner(cfg)
-    assert runner.real_alternatives_modes == (R.RAGGED_ALTERNATIVES, R.ALTERNATIVES)
+    assert runner.alternatives_modes == (R.RAGGED_ALTERNATIVES, R.ALTERNATIVES)
     bank = replay_drafts.DraftBank(reqs, runner.bank_k, ngram_width=runner.pw, pad=runner.bank_pad)
     groups = {"code": [0, 1, 2, 3]}
     runner.run_source("real", {0: bank, 1: bank}, {0: groups, 1: groups}, [("code", 4)], [0, 1],
-                      runner.head_modes + runner.real_alternatives_modes, lambda *_: None)
+                      runner.head_modes + runner.alternatives_modes, lambda *_: None)
 
     def tuned(mode) -> set:
         pols = runner.engine_pols[mode]
@@ -1302,10 +1302,10 @@ def test_realistic_alternatives_modes_run_on_a_recorded_trace_tuned_like_their_c
                 for n in (k[4][len("tune:"):] for k in runner.runs
                           if k[:4] == ("real", mode, "code", 4) and k[4].startswith("tune:"))}
 
-    for m in runner.real_alternatives_modes:
+    for m in runner.alternatives_modes:
         assert tuned(m) == tuned(R.RAGGED) == {(s, k, s + k) for s in (4, 6) for k in (8, 16)}
         assert next(iter(runner.engine_pols[m].values())).engine.eagle_alternatives == 3
         assert runner.cell("real", m, "code", 4)["hybrid"] > 0
     lines = R.alternatives_lines(runner, [("code", 4)], "real")
     assert "real, small (SmolLM2 trace)" in lines[0] and lines[1].startswith("  code B=4: ragged_verify=on ")
-    assert "README launch" not in lines[1]                          # the padded launch's leaves: headline point only
+    assert "; ideal " in lines[1] and lines[-1].startswith("  at >= 0.97x the best single drafter: ")

@@ -165,11 +165,10 @@ def main(argv=None) -> int:
                     help="realistic: leave out HYBRID launched with ragged_verify=on (the mode 'as built, ragged' run "
                          "beside the README's launch on the headline point and the real trace)")
     rg.add_argument("--eagle-alternatives", type=_alternatives, default=3, metavar="M",
-                    help="realistic: the worker's setting eagle_alternatives, run on the headline point in the "
-                         "README's launch, the launch with ragged_verify=on and the ideal engine, and in the last "
-                         "two on the real trace where it records them: the EAGLE side's next M most likely tokens at "
-                         "each chain position hung as leaves (no draft forward beyond the chain's; default 3; 0 "
-                         "leaves those modes out)")
+                    help="realistic: the worker's setting eagle_alternatives, run in the launch with "
+                         "ragged_verify=on and the ideal engine, on the headline point and on the real trace where it "
+                         "records them: the EAGLE side's next M most likely tokens at each chain position hung as "
+                         "leaves (no draft forward beyond the chain's; default 3; 0 leaves those modes out)")
     rg.add_argument("--no-sweep", action="store_true", help="realistic: the headline point alpha=0.7/0.9 only")
     rg.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
                     help="realistic: processes the cells run in (default: this machine's usable cores; the results "
