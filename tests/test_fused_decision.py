@@ -176,7 +176,7 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
         long_seconds = st.cost.seconds.clone()
         sa = HybridStep(HybridSettings(mode="merge", ngram_k=6, eagle_alternatives=2, log_interval=0), num_steps=4,
                         pool_size=8, device="cpu", max_context_len=256)
-        assert sa.fused is not None and sa.widths == (4 * 3 + 6 + 1,)
+        assert sa.fused is not None and sa.widths == (4 + 6 + 1,)         # the leaves share the chains' nodes
         b = 5
         slots, seq = torch.arange(b), torch.full((b,), 40)
         gen = torch.zeros(b, dtype=torch.int64)
@@ -189,14 +189,14 @@ def test_fused_step_reads_nothing_back_allocates_nothing_and_rejects_what_it_doe
         span = st.lookup_span(41)
         rec_p, rec_i = torch.rand((b, 4, 3)), torch.randint(0, 9, (b, 4, 3))
         extend_probs = torch.softmax(torch.randn((b, 50)), -1)    # the draft extend's (worker.extend_probabilities)
-        alt_emitted = torch.randint(0, 9, (b, 19))
+        alt_emitted = torch.randint(0, 9, (b, 11))
         def step():
             d = st.select(root, chain, conf, slots, gen, seq, width=7, lookup_span=span)
             kernels.fused_links_and_mask(d.tree.tokens, d.tree.valid, d.tree.ancestors, seq, 4 * b * 41,
                                          workspace=st.workspace)
             st.after_verify(d.tree, slots, seq, emitted, acc)
             alt = sa.step_alternatives(slots, gen, rec_p, rec_i, chain)
-            da = sa.select(root, chain, conf, slots, gen, seq, width=19, alt_tokens=alt[0], alt_conf=alt[1])
+            da = sa.select(root, chain, conf, slots, gen, seq, width=11, alt_tokens=alt[0], alt_conf=alt[1])
             kernels.fused_links_and_mask(da.tree.tokens, da.tree.valid, da.tree.ancestors, seq, 4 * b * 41,
                                          workspace=sa.workspace)
             sa.after_verify(da.tree, slots, seq, alt_emitted, acc)
