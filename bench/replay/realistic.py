@@ -813,7 +813,7 @@ def alternatives_lines(runner: Runner, cells, source=HEADLINE) -> list:
                 continue
             reach[d][0] += a["vs_single"][0] >= 0.97
             reach[d][1] += 1
-            name = {RAGGED: "ragged_verify=on"}.get(m, m)
+            name = "ragged_verify=on" if m == RAGGED else m
             parts.append(f"{name} {c['vs_single'][0]:.2f} -> {fmt_ci(a['vs_single'])}, "
                          f"{c['vs_model'][0]:.2f} -> {a['vs_model'][0]:.2f} (S{a['hybrid_steps']}/K"
                          f"{a['hybrid_ngram_k']})")
