@@ -187,11 +187,13 @@ def _fold_identical_paths(tok, par, depth, valid, max_depth: int):
     same = valid[:, :, None] & valid[:, None, :] & (tok[:, :, None] == tok[:, None, :]) & \
         (depth[:, :, None] == depth[:, None, :])
     up = par.to(torch.int64)
-    bi = torch.arange(b, device=dev)[:, None, None]
     for _ in range(max(0, max_depth - 1).bit_length()):
         has = up >= 0
         ui = up.clamp(min=0)
-        above = same[bi, ui[:, :, None], ui[:, None, :]]             # [B, P, P]: the 2^r-th ancestors' relation
+        # the 2^r-th ancestors' relation, above[i, j] = same[up[i], up[j]], as two gathers (rows, then columns): the
+        # same values as one advanced index in 0.8-0.95x its time on the CPU replay's shapes (4-128 rows, 30-48 nodes)
+        rows = torch.gather(same, 1, ui[:, :, None].expand(b, p, p))
+        above = torch.gather(rows, 2, ui[:, None, :].expand(b, p, p))
         same = same & (above | ~(has[:, :, None] & has[:, None, :]))
         up = torch.where(has, torch.gather(up, 1, ui), up)
     idx = torch.arange(p, device=dev)

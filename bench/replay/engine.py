@@ -59,7 +59,8 @@ Host time and launches: what each costs, and where it was measured, is in ``benc
 n-gram host path at the start of ``forward_batch_generation``, before launching the step's kernels, and then launches
 its device step: seven Triton kernels on the fused path it runs wherever Triton does (eight where its tables are the
 ones measured at start: their blend at the batch's context), several hundred eager operators
-on the torch path (``bench.step_launches`` counts either for the policy's configuration and batch size). Without
+on the torch path (``bench.step_launches`` counts either for the policy's configuration, once: see
+``LAUNCH_COUNT_BATCH``). Without
 overlap scheduling (the CPU engine, ``width_lag`` 1) the device is idle while the host works, so the step costs
 device time + host time. With overlap scheduling (``width_lag`` 2, the GPU default) the scheduler launches step t + 1
 while the device still runs step t, so the host work runs under step t and the step costs max(device time, host
@@ -98,6 +99,15 @@ VERIFY_LAYOUTS = {
                     "not; verify graphs keyed by token tiers (token_tier), cost T(token tier of the sum of those "
                     "widths)"),
 }
+#: the batch size a policy's decision launches are counted at, charged at every batch size: a step's launches do not
+#: depend on its batch (static shapes, one grid per kernel, whatever the rows: what CUDA graphs capture), as
+#: ``python -m bench.step_launches`` checks at 1, 32 and 128 and ``tests/test_replay_engine.py`` for the replay's
+#: policies (one exception: the model-only torch path dispatches one operator fewer at 1 request, a `contiguous` of
+#: an already contiguous tensor, which launches nothing). Why once: a fused count runs the step under Triton's
+#: interpreter, 0.7 s at 4 requests and 2.4 s at 128; counted at each batch size, the realistic run's engine
+#: policies (25 distinct counts) took 102 s of counting (18, 25 and 59 s at 4, 32 and 128), its decomposition's
+#: variants more
+LAUNCH_COUNT_BATCH = 4
 #: the context the price's step-time tables are at (``EngineConfig.price_context``)
 PRICE_CONTEXTS = {
     "start": "one table, every request at one context (a user's table; the README's launch before 2026-12-06 "
@@ -174,7 +184,7 @@ class EngineConfig:
     #: ``ngram_eta``); a rate; None: off
     ngram_bias_eta: object = "auto"
     #: kernel launches of the decision per step; None: counted from the worker's code for the policy's configuration
-    #: and batch size (``bench.step_launches``)
+    #: (``bench.step_launches``, at ``LAUNCH_COUNT_BATCH``)
     launches: Optional[int] = None
     #: the worker's decision path whose launches are counted (its setting ``decision_kernels``): "fused" (the
     #: default wherever Triton runs) or "torch"
@@ -505,26 +515,32 @@ class EnginePolicy(P.Policy):
             return False
         return not self.use_ngram or self.engine.decision_kernels == "torch"
 
-    def launches(self, batch: int) -> int:
-        """Kernel launches of this policy's decision per step at ``batch`` requests (``EngineConfig.launches``); eager
-        ATen operators where `counts_eager_ops`."""
+    def launches(self) -> int:
+        """Kernel launches of this policy's decision per step (``EngineConfig.launches``); eager ATen operators where
+        `counts_eager_ops`. Counted at ``LAUNCH_COUNT_BATCH`` requests and charged at every batch size."""
         if self.engine.launches is not None:
             return int(self.engine.launches)
+        count, kwargs = self.launch_count()
+        return count(**kwargs)
+
+    def launch_count(self) -> tuple:
+        """(``bench.step_launches`` function, its keyword arguments) that count this policy's decision launches in
+        its configuration as reset (the width and depth plans it has at its batch size)."""
+        common = dict(b=LAUNCH_COUNT_BATCH, num_steps=self.num_steps, measured=self.engine.price_at == "blend")
         if not self.engine.as_built:
             # the ideal engine: the worker's fused step, whatever the policy (a fused model-only decision would
             # launch no more kernels than HYBRID's)
-            return step_launches.hybrid_launches(batch, "merge", self.num_steps, self.engine.ngram_k,
-                                                 width_plan=True, depth_plan=True,
-                                                 measured=self.engine.price_at == "blend", kernels="fused",
-                                                 alternatives=self.engine.eagle_alternatives)
+            return step_launches.hybrid_launches, dict(common, mode="merge", ngram_k=self.engine.ngram_k,
+                                                       width_plan=True, depth_plan=True, kernels="fused",
+                                                       alternatives=self.engine.eagle_alternatives)
         if not self.use_ngram:
-            return step_launches.model_only_launches(batch, self.num_steps, measured=self.engine.price_at == "blend")
-        return step_launches.hybrid_launches(batch, self.mode, self.num_steps, self.engine.ngram_k,
-                                             width_plan=self.widths is not None and len(self.widths) > 1,
-                                             depth_plan=self.depths is not None,
-                                             measured=self.engine.price_at == "blend",
-                                             kernels=self.engine.decision_kernels,
-                                             alternatives=self.engine.eagle_alternatives)
+            return step_launches.model_only_launches, dict(b=LAUNCH_COUNT_BATCH, k=self.num_steps,
+                                                           measured=common["measured"])
+        return step_launches.hybrid_launches, dict(common, mode=self.mode, ngram_k=self.engine.ngram_k,
+                                                   width_plan=self.widths is not None and len(self.widths) > 1,
+                                                   depth_plan=self.depths is not None,
+                                                   kernels=self.engine.decision_kernels,
+                                                   alternatives=self.engine.eagle_alternatives)
 
     def reset(self, batch: int, cost=None):
         """A fresh engine at ``batch`` requests; ``cost`` (``costs.BatchCost``): the step times the run is charged,
@@ -729,9 +745,9 @@ class EnginePolicy(P.Policy):
         # the host work (n-gram path, the decision's dispatch) overlaps the device as the engine's scheduling allows
         prop.host_overlaps = self.engine.host_overlaps
         if self.counts_eager_ops:
-            prop.eager_ops = self.launches(b)
+            prop.eager_ops = self.launches()
         else:
-            prop.launches = self.launches(b)
+            prop.launches = self.launches()
         if self.depths is not None:
             self.depth_pending.append(int(d.next_depth))
         if bias is not None:

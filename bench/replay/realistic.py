@@ -384,7 +384,7 @@ class Runner:
         for bank in {id(bank): bank for bank in banks.values()}.values():
             for kind in ("ngram",) + self.free_kinds():
                 bank.ensure(kind)
-        self.in_processes(self.count_launches, sorted({b for _, b in todo}))
+        self.count_launches(sorted({b for _, b in todo}))
 
         def work(cell) -> float:          # a cell's relative cost: the steps its runs take, a larger batch's dearer
             w, b = cell
@@ -397,14 +397,21 @@ class Runner:
                                                                   adaptive_from), todo, cost=work):
             log(line)
 
-    def count_launches(self, b: int) -> None:
-        """Count the decision launches every engine policy is charged at ``b`` requests (each new count runs the fused
-        step in a Triton-interpreter subprocess, about a second): once per batch size before the cells fork, instead
-        of once in every cell of that batch size (`in_processes` hands the counts back to this process)."""
-        cost = self.specs.for_batch(b)
-        for pol in [*(p for ps in self.engine_pols.values() for p in ps.values()), *self.adaptive.values()]:
-            pol.reset(b, cost)
-            pol.launches(b)
+    def count_launches(self, batches) -> None:
+        """Count the decision launches every engine policy is charged at these batch sizes, before the cells fork:
+        each distinct count once (``engine.LAUNCH_COUNT_BATCH``: a configuration's count is the same at every batch
+        size; a new fused count runs the step in a Triton-interpreter subprocess, about a second), shared among the
+        processes instead of made again in every cell (`in_processes` hands the counts back to this process)."""
+        calls = {}
+        for b in batches:
+            cost = self.specs.for_batch(b)
+            for pol in [*(p for ps in self.engine_pols.values() for p in ps.values()), *self.adaptive.values()]:
+                if pol.engine.launches is None:
+                    pol.reset(b, cost)              # the width and depth plans the policy has at this batch size
+                    count, kwargs = pol.launch_count()
+                    calls.setdefault((count.__name__, tuple(sorted(kwargs.items()))), (count, kwargs))
+        todo = list(calls.values())
+        self.in_processes(lambda i: todo[i][0](**todo[i][1]), list(range(len(todo))))
 
     def _run_cell(self, source, banks: dict, groups: dict, cell, seeds, modes, adaptive_from) -> str:
         """`run_source` on one (workload, batch) cell; returns its log line."""
