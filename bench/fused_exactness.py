@@ -66,13 +66,11 @@ def _config(rng: np.random.Generator) -> dict:
             depths = (1, s_max)
         s = int(rng.choice(depths))
     m = 0 if rng.random() < 0.5 else int(rng.integers(1, 5))       # EAGLE alternatives per chain position
-    # a budget that holds every candidate (the worker's default, ``HybridSettings.resolved_n_nodes``, plus M nodes per
-    # EAGLE step: its default until 2026-12-07, when the alternatives came to share the chains' nodes), or any budget
-    # up to one that holds every candidate and more: the worker's present default, below the candidates with
-    # alternatives, is among those
+    # the worker's default budget (``HybridSettings.resolved_n_nodes``: with alternatives, below the candidates, which
+    # then compete for the chains' nodes), or any budget up to one that holds every candidate and more
     from sglang_hybrid.sglang_plugin.config import HybridSettings
 
-    default_nodes = HybridSettings(mode=mode, ngram_k=k).resolved_n_nodes(s_max) + s_max * m
+    default_nodes = HybridSettings(mode=mode, ngram_k=k).resolved_n_nodes(s_max)
     n_nodes = default_nodes if rng.random() < 0.6 else int(rng.integers(1, s_max * (1 + m) + k + 3))
     w = n_nodes + 1
     u = rng.random()

@@ -454,7 +454,13 @@ class ModelCalibrationTables:
         return self.temperatures.device
 
     def acceptance(self, prob: torch.Tensor, depth: torch.Tensor, check_values: Optional[bool] = None) -> torch.Tensor:
-        """float32 ``sigmoid(logit(p) / T[depth])``; ``p = 0 -> 0`` and ``p = 1 -> 1`` exactly."""
+        """float32 ``sigmoid(logit(p) / T[depth])``; ``p = 0 -> 0`` and ``p = 1 -> 1`` exactly.
+
+        The logs and the sigmoid run in float64, rounded once to float32. Why: torch's CPU kernels take a vectorised
+        or a scalar path by a tensor's size and an element's place in it, and in float32 the two differ in the last
+        bit, so one probability got two acceptances (an EAGLE chain token and an equally likely alternative beside
+        it, priced from tensors of different sizes, no longer tied, and the fused kernels ordered them otherwise);
+        float64's last-bit differences almost never survive the rounding."""
         _checks.float_tensor(prob, "prob")
         _checks.int_tensor(depth, "depth")
         _checks.shape(depth, "depth", tuple(prob.shape))
@@ -464,6 +470,6 @@ class ModelCalibrationTables:
         p = prob.to(torch.float32)
         pos = (depth.to(torch.int64) - 1).clamp(min=0, max=self.temperatures.numel() - 1)
         t = torch.take(self.temperatures, pos)
-        pc = p.clamp(_EPS, 1 - _EPS)
-        a = torch.sigmoid((torch.log(pc) - torch.log1p(-pc)) / t)
+        pc = p.clamp(_EPS, 1 - _EPS).to(torch.float64)
+        a = torch.sigmoid((torch.log(pc) - torch.log1p(-pc)) / t.to(torch.float64)).to(torch.float32)
         return torch.where(p <= 0, torch.zeros_like(a), torch.where(p >= 1, torch.ones_like(a), a))

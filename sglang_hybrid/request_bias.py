@@ -35,9 +35,11 @@ EPS = 1e-6
 
 
 def corrected_acceptance(a: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``a [B, S]`` calibrated acceptances, ``bias [B]`` the requests' offsets -> ``sigmoid(logit(a) + bias)``."""
-    a = a.to(torch.float32).clamp(EPS, 1.0 - EPS)
-    return torch.sigmoid(torch.logit(a) + bias.to(torch.float32)[:, None])
+    """``a [B, S]`` calibrated acceptances, ``bias [B]`` the requests' offsets -> ``sigmoid(logit(a) + bias)``, float32
+    computed in float64 (as ``ModelCalibrationTables.acceptance``: equal acceptances stay equal whatever tensor they
+    sit in)."""
+    a = a.to(torch.float32).clamp(EPS, 1.0 - EPS).to(torch.float64)
+    return torch.sigmoid(torch.logit(a) + bias.to(torch.float64)[:, None]).to(torch.float32)
 
 
 def chain_outcome(model_tokens: torch.Tensor, model_length: torch.Tensor, committed: torch.Tensor,

@@ -256,21 +256,26 @@ class DecisionStep:
     def model_survival(self, draft: ModelDraft, check_values: Optional[bool] = None) -> torch.Tensor:
         return chain_survival(self.model_acceptance(draft, check_values), draft.length, check_values=check_values)
 
-    def alternatives_survival(self, draft: ModelDraft, chain_survival_: torch.Tensor,
+    def alternatives_survival(self, draft: ModelDraft, chain_acceptance: torch.Tensor,
                               check_values: Optional[bool] = None, bias: Optional[torch.Tensor] = None
                               ) -> torch.Tensor:
         """Each alternative's survival ``[B, S, M]`` (``ModelDraft.alt_tokens``): the chain's survival up to its
-        parent (1 at the first position) times the calibration of its draft probability at its depth, shifted by
-        ``bias`` as the chain's tokens are. The ranks of one position are disjoint events, so these add up."""
+        parent (1 at the first position; ``chain_acceptance`` ``[B, S]``, the chain tokens' acceptances) times the
+        calibration of its draft probability at its depth, shifted by ``bias`` as the chain's tokens are. The ranks of
+        one position are disjoint events, so these add up. The product is the chain's own expression
+        (``survival.chain_survival``: float64, rounded once), so an alternative as likely as the chain's token beside
+        it has exactly its survival (and the fused kernels order the two as this does)."""
         b, s, m = draft.alt_confidence.shape
         depth = torch.arange(1, s + 1, device=draft.tokens.device, dtype=torch.int64)[:, None].expand(s, m)
         a = self.model_cal.acceptance(draft.alt_confidence.to(torch.float32).clamp(0.0, 1.0).reshape(b, s * m),
                                       depth.reshape(1, s * m).expand(b, s * m), check_values=check_values)
         if bias is not None:
             a = corrected_acceptance(a, bias)
-        parent = torch.cat([torch.ones((b, 1), device=a.device), chain_survival_[:, :s - 1].to(torch.float32)], 1) \
-            if s > 0 else chain_survival_.new_zeros((b, 0))
-        return parent[:, :, None] * a.reshape(b, s, m)
+        f64 = torch.float64
+        drafted = torch.arange(s, device=a.device)[None, :] < draft.length.to(a.device)[:, None]
+        prefix = torch.cumprod(torch.where(drafted, chain_acceptance, 0.0).to(f64), 1)
+        parent = torch.cat([torch.ones((b, min(s, 1)), dtype=f64, device=a.device), prefix[:, :s - 1]], 1)
+        return (parent[:, :, None] * a.reshape(b, s, m).to(f64)).to(torch.float32)
 
     @staticmethod
     def _check_alternatives(draft: ModelDraft) -> None:
@@ -345,7 +350,7 @@ class DecisionStep:
             model_c = Candidates.chain(model.tokens.to(torch.int64), s_m, model.length, Source.MODEL)
             if model.alt_tokens is not None or model.alt_confidence is not None:
                 self._check_alternatives(model)
-                alt = (model.alt_tokens, self.alternatives_survival(model, s_m, check_values, model_bias))
+                alt = (model.alt_tokens, self.alternatives_survival(model, a_m, check_values, model_bias))
         else:
             model_c = Candidates.empty(b, Source.MODEL, dev)
             s_m = a_m = model_c.survival

@@ -24,7 +24,13 @@ def chain_parents(batch: int, k: int, device=None) -> torch.Tensor:
 
 
 def chain_survival(a: torch.Tensor, lengths: torch.Tensor, check_values: Optional[bool] = None) -> torch.Tensor:
-    """``s[b, j] = prod_{i <= j} a[b, i]`` for ``j < lengths[b]``, else 0. float32 ``[B, K]``."""
+    """``s[b, j] = prod_{i <= j} a[b, i]`` for ``j < lengths[b]``, else 0. float32 ``[B, K]``.
+
+    The product runs in float64 and each entry is rounded once to float32 (what torch's ``cumprod`` of a float32
+    tensor does on the CPU anyway; on a GPU it would run in float32). Why: an EAGLE alternative's survival is its
+    parent's float64 product times its own acceptance, rounded the same way (``DecisionStep.alternatives_survival``),
+    so an alternative exactly as likely as the chain's token beside it ties with it exactly on every device, and the
+    fused kernels, which take the same products, order the two as this reference does."""
     _checks.float_tensor(a, "a", 2)
     _checks.int_tensor(lengths, "lengths", 1)
     _checks.same_device(["a", "lengths"], [a, lengths])
@@ -34,7 +40,7 @@ def chain_survival(a: torch.Tensor, lengths: torch.Tensor, check_values: Optiona
         _checks.lengths(lengths, "lengths", a.shape[1])
     a = a.to(torch.float32)
     valid = _valid_mask(lengths, a.shape[1])
-    s = torch.cumprod(torch.where(valid, a, torch.zeros_like(a)), dim=1)
+    s = torch.cumprod(torch.where(valid, a, torch.zeros_like(a)).to(torch.float64), dim=1).to(torch.float32)
     return torch.where(valid, s, torch.zeros_like(s))
 
 

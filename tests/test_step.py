@@ -12,7 +12,7 @@ from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
 from sglang_hybrid.cost import CostModel
 from sglang_hybrid.selector import Source
 from sglang_hybrid.step import DecisionStep, ModelDraft, NgramDraft
-from sglang_hybrid.survival import chain_parents
+from sglang_hybrid.survival import chain_parents, chain_survival
 from tests.test_selector import paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,6 +237,57 @@ def test_model_alternatives_hang_as_leaves_beside_the_chain_against_a_brute_forc
         assert float(got.tree.expected_accepted[row]) == pytest.approx(sum(want.values()), rel=1e-5)
     # no alternatives where the chain has no token: row 2 drafted nothing, so its tree is the n-gram chain's alone
     assert set(got.tree.source[2][got.tree.valid[2]].tolist()) <= {-1, int(Source.NGRAM)}
+
+
+def test_an_alternative_as_likely_as_the_chains_token_ties_with_it_exactly():
+    """A chain token and an alternative beside it with the same draft probability get bit-equal survivals (the
+    alternative's is the chain's expression: the parent's float64 product times its acceptance, rounded once), under a
+    calibration and an online offset whose acceptances are not exact in float32. A float32 parent times the acceptance
+    gave an ulp of difference in some of these, and which of the two came first then hung on the last bits of the
+    acceptance: the fused kernels and this reference ordered such a pair differently (``bench.fused_exactness``).
+    With the tie exact, both order it by the tie-break (depth, then pool index: the chain's token first)."""
+    g = torch.Generator().manual_seed(9)
+    b, s, m = 64, 7, 2
+    conf = torch.rand((b, s), generator=g)
+    tokens = torch.randint(0, 50, (b, s), generator=g)
+    model = ModelDraft(tokens, conf, torch.full((b,), s), alt_tokens=tokens[:, :, None] + 100 + torch.arange(m),
+                       alt_confidence=torch.stack([conf, torch.rand((b, s), generator=g)], -1))
+    step = DecisionStep(mode="choose", n_nodes=s * (1 + m),
+                        model_calibration=ModelCalibration(np.array([1.37, 0.61, 1.9])).to("cpu"))
+    bias = torch.randn(b, generator=g)
+    a = step.model_acceptance(model, bias=bias)
+    chain = chain_survival(a, model.length)
+    leaves = step.alternatives_survival(model, a, bias=bias)
+    assert torch.equal(leaves[:, :, 0], chain)
+    float32_parent = torch.cat([torch.ones((b, 1)), chain[:, :-1]], 1) * a
+    assert not torch.equal(float32_parent, chain)          # the expression the tie needs: not a float32 product
+    tree = step(tokens[:, 0], model, None, model_bias=bias).tree
+    for row in range(b):
+        order = [(int(tree.depth[row, i]), int(tree.tokens[row, i])) for i in range(1, tree.tokens.shape[1])
+                 if tree.valid[row, i]]
+        for j in range(s):      # equal survivals: the chain's token (first in the pool) ahead of its twin leaf
+            mine, twin = (j + 1, int(tokens[row, j])), (j + 1, int(tokens[row, j]) + 100)
+            if mine in order and twin in order:
+                assert order.index(mine) < order.index(twin)
+
+
+def test_one_probability_gets_one_acceptance_wherever_it_sits():
+    """The calibration and the online offset give a probability the same acceptance whatever the tensor's size and
+    the element's place in it: 200 probabilities priced in one ``[200, 1]`` tensor and one at a time. torch's CPU
+    kernels take a vectorised path or a scalar one by both, and in float32 the two differ in the last bit (12 and 14
+    of these 200 did): the EAGLE chain (``[B, S]``) and its alternatives (``[B, S x M]``) then priced one probability
+    two ways, and an equally likely chain token and alternative were no longer tied."""
+    from sglang_hybrid.request_bias import corrected_acceptance
+
+    cal = ModelCalibration(np.array([1.0761874040083432, 0.61])).to("cpu")
+    probs = torch.rand(200, generator=torch.Generator().manual_seed(3))
+    ones = torch.ones((200, 1), dtype=torch.int64)
+    together = cal.acceptance(probs[:, None], ones)
+    alone = torch.cat([cal.acceptance(probs[i].view(1, 1), ones[:1]) for i in range(200)])
+    assert torch.equal(together, alone)
+    bias = torch.full((200,), -0.0554)
+    assert torch.equal(corrected_acceptance(together, bias),
+                       torch.cat([corrected_acceptance(alone[i:i + 1], bias[:1]) for i in range(200)]))
 
 
 def test_model_alternatives_of_zero_probability_change_nothing_and_bad_shapes_are_refused():

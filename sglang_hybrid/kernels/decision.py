@@ -28,9 +28,11 @@ chain's previous node, distinct from its siblings and from the chain's token the
 running minimum is the chain's above it capped by its own survival, nothing folds into it but the n-gram node right
 after the common prefix (when it carries that leaf's token: the n-gram chain's rest then hangs under the leaf), and
 its ancestors are the chain above it. Survivals are products, minima and maxima taken in the reference's order (the
-chain products sequentially, as ``cumprod``). Sums that decide something (choose's gain per source, the plan's
-expected tokens over slots and requests, its goodput) are float64 here and in the torch reference, so their different
-summing orders cannot order two alternatives differently unless they tie within a float64 rounding step.
+chain products sequentially in float64, each rounded to float32, as torch's ``cumprod`` of a float32 tensor does on
+the CPU; an alternative's likewise, its parent's float64 product times its own acceptance). Sums that decide something
+(choose's gain per source, the plan's expected tokens over slots and requests, its goodput) are float64 here and in the
+torch reference, so their different summing orders cannot order two alternatives differently unless they tie
+within a float64 rounding step.
 
 The torch implementation stays the reference (the oracle in ``tests/test_fused_decision.py``) and the path for
 engines without Triton. Host side, a call does shape checks and allocations only: no value is read back, nothing
@@ -112,7 +114,12 @@ def _survivals_kernel(
     rmask = rows < B
     r64 = rows.to(tl.int64)
     # ---- model side: calibrated acceptance, request offset, chain survival (sequential product, as cumprod) ----
+    # the product runs in float64 and each survival is that rounded to float32, the chain's and its alternatives'
+    # alike (survival.chain_survival, DecisionStep.alternatives_survival): a float32 product drifts from it by an ulp
+    # in a quarter of the nodes, and a chain token and an equally likely alternative beside it must tie exactly, or
+    # the last bits of their acceptance order them differently here and in the reference
     surv = tl.full((BB,), 1.0, tl.float32)
+    prod = tl.full((BB,), 1.0, tl.float64)
     last = tl.zeros((BB,), tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + rows, mask=rmask, other=0.0)
@@ -137,8 +144,10 @@ def _survivals_kernel(
             aa = tl.where(pa <= 0.0, 0.0, tl.where(pa >= 1.0, 1.0, aa))
             if HAS_BIAS:
                 aa = _corrected(aa, bias[:, None], BIAS_EPS_C)
-            tl.store(s_alt_ptr + r64[:, None] * (S * M) + j * M + mm[None, :], surv[:, None] * aa, mask=amask)
-        surv = surv * a
+            tl.store(s_alt_ptr + r64[:, None] * (S * M) + j * M + mm[None, :],
+                     (prod[:, None] * aa.to(tl.float64)).to(tl.float32), mask=amask)
+        prod = prod * a.to(tl.float64)
+        surv = prod.to(tl.float32)
         if COPY_CHAIN:
             tok = tl.load(mtok_ptr + r64 * mtok_s0 + j * mtok_s1, mask=rmask, other=0)
             tl.store(chain_ptr + r64 * chain_s0 + j, tok, mask=rmask)
@@ -184,7 +193,7 @@ def _survivals_kernel(
         a_n = _corrected(a_n, tl.load(ng_bias_ptr + rows, mask=rmask, other=0.0)[:, None], BIAS_EPS_C)
     a_n = tl.where(valid, a_n, 0.0)
     tl.store(a_n_ptr + r64[:, None] * K + cols[None, :], a_n, mask=fmask)
-    s_n = tl.cumprod(a_n, 1)
+    s_n = tl.cumprod(a_n.to(tl.float64), 1).to(tl.float32)                # as the model chain's
     tl.store(s_n_ptr + r64[:, None] * K + cols[None, :], tl.where(valid, s_n, 0.0), mask=fmask)
 
 
