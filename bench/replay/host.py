@@ -30,7 +30,7 @@ step moves code batch 4 by 10 %), so every number sits here, with where it was m
   GPU time: NVIDIA Technical Blog, "Getting Started with CUDA Graphs", 2019) would favour HYBRID on both. The GPU time
   lies on the critical path between draft and verify; the host dispatch runs on the host with the rest of the step's
   host work (overlapping the device's previous step where the engine overlaps: the step costs max(device, host)).
-  The torch path (833-999 eager ATen operators) is charged per operator at the published figures, 5 us host and
+  The torch path (888-1108 eager ATen operators) is charged per operator at the published figures, 5 us host and
   2 us GPU each (``op_host_us``, ``op_gpu_us``): the device kit did not time it.
   SGLang's own EAGLE per-step work (its tree build and verify kernels) is inside the cost table's fixed per-step
   overhead, for EAGLE and HYBRID alike: HYBRID's count includes its own tree links and mask, so it pays twice for
