@@ -49,7 +49,7 @@ from .cost import CostTables
 from .price import price_device, price_rows
 from .request_bias import corrected_acceptance
 from .selector import Candidates, Source, VerifyTree, select
-from .survival import chain_survival, tree_survival
+from .survival import chain_products, chain_survival, tree_survival
 from .widths import check_buckets, choose_plan, truncate
 
 #: token id of model-chain positions beyond the drafted depth in the depth evaluation: never a real token (vocabularies
@@ -262,8 +262,8 @@ class DecisionStep:
         """Each alternative's survival ``[B, S, M]`` (``ModelDraft.alt_tokens``): the chain's survival up to its
         parent (1 at the first position; ``chain_acceptance`` ``[B, S]``, the chain tokens' acceptances) times the
         calibration of its draft probability at its depth, shifted by ``bias`` as the chain's tokens are. The ranks of
-        one position are disjoint events, so these add up. The product is the chain's own expression
-        (``survival.chain_survival``: float64, rounded once), so an alternative as likely as the chain's token beside
+        one position are disjoint events, so these add up. The product is the chain's own
+        (``survival.chain_products``, float64, rounded once), so an alternative as likely as the chain's token beside
         it has exactly its survival (and the fused kernels order the two as this does)."""
         b, s, m = draft.alt_confidence.shape
         depth = torch.arange(1, s + 1, device=draft.tokens.device, dtype=torch.int64)[:, None].expand(s, m)
@@ -271,11 +271,9 @@ class DecisionStep:
                                       depth.reshape(1, s * m).expand(b, s * m), check_values=check_values)
         if bias is not None:
             a = corrected_acceptance(a, bias)
-        f64 = torch.float64
-        drafted = torch.arange(s, device=a.device)[None, :] < draft.length.to(a.device)[:, None]
-        prefix = torch.cumprod(torch.where(drafted, chain_acceptance, 0.0).to(f64), 1)
-        parent = torch.cat([torch.ones((b, min(s, 1)), dtype=f64, device=a.device), prefix[:, :s - 1]], 1)
-        return (parent[:, :, None] * a.reshape(b, s, m).to(f64)).to(torch.float32)
+        prefix = chain_products(chain_acceptance, draft.length)
+        parent = torch.cat([torch.ones((b, min(s, 1)), dtype=prefix.dtype, device=a.device), prefix[:, :s - 1]], 1)
+        return (parent[:, :, None] * a.reshape(b, s, m).to(prefix.dtype)).to(torch.float32)
 
     @staticmethod
     def _check_alternatives(draft: ModelDraft) -> None:

@@ -23,14 +23,27 @@ def chain_parents(batch: int, k: int, device=None) -> torch.Tensor:
     return (torch.arange(k, device=device, dtype=torch.int64) - 1).expand(batch, k).contiguous()
 
 
+def chain_products(a: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """``p[b, j] = prod_{i <= j} a[b, i]`` for ``j < lengths[b]``, else 0, float64 ``[B, K]``: the product a chain's
+    survivals (``chain_survival``) and its EAGLE alternatives' (``DecisionStep.alternatives_survival``: the parent's
+    product times the alternative's acceptance) are each rounded from once, so one as likely as the chain's token
+    beside it ties with it exactly. No input checks: ``chain_survival`` makes them."""
+    a = a.to(torch.float32)
+    return _products(a, _valid_mask(lengths, a.shape[1]))
+
+
+def _products(a: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    return torch.cumprod(torch.where(valid, a, torch.zeros_like(a)).to(torch.float64), dim=1)
+
+
 def chain_survival(a: torch.Tensor, lengths: torch.Tensor, check_values: Optional[bool] = None) -> torch.Tensor:
     """``s[b, j] = prod_{i <= j} a[b, i]`` for ``j < lengths[b]``, else 0. float32 ``[B, K]``.
 
-    The product runs in float64 and each entry is rounded once to float32 (what torch's ``cumprod`` of a float32
-    tensor does on the CPU anyway; on a GPU it would run in float32). Why: an EAGLE alternative's survival is its
-    parent's float64 product times its own acceptance, rounded the same way (``DecisionStep.alternatives_survival``),
-    so an alternative exactly as likely as the chain's token beside it ties with it exactly on every device, and the
-    fused kernels, which take the same products, order the two as this reference does."""
+    The product runs in float64 and each entry is rounded once to float32 (``chain_products``; what torch's
+    ``cumprod`` of a float32 tensor does on the CPU anyway, on a GPU it would run in float32). Why: an EAGLE
+    alternative's survival is rounded from the same product times its own acceptance, so an alternative exactly as
+    likely as the chain's token beside it ties with it exactly on every device, and the fused kernels, which take the
+    same products, order the two as this reference does."""
     _checks.float_tensor(a, "a", 2)
     _checks.int_tensor(lengths, "lengths", 1)
     _checks.same_device(["a", "lengths"], [a, lengths])
@@ -40,7 +53,7 @@ def chain_survival(a: torch.Tensor, lengths: torch.Tensor, check_values: Optiona
         _checks.lengths(lengths, "lengths", a.shape[1])
     a = a.to(torch.float32)
     valid = _valid_mask(lengths, a.shape[1])
-    s = torch.cumprod(torch.where(valid, a, torch.zeros_like(a)).to(torch.float64), dim=1).to(torch.float32)
+    s = _products(a, valid).to(torch.float32)
     return torch.where(valid, s, torch.zeros_like(s))
 
 
