@@ -620,6 +620,33 @@ def test_realistic_cells_in_forked_processes_give_the_runs_of_one_process(monkey
         assert all(np.array_equal(a, b) for a, b in zip(r.per_request, other.per_request)), key
 
 
+def test_forked_cells_survive_the_parents_openmp_pool():
+    """A parent that has run torch on its OpenMP threads (as pytest's process has, by the time the replay's tests
+    fork) forks ``--jobs`` children whose torch still runs: GNU OpenMP's pool does not survive a fork, and a child's
+    first parallel region waited for it forever (a ``torch.logit`` of a cell's decision hung this suite). Run in a
+    fresh interpreter so that the parent's pool is certain, with a timeout so that a hang fails instead of waiting."""
+    script = (
+        "import torch\n"
+        "from bench.replay import realistic\n"
+        "torch.logit(torch.rand(1_000_000, dtype=torch.float64))   # the parent's OpenMP pool, on every thread\n"
+        "runner = realistic.Runner(realistic.Config(jobs=2, plot=None))\n"
+        "work = lambda i: float(torch.logit(torch.full((4, 24), 0.25, dtype=torch.float64)).sum())\n"
+        "print(runner.in_processes(work, [0, 1, 2]))\n")
+    import signal
+    import subprocess
+    import sys
+    run = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), start_new_session=True)
+    try:
+        out, err = run.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)       # the hung children too
+        run.communicate()
+        pytest.fail("a forked child hung in its first parallel region (180 s)")
+    assert run.returncode == 0, err
+    assert [float(v.strip("[],")) for v in out.split()] == pytest.approx([96 * np.log(1 / 3)] * 3)
+
+
 @pytest.mark.parametrize("eagle_right", [True, False])
 def test_oracle_verifies_exactly_the_accepted_tokens_of_the_better_drafter(eagle_right):
     """The oracle's proposal holds the better chain's accepted prefix and nothing else (every node it verifies is

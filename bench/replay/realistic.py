@@ -229,6 +229,15 @@ def _forked_item(item) -> tuple:
             {k: n for k, n in step_launches.COUNTS.items() if k not in counts_before}, value)
 
 
+def _one_thread() -> None:
+    """A forked child's first act: torch on one thread. The parent's OpenMP pool does not survive a fork, and GNU
+    OpenMP waits forever for it in the child's first parallel region (seen: the pytest process's pool, then a forked
+    cell's ``torch.logit``). The cells' tensors are small, so one thread is also what they run best on."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 class Runner:
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -497,7 +506,7 @@ class Runner:
         _FORKED = (self, work)
         got = {}
         try:
-            with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            with multiprocessing.get_context("fork").Pool(jobs, initializer=_one_thread) as pool:
                 for i, result in zip(order, pool.imap(_forked_item, [items[i] for i in order])):
                     got[i] = result
         finally:
