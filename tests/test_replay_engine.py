@@ -675,6 +675,31 @@ def test_oracle_verifies_exactly_the_accepted_tokens_of_the_better_drafter(eagle
     assert got["oracle"] >= max(got["eagle_fixed"], got["ngram_ours"])
 
 
+@pytest.mark.parametrize("eagle_right", [True, False])
+def test_eagle_foreknowledge_verifies_exactly_the_eagle_chains_accepted_tokens(eagle_right):
+    """``Oracle(eagle_only=True)`` knows the EAGLE chain's accepted length and nothing of the n-gram drafter: it
+    verifies that prefix alone (none where EAGLE misses, however long the n-gram copy), drafts as deep, pays no n-gram
+    host path, and under a cost that charges every verified token beats fixed EAGLE, which has no foreknowledge, and
+    never beats the oracle that also chooses."""
+    trace = one_request_trace(L=40, k=8, eagle_right=eagle_right, output=np.tile(np.arange(10, 20), 4))
+    bank = replay_drafts.DraftBank(trace, k=8)
+    fore = P.Oracle(8, 8, eagle_only=True)
+    assert fore.name == "oracle_eagle" and fore.needs == ("eagle",)
+    for p in range(0, 30, 3):
+        req, pos = np.array([0]), np.array([p])
+        prop = fore.propose(P.StepView(req, pos, bank.roots(req, pos), bank, None, 1))
+        targets = bank.targets(req, pos, 8)[0]
+        acc_e = P.accepted_prefix(bank.eagle(req, pos, 8)[0], targets[None])[0]
+        assert (prop.tokens[0] >= 0).sum() == acc_e
+        assert prop.tokens[0, :acc_e].tolist() == targets[:acc_e].tolist()
+        assert prop.model_steps == acc_e and prop.host_s == 0.0
+        assert (prop.source[0] == P.Source.MODEL).all()
+    cost = linear_cost(base=1.0, per_token=0.1, draft=0.05)
+    got = {pol.name: replay_sim.simulate(pol, bank, [0], 1, cost).tok_per_s
+           for pol in (fore, P.Oracle(8, 8), P.EagleFixed(4))}
+    assert got["eagle_fixed"] < got["oracle_eagle"] <= got["oracle"]
+
+
 def test_realistic_step_times_cover_every_policys_widest_verify():
     """Every policy's widest verify (HYBRID's n_nodes + 1, a model-free chain of k + 1, EAGLE k + 1, an EAGLE tree's
     num_draft_tokens) lies inside the step-time table of each batch, so no step is charged the cost model's

@@ -308,33 +308,46 @@ class Oracle(Policy):
 
     The EAGLE draft runs as deep as the deepest accepted EAGLE prefix it takes this step (none when it takes none);
     the n-gram drafter's host path is paid as HYBRID's is (overlapping the device). No decision launches: the oracle
-    decides nothing on the device."""
+    decides nothing on the device.
 
-    name = "oracle"
+    ``eagle_only``: the same foreknowledge over the EAGLE chain alone (no n-gram drafter, no host path): what
+    knowing the accepted length is worth without any choice, so that the oracle's lead splits into foreknowledge,
+    which no policy has that verifies to find out, and the choice between drafters, which a selector can learn."""
+
     needs = ("eagle", "ngram")
 
-    def __init__(self, k_eagle: int, k_ngram: int):
-        self.k_eagle, self.k_ngram = int(k_eagle), int(k_ngram)
-        self.label = f"oracle (knows each drafter's accepted length; EAGLE <= {self.k_eagle}, n-gram <= {self.k_ngram})"
+    def __init__(self, k_eagle: int, k_ngram: int, eagle_only: bool = False):
+        self.k_eagle, self.k_ngram, self.eagle_only = int(k_eagle), int(k_ngram), bool(eagle_only)
+        if self.eagle_only:
+            self.name, self.needs = "oracle_eagle", ("eagle",)
+            self.label = f"EAGLE with foreknowledge (knows its accepted length; EAGLE <= {self.k_eagle})"
+        else:
+            self.name = "oracle"
+            self.label = (f"oracle (knows each drafter's accepted length; EAGLE <= {self.k_eagle}, "
+                          f"n-gram <= {self.k_ngram})")
 
     def propose(self, view):
         b = len(view.req)
-        width = max(self.k_eagle, self.k_ngram)
+        width = self.k_eagle if self.eagle_only else max(self.k_eagle, self.k_ngram)
         targets = view.drafts.targets(view.req, view.pos, width)
         etoks, _ = view.drafts.eagle(view.req, view.pos, self.k_eagle)
-        ntoks, nlens = view.drafts.chain("ngram", view.req, view.pos, self.k_ngram)
-        ntoks = mask_chain(ntoks, nlens)
-        acc_e, acc_n = accepted_prefix(etoks, targets), accepted_prefix(ntoks, targets)
+        acc_e = accepted_prefix(etoks, targets)
+        if self.eagle_only:
+            ntoks, acc_n = np.full((b, width), -1, np.int64), np.full(b, -1)
+        else:
+            ntoks, nlens = view.drafts.chain("ngram", view.req, view.pos, self.k_ngram)
+            ntoks = mask_chain(ntoks, nlens)
+            acc_n = accepted_prefix(ntoks, targets)
         use_e = acc_e > acc_n
         acc = np.where(use_e, acc_e, acc_n)
         toks = np.full((b, width), -1, np.int64)
         toks[:, : self.k_eagle][use_e] = etoks[use_e]
-        toks[:, : self.k_ngram][~use_e] = ntoks[~use_e]
+        toks[:, : ntoks.shape[1]][~use_e] = ntoks[~use_e]
         toks[np.arange(width)[None, :] >= acc[:, None]] = -1
         src = np.where(use_e[:, None], np.int8(Source.MODEL), np.int8(Source.NGRAM)).repeat(width, axis=1)
         depth = int(acc_e[use_e].max(initial=0))
-        return Proposal(toks, chain_parents_np(b, width), draft_forwards(depth), src, host_s=host_seconds(b),
-                        host_overlaps=True)
+        return Proposal(toks, chain_parents_np(b, width), draft_forwards(depth), src,
+                        host_s=0.0 if self.eagle_only else host_seconds(b), host_overlaps=True)
 
 
 class _Core:

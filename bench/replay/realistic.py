@@ -287,6 +287,8 @@ class Runner:
         self.adaptive = {p.name: p for p in engine_policies(self.core, self.engines["ideal"], cfg.model_ks,
                                                             hybrid_modes=())}
         self.oracle = P.Oracle(max(cfg.eagle_ks), max(cfg.ngram_ks))
+        #: the oracle's foreknowledge without its choice: what part of its lead no selector can learn
+        self.oracle_eagle = P.Oracle(max(cfg.eagle_ks), max(cfg.ngram_ks), eagle_only=True)
         pols = [p for ps in self.engine_pols.values() for p in ps.values()] + list(self.adaptive.values())
         #: chain length of the model-free drafts in the banks (every baseline's k fits)
         self.bank_k = max(cfg.ngram_ks)
@@ -457,7 +459,8 @@ class Runner:
         best = max(cands, key=lambda n: self.runs[(source, "-", w, b, n, tune)].tok_per_s)
         run(cands[best], source, "-", best, evals)
         # the one-line rule "n-gram if it matches, else EAGLE", at the cell's best fixed EAGLE k, tuned over the
-        # n-gram chain length; and the oracle (the limit of any selector over these two drafters)
+        # n-gram chain length; and the oracle (the limit of any selector over these two drafters), beside its
+        # foreknowledge of the EAGLE chain alone
         ke = max(self.eagle, key=lambda p: self.runs[(source, "-", w, b, p.name, tune)].tok_per_s).k
         rules = {f"ngram_else_eagle_n{k}_e{ke}": P.NgramElseEagle(k, ke) for k in self.cfg.ngram_ks}
         for name, pol in rules.items():
@@ -466,6 +469,7 @@ class Runner:
         rule = max(rules, key=lambda n: self.runs[(source, "-", w, b, n, tune)].tok_per_s)
         run(rules[rule], source, "-", rule, evals)
         run(self.oracle, source, "-", "oracle", evals)
+        run(self.oracle_eagle, source, "-", "oracle_eagle", evals)
         for m in modes:
             pols = self.engine_pols[m]
             self.best[(source, m, w, b, "model")] = (best, (source, "-", w, b, best))
@@ -565,13 +569,14 @@ class Runner:
         rname, rkey = self.best[(source, mode, w, b, "rule")]
         mo, ng, rule = self.seeds_of(mkey, seeds), self.seeds_of(nkey, seeds), self.seeds_of(rkey, seeds)
         oracle = self.seeds_of((source, "-", w, b, "oracle"), seeds)
+        oracle_eagle = self.seeds_of((source, "-", w, b, "oracle_eagle"), seeds)
         ns = self.seeds_of(((nkey[0],) + ("-", w, b, "no_spec")), seeds)
         single = mo if tok_s(mo) >= tok_s(ng) else ng
         steps, ngram_k = self.best.get((source, mode, w, b, "hybrid"), (None, None))
         return dict(hybrid=tok_s(hy), hybrid_steps=steps, hybrid_ngram_k=ngram_k,
                     model=tok_s(mo), model_name=mname, ngram=tok_s(ng), ngram_name=nname,
                     single_name=mname if single is mo else nname, no_spec=tok_s(ns), rule_name=rname,
-                    rule=tok_s(rule), oracle=tok_s(oracle),
+                    rule=tok_s(rule), oracle=tok_s(oracle), oracle_eagle=tok_s(oracle_eagle),
                     vs_model=ratio_ci(hy, mo), vs_single=ratio_ci(hy, single), vs_nospec=ratio_ci(hy, ns),
                     vs_rule=ratio_ci(hy, rule), vs_oracle=ratio_ci(hy, oracle),
                     seeds=len(hy), stats=[r.stats for r in hy])
@@ -650,6 +655,24 @@ def reach_note(runner: Runner, source, w: str, b: int, cell: dict) -> str:
     return "; " + ", ".join(parts)
 
 
+def oracle_note(runner: Runner, heads) -> str:
+    """Beside the oracle target: how many of the same cells the best single drafter and the ideal engine with EAGLE
+    alternatives leave below 0.85x the oracle, and how much of the oracle's lead is foreknowledge alone (the best
+    model-only policy against the EAGLE chain that knows its accepted length): a lead no policy that verifies to
+    find out can close, whatever it selects."""
+    single = [max(c["model"], c["ngram"]) / c["oracle"] for _, c in heads]
+    parts = [f"the best single drafter below 0.85 in {sum(x < 0.85 for x in single)} of {len(heads)}"]
+    ideal = [i["hybrid"] / i["oracle"] for k, _ in heads
+             if ALTERNATIVES in runner.engines and (i := runner.cell(k[0], ALTERNATIVES, k[2], k[3])) is not None]
+    if ideal:
+        parts.append(f"the ideal engine with EAGLE alternatives in {sum(x < 0.85 for x in ideal)} of {len(ideal)}")
+    waste = [c["model"] / c["oracle_eagle"] for _, c in heads if c["oracle_eagle"] > 0]
+    if waste:
+        parts.append(f"the best model-only policy reaches {min(waste):.2f}-{max(waste):.2f} of EAGLE with "
+                     "foreknowledge")
+    return "; " + ", ".join(parts)
+
+
 def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
     """The targets (issue 28's, and the engine issues' that this run measures), each (name, met, detail)."""
     v = []
@@ -707,7 +730,7 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
         bad = [kc for kc in heads if kc[1]["vs_oracle"][0] < 0.85]
         v.append((f"issue 28: HYBRID >= 0.85x the oracle in every headline cell ({tag})", not bad,
                   f"worst {fmt_ci(low[1]['vs_oracle'])} at {low[0][2]} B={low[0][3]}; {len(bad)} of {len(heads)} "
-                  "cells below 0.85"))
+                  "cells below 0.85" + oracle_note(runner, heads)))
         below = [kc for kc in cells if kc[1]["vs_nospec"][0] < 1.0]
         low = min(cells, key=lambda kc: kc[1]["vs_nospec"][0])
         v.append(("HYBRID never below 1.00x no speculation, every cell (as built)", not below,
@@ -777,7 +800,7 @@ def detail_table(runner: Runner, source, cells) -> list:
         ("HYBRID ragged_verify=on", RAGGED, "hybrid")] * (RAGGED in runner.engines) + [
         ("HYBRID ragged+alt", RAGGED_ALTERNATIVES, "hybrid")] * (RAGGED_ALTERNATIVES in runner.engines) + [
         ("HYBRID ideal+alt", ALTERNATIVES, "hybrid")] * (ALTERNATIVES in runner.engines) + [
-        ("oracle", MODES[0], "oracle")]
+        ("EAGLE, foreknowledge", MODES[0], "oracle_eagle"), ("oracle", MODES[0], "oracle")]
     for title, m, what in rows:
         row = f"{title:<26}"
         any_ = False
@@ -788,18 +811,20 @@ def detail_table(runner: Runner, source, cells) -> list:
                 continue
             any_ = True
             val = {"model": cc["model"], "hybrid": cc["hybrid"], "oracle": cc["oracle"],
-                   "rule": cc["rule"]}[what]
+                   "oracle_eagle": cc["oracle_eagle"], "rule": cc["rule"]}[what]
             tag = {"hybrid": f" S{cc['hybrid_steps']}/K{cc['hybrid_ngram_k']}",
                    "model": " " + model_tag(cc["model_name"]),
                    "rule": " " + cc["rule_name"].replace("ngram_else_eagle_n", "K").replace("_e", "/E"),
-                   "oracle": ""}[what]
+                   "oracle": "", "oracle_eagle": ""}[what]
             row += f"{f'{val / ns[c]:.2f}x{tag}':>16}"
         if any_:
             lines.append(row)
     lines.append("(K<k>: n-gram chain length; best model-only: E<k> = fixed EAGLE chain of k, A<K> = model-only "
                  "adaptive at K (ragged, fresh, fused decision), T<s>/<t>/<n> = EAGLE tree of s steps, topk t, n draft "
                  "tokens (simulated drafter only); n-gram else EAGLE K<k>/E<k>; HYBRID S<n>/K<k>: its EAGLE steps and "
-                 "n-gram chain length; all tuned per cell on the first seed)")
+                 "n-gram chain length; all tuned per cell on the first seed; EAGLE, foreknowledge: the EAGLE chain "
+                 "alone, drafted and verified exactly as far as it gets accepted, no choice; oracle: the same over "
+                 "both drafters, the better one per request)")
     return lines
 
 
