@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-python3 -m sglang_hybrid.tools.demo "$@"
+. scripts/venv.sh
+python -m sglang_hybrid.tools.demo "$@"

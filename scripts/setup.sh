@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs everything Hybrid Spark needs on a fresh machine (no GPU, no model-hub access) and builds the
-# Rust extension into the Python package. Idempotent: a second run only rebuilds what changed.
+# Rust extension into the Python package, inside a virtual environment (scripts/venv.sh: the active one, else .venv).
+# Idempotent: a second run only rebuilds what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/venv.sh
+echo "setup: installing into $HYBRID_VENV_NOTE"
 
-PY=${PYTHON:-python3}
+PY=python
 PIP="$PY -m pip --disable-pip-version-check"
 
 if ! command -v cargo >/dev/null; then
@@ -43,4 +46,4 @@ if [ "${HYBRID_ANCHORS:-0}" = 1 ]; then
         CMAKE_ARGS="-DPython_EXECUTABLE=$($PY -c 'import sys; print(sys.executable)')" \
         $PIP install -q --no-deps --no-build-isolation --no-binary arctic-inference "arctic-inference==0.3.0"
 fi
-echo "setup: done"
+echo "setup: done; to use it in your shell: source $VIRTUAL_ENV/bin/activate"

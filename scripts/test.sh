@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+. scripts/venv.sh
 cargo fmt --all --check
-python3 -m ruff check .
+python -m ruff check .
 cargo test --workspace --release
-python3 -m pytest -q "$@"
+python -m pytest -q "$@"

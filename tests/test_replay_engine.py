@@ -22,13 +22,6 @@ from bench.replay import (
 from tests.test_replay import linear_cost, one_request_trace
 
 
-def _core_or_skip():
-    try:
-        return P._Core()
-    except (ImportError, FileNotFoundError, OSError) as e:  # pragma: no cover
-        pytest.skip(f"core not available: {e}")
-
-
 def test_draft_forwards_as_sglang_runs_them():
     assert [P.draft_forwards(k) for k in (0, 1, 3, 4, 8)] == [0, 1, 3, 4, 8]
 
@@ -41,7 +34,7 @@ def test_as_built_width_lag_and_padded_verify_cost_by_hand(lag, expected):
     (1 + sum of survivals) / T(W) is highest at W = 2:
     G(2) = 1.1 / 1.2 > G(4) = 1.111 / 1.4 > G(5). One request of 10 tokens, streamed twice: 20 steps of 1 token.
     Seconds = (lag steps x T(5)) + (rest x T(2)) + 20 steps x 4 draft forwards x 0.05 (no n-gram: no host time)."""
-    core = _core_or_skip()
+    core = P._Core()
     bank = replay_drafts.DraftBank(one_request_trace(L=10, k=4, eagle_right=False), k=4)
     eng = replay_engine.EngineConfig(width_lag=lag)
     pol = replay_engine.EnginePolicy("m", "choose", 4, 4, core, eng, ngram=False)
@@ -58,7 +51,7 @@ def test_ideal_engine_verifies_ragged_and_has_no_lag():
     """Same case, ideal engine: ragged verify, the price keeps the nodes that raise goodput: the first (survival 0.1:
     1.1 / T(2) = 0.917 > 1 / T(1) = 0.909) but not the second (1.11 / T(3) = 0.854), so every step verifies the root
     + 1 node from step 0 on: 20 x (T(2) + 4 x 0.05)."""
-    core = _core_or_skip()
+    core = P._Core()
     bank = replay_drafts.DraftBank(one_request_trace(L=10, k=4, eagle_right=False), k=4)
     pol = replay_engine.EnginePolicy("m", "choose", 4, 4, core, replay_engine.EngineConfig.ideal(), ngram=False)
     res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05),
@@ -74,7 +67,7 @@ def test_adaptive_depth_drafts_what_the_previous_step_chose(eagle_right, draft_s
     (nothing chosen yet), every later step the depth the previous decision chose, and is charged that many draft
     forwards. A wrong EAGLE chain (confidence 0.1) under dear draft forwards (0.5 s each, T(n) = 1 + 0.1 n) is cut to
     depth 1; a right one (0.9) under cheap forwards (1 ms) keeps depth 4."""
-    core = _core_or_skip()
+    core = P._Core()
     eng = replay_engine.EngineConfig(num_steps=4, ngram_k=4, n_nodes=8, width_lag=1)
     bank = replay_drafts.DraftBank(one_request_trace(L=10, k=4, eagle_right=eagle_right), k=4,
                                    ngram_width=eng.proposal_width)
@@ -98,7 +91,7 @@ def test_host_time_adds_without_overlap_and_hides_under_the_device_with_it(monke
     """n-gram-only HYBRID (no model draft: depth-1 chains that are always wrong), host path 0.2 s per step, device
     T(2) + 1 draft forward = 1.2 + 0.05: without overlap scheduling (lag 1) a step costs the sum 1.45, with it (lag 2)
     max(1.25, 0.2) = 1.25; ``host_overlap`` overrides the default. Every step after the start plan verifies width 2."""
-    core = _core_or_skip()
+    core = P._Core()
     monkeypatch.setattr(replay_engine, "host_seconds", lambda b: 0.2)
     eng = replay_engine.EngineConfig(num_steps=1, ngram_k=1, n_nodes=1, width_lag=width_lag, ngram_lag=width_lag - 1,
                                      host_overlap=overlap, adaptive_depth=False)
@@ -121,7 +114,7 @@ def test_decision_launches_are_charged_by_hand(monkeypatch, width_lag, host_us):
     from bench import step_launches
     from bench.replay.host import LaunchCost
 
-    core = _core_or_skip()
+    core = P._Core()
     monkeypatch.setattr(replay_engine, "host_seconds", lambda b: 0.2)
     eng = replay_engine.EngineConfig(num_steps=1, ngram_k=1, n_nodes=1, width_lag=width_lag,
                                      ngram_lag=width_lag - 1, adaptive_depth=False)
@@ -767,7 +760,7 @@ def test_hybrid_learns_the_workers_online_model_offset(eagle_right):
 
     from sglang_hybrid.request_bias import corrected_acceptance
 
-    core = _core_or_skip()
+    core = P._Core()
     trace = one_request_trace(L=12, k=4, eagle_right=eagle_right)
     trace[0].eagle_probs[:] = 0.3
     eng = replay_engine.EngineConfig.ideal(num_steps=4, ngram_k=4, n_nodes=8, model_bias_eta=0.1)
@@ -806,7 +799,7 @@ def test_hybrid_learns_the_workers_online_ngram_offset():
 
     from sglang_hybrid.request_bias import corrected_acceptance
 
-    core = _core_or_skip()
+    core = P._Core()
     trace = one_request_trace(L=24, k=4, eagle_right=False)
     eng = replay_engine.EngineConfig.ideal(num_steps=4, ngram_k=4, n_nodes=8, ngram_bias_eta=0.3)
     bank = replay_drafts.DraftBank(trace, k=4, ngram_width=eng.proposal_width)
@@ -1005,7 +998,7 @@ def test_ragged_sync_charges_the_token_tier_and_the_stall_by_hand():
     """The ideal engine's case (every step the root + 1 node, from step 0 on: the same decisions, no lag) under the
     blocking-read design: each step runs the 8-token graph (token_tier(2)) and the device idles sync_us = 1 ms:
     20 x (T(8) + 4 x 0.05 + 0.001)."""
-    core = _core_or_skip()
+    core = P._Core()
     bank = replay_drafts.DraftBank(one_request_trace(L=10, k=4, eagle_right=False), k=4)
     eng = replay_engine.EngineConfig(verify="ragged_sync", sync_us=1000.0)
     pol = replay_engine.EnginePolicy("m", "choose", 4, 4, core, eng, ngram=False)
@@ -1023,7 +1016,7 @@ def test_ragged_late_caps_each_request_by_its_own_choice_two_steps_before():
     width): the first two steps lay out 5 rows each; step 2 lays out what each request chose at step 0 (5 and 2
     rows), dropping the second request's nodes past its cap; step 3 finds slot 0 refilled by a new request, which
     starts at 5 rows again, and slot 1 capped by its step-1 choice (4 rows)."""
-    core = _core_or_skip()
+    core = P._Core()
     eng = replay_engine.EngineConfig(verify="ragged_late")
     pol = replay_engine.EnginePolicy("h", "merge", 4, 4, core, eng)
     pol.reset(2)
@@ -1165,7 +1158,7 @@ def test_price_follows_the_batch_context_as_the_worker_blends_it():
     misled a price at one probe on short chat requests."""
     from sglang_hybrid.cost import ContextCostTables
 
-    core = _core_or_skip()
+    core = P._Core()
     spec = replay_costs.gpu_cost_spec([128], 2048, max_width=13)
     cost = spec.for_batch(128)
     roof = cost.roof
@@ -1254,7 +1247,7 @@ def test_ideal_engine_with_eagle_alternatives_verifies_the_leaves_at_no_extra_dr
     batch 1 on a flat step time, commits at least as many tokens per step (a right leaf adds one where the chain
     stopped); the README's launch (padded width buckets) runs them too, charged the worker's launches for them; a
     trace that records none refuses them."""
-    core = _core_or_skip()
+    core = P._Core()
     bank, _ = _tree_bank(L=600, alpha=0.5, alpha_copy=0.5)
     runs = {}
     for m in (0, 3):
@@ -1313,7 +1306,7 @@ def test_recorded_eagle_alternatives_are_served_and_a_right_one_is_accepted():
     more; and the ideal engine's HYBRID with ``eagle_alternatives`` verifies them, so a chain that is always wrong
     whose position-0 alternative is right commits that token and the bonus every step, where without the
     alternatives it commits about one."""
-    core = _core_or_skip()
+    core = P._Core()
     bank = replay_drafts.DraftBank(_recorded_alternatives_trace(dead_from=3), k=8)
     reqs = bank.requests
     t, q = bank.eagle_alt.alternatives(np.array([0, 0]), np.array([0, 5]), 6, 2)

@@ -17,9 +17,6 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-pytest.importorskip("sglang.srt.speculative.adaptive_runtime_state",
-                    reason="sglang is not installed (scripts/setup.sh installs it)")
-
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner  # noqa: E402
 from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner  # noqa: E402
 from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (  # noqa: E402

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("sglang.srt.server_args", reason="sglang is not installed (scripts/setup.sh installs it)")
-
 from sglang.srt.arg_groups.overrides import resolved_view  # noqa: E402
 from sglang.srt.server_args import prepare_server_args  # noqa: E402
 

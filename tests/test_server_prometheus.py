@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("prometheus_client", reason="prometheus-client comes with SGLang's server dependencies "
-                    "(scripts/requirements-sglang.txt)")
-
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 import torch  # noqa: E402

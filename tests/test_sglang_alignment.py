@@ -10,9 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("sglang.srt.speculative.eagle_info",
-                    reason="sglang is not installed (scripts/setup.sh installs it)")
-
 from sglang_hybrid.selector import Source
 from sglang_hybrid.sglang_plugin import alignment  # noqa: E402
 from sglang_hybrid.sglang_plugin.config import HybridSettings  # noqa: E402

@@ -22,8 +22,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("sglang.srt.entrypoints.engine", reason="sglang is not installed (scripts/setup.sh installs it)")
-
 from sglang_hybrid.cpu_engine.kv_window import COMMIT_LOG, EXTEND_LOG  # noqa: E402
 from sglang_hybrid.cpu_engine.torch_attention import DECODE_SWAP_LOG, SWAP_LOG, TORCH_ATTENTION_ENV  # noqa: E402
 from sglang_hybrid.cpu_engine.torch_kv_indices import KV_INDICES_SWAP_LOG  # noqa: E402
@@ -46,12 +44,9 @@ HANG_GUARD_S = 1800
 
 @pytest.fixture(scope="module", autouse=True)
 def smollm2():
-    from sglang_hybrid.reference.models import ModelPackageMissing, ensure_converted
+    from sglang_hybrid.reference.models import ensure_converted
 
-    try:
-        return ensure_converted()
-    except ModelPackageMissing as e:
-        pytest.skip(str(e))
+    return ensure_converted()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -120,6 +115,28 @@ def _assert_ragged(counters: dict, fewer: bool = True, spare_rows: bool = True) 
         assert counters["ragged_tokens"] < counters["ragged_padded_tokens"], counters
 
 
+def _assert_lags(counters: dict, overlap: bool, plans: bool = True) -> None:
+    """How late the host's work reached the device (``HybridCounters.lag_steps``). Without overlap scheduling each
+    step's results reach the host before the next launch: every step's n-gram proposals were staged with nothing in
+    flight and every (depth, width) plan drafted the next step (lag 0). Under SGLang's overlap scheduler (its default on
+    a GPU) step N + 1 is launched before step N's results are processed: the proposals of a step that follows a decode
+    step miss its tokens and the plans apply a step later (lag 1), which ``alignment.align`` and the plan queue
+    absorb; a step right after a prefill has nothing in flight (lag 0). ``plans``: the case switches plans."""
+    proposal = {int(k): n for k, n in counters["proposal_lag_steps"].items()}
+    plan = {int(k): n for k, n in counters["plan_lag_steps"].items()}
+    assert sum(proposal.values()) == counters["steps"], counters     # one staging per decode step, none dropped
+    if overlap:
+        assert set(proposal) <= {0, 1} and proposal.get(1, 0) > proposal.get(0, 0), proposal
+    else:
+        assert set(proposal) == {0}, proposal
+    if plans:
+        assert plan and set(plan) <= ({0, 1} if overlap else {0}), plan
+        if overlap:
+            assert plan.get(1, 0) > 0, plan
+    else:
+        assert plan == {}, plan
+
+
 def _assert_measured_price(counters: dict) -> None:
     """Both cost tables were measured at start (setting ``measure_cost_table = on``; ``startup_costs``), each at two
     contexts: the verify's, one positive, non-decreasing time per probe batch size (powers of two up to the running
@@ -155,13 +172,15 @@ def _assert_measured_price(counters: dict) -> None:
     assert counters["depth_steps"] and set(counters["depth_steps"]) <= {"1", "2", "3"}, counters["depth_steps"]
 
 
-def test_self_check_choose_and_merge_ragged_equal_plain_greedy():
+def test_overlap_live_self_check_choose_and_merge_ragged_equal_plain_greedy():
     """Three concurrent requests of different lengths (two code edits, one ShareGPT chat), HYBRID choose and merge with
-    the long n-gram chain (``ngram_k = 24``: verify widths 25 and 28), verified ragged: token-identical to plain greedy
-    decoding, the n-gram branch chosen and accepted on the code edits, and in both modes steps where one request
-    verified a long n-gram copy (16 or more draft nodes) while another verified an EAGLE chain of at most 3 (the
-    counters' fewest-most verify tokens per request, root included)."""
-    proc, lines = _check("--modes", "none,choose,merge", "--max-new-tokens", "20",
+    the long n-gram chain (``ngram_k = 24``: verify widths 25 and 28), verified ragged, on SGLang's overlap scheduler
+    (``--overlap on``: step N + 1 launched before step N's results are processed, as on a GPU): token-identical to
+    plain greedy decoding, the n-gram branch chosen and accepted on the code edits, n-gram proposals staged one step
+    late (``_assert_lags``), and in both modes steps where one request verified a long n-gram copy (16 or more draft
+    nodes) while another verified an EAGLE chain of at most 3 (the counters' fewest-most verify tokens per request,
+    root included)."""
+    proc, lines = _check("--modes", "none,choose,merge", "--max-new-tokens", "20", "--overlap", "on",
                          settings={"SGLANG_HYBRID_NGRAM_K": "24"}, twin=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert all(log in proc.stderr for log in TWIN_LOGS)
@@ -188,6 +207,7 @@ def test_self_check_choose_and_merge_ragged_equal_plain_greedy():
     assert merge["ngram_available"] > 0, merge
     for counters in (choose, merge):
         _assert_ragged(counters)
+        _assert_lags(counters, overlap=True, plans=False)     # no cost table: one shape, no plan to switch
         spread = [key for key in counters["ragged_node_range_steps"]
                   if int(key.split("-")[0]) <= 4 and int(key.split("-")[1]) >= 17]
         assert spread, counters["ragged_node_range_steps"]
@@ -219,17 +239,19 @@ def test_ragged_sync_launches_are_what_the_replay_charges():
     assert {(r["ahead_aten"], r["ahead_triton"]) for r in records} == {(RAGGED_AHEAD_OPS, RAGGED_AHEAD_TRITON)}, records
 
 
-def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
-    """A streaming HYBRID request aborted mid-generation (its slot and drafter state released), then a code edit and
-    a chat as one batch: every output token-identical to plain greedy decoding. The engine runs under cost tables
-    that make verify slots and draft forwards dear, so it switches EAGLE depths (one SGLang runtime state each) and
-    width buckets (under ragged verify a cap on each step's trees), both chosen on the device and applied one step
-    late: the counters show steps at more than one width and more than one depth, every step verified ragged. The
+def test_overlap_live_streaming_abort_then_batch_ragged_equal_plain_greedy():
+    """On SGLang's overlap scheduler (as on a GPU), a streaming HYBRID request aborted mid-generation (its slot and
+    drafter state released), then a code edit and a chat as one batch: every output token-identical to plain greedy
+    decoding. The engine runs under cost tables that make verify slots and draft forwards dear, so it switches EAGLE
+    depths (one SGLang runtime state each) and width buckets (under ragged verify a cap on each step's trees), both
+    chosen on the device and applied when the step's results reach the host, a step later under overlap
+    (``_assert_lags``): the counters show steps at more than one width and more than one depth, every step verified
+    ragged. The
     online offsets are on (EAGLE side ``model_bias_eta = 0.1``, n-gram side ``ngram_bias_eta = 0.3``: they change
     what is verified, never what is emitted), the n-gram chain is the long one recommended with a cost table
     (``ngram_k = 24``), and each EAGLE chain position offers two alternatives (``eagle_alternatives = 2``): the price
     verified some, and some accepted paths went through them."""
-    proc = _run([sys.executable, str(DRIVER), "abort", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
+    proc = _run([sys.executable, str(DRIVER), "abort", str(PROMPTS), "--overlap"], timeout=HANG_GUARD_S, twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not any(log in proc.stderr for log in TWIN_LOGS)   # SGLang's Triton kernels ran
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -244,6 +266,7 @@ def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
     assert len(depths) >= 2 and set(depths) <= {1, 2, 3}, depths        # adaptive drafting: depths 1, 2, 3
     assert res["counters"]["model_tested"] > 0, res["counters"]          # chains tested: the offset learned
     _assert_ragged(res["counters"])
+    _assert_lags(res["counters"], overlap=True)
     # ragged: a state per depth, each with its own draft part, all sharing the one verify part (the full width); the
     # depth-2 part runs in the start-up depth's draft backend (shared_draft_steps; depth 1 needs no draft decode)
     assert res["counters"]["runtime_parts"] == {"states": 3, "draft_parts": 3, "shared_draft_parts": 1,
@@ -252,15 +275,16 @@ def test_streaming_abort_then_batch_ragged_equal_plain_greedy():
     assert res["counters"]["decision_steps"] == {"fused": res["counters"]["steps"]}, res["counters"]
 
 
-def test_retracted_requests_ragged_equal_plain_greedy():
-    """A KV pool too small for the batch: SGLang retracts running requests and re-prefills them later; HYBRID's
-    n-gram state for them restarts. Every step verified ragged, from a KV write window planned by the draft as on a
-    GPU (``cpu_engine.kv_window``), committed through SGLang's fused commit kernel, the draft extend fed by its
-    kernel-prepared inputs (GPU branches, lifted by the same switch), the draft at EAGLE depth 2 run in the start-up
-    depth's draft backend, two EAGLE alternatives per chain position offered (``eagle_alternatives = 2``: the first
-    position's kept per request slot, which a re-prefilled request must not read); outputs stay token-identical to
-    plain greedy decoding."""
-    proc = _run([sys.executable, str(DRIVER), "retract", str(PROMPTS)], timeout=HANG_GUARD_S, twin=False)
+def test_overlap_live_retracted_requests_ragged_equal_plain_greedy():
+    """On SGLang's overlap scheduler (as on a GPU), a KV pool too small for the batch: SGLang retracts running
+    requests and re-prefills them later; HYBRID's n-gram state for them restarts. Every step verified ragged, from a
+    KV write window planned by the draft as on a GPU (``cpu_engine.kv_window``), committed through SGLang's fused
+    commit kernel, the draft extend fed by its kernel-prepared inputs (GPU branches, lifted by the same switch), the
+    draft at EAGLE depth 2 run in the start-up depth's draft backend, two EAGLE alternatives per chain position
+    offered (``eagle_alternatives = 2``: the first position's kept per request slot, which a re-prefilled request
+    must not read); outputs stay token-identical to plain greedy decoding."""
+    proc = _run([sys.executable, str(DRIVER), "retract", str(PROMPTS), "--overlap"], timeout=HANG_GUARD_S,
+                twin=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not any(log in proc.stderr for log in TWIN_LOGS)   # SGLang's Triton kernels ran
     assert COMMIT_LOG in proc.stderr and EXTEND_LOG in proc.stderr      # and its GPU commit / draft-extend branches
@@ -269,6 +293,7 @@ def test_retracted_requests_ragged_equal_plain_greedy():
     assert res["hybrid"] == res["reference"]
     assert res["counters"]["alternatives_verified"] > 0, res["counters"]
     _assert_ragged(res["counters"])
+    _assert_lags(res["counters"], overlap=True)
     # KV window planning lifted onto the CPU (as on a GPU): every ragged step compacted a planned window
     assert res["counters"]["kv_window_steps"] == res["counters"]["steps"], res["counters"]
     # EAGLE depths 2 and 3 priced: depth 2 drafted (eagerly, the CPU engine captures no graph) in the start-up
@@ -300,6 +325,7 @@ def test_kv_window_planning_live_equal_plain_greedy():
     assert counters["ngram_offset_eta"] is None, counters       # ngram_bias_eta = "auto" under padded verify: off
     assert counters["alternatives_verified"] > 0, counters       # padded trees holding EAGLE alternatives
     assert counters["depth_steps"] == {"3": counters["steps"]}, counters
+    _assert_lags(counters, overlap=False)                        # SGLang's synchronous loop: nothing in flight
     widths = {int(w): n for w, n in counters["width_steps"].items() if n > 0}
     wider = sum(n for w, n in widths.items() if w > 3)
     # windows planned exactly on the steps wider than the draft; both kinds of step ran

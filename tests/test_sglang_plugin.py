@@ -13,8 +13,6 @@ from importlib.metadata import entry_points
 
 import pytest
 
-pytest.importorskip("sglang.srt.server_args", reason="sglang is not installed (scripts/setup.sh installs it)")
-
 from sglang.srt.arg_groups.overrides import resolved_view  # noqa: E402
 from sglang.srt.server_args import prepare_server_args  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
@@ -76,7 +74,11 @@ def test_prepare_server_args_defaults(models):
     assert (v.speculative_num_steps, v.speculative_eagle_topk, v.speculative_num_draft_tokens) == (4, 1, 4 + 8 + 1)
     assert v.max_running_requests == 48
     assert v.enable_mixed_chunk is False
-    assert v.disable_overlap_schedule is True          # SGLang: no overlap for speculative decoding on CPU
+    # HYBRID leaves overlap scheduling on, SGLang's default, on the CPU engine too (SGLang's own CPU switch-off runs
+    # only in its built-in algorithms' handlers): the live suite's overlap_live cases run it
+    assert v.disable_overlap_schedule is False
+    _, v = _resolve(_argv(models, "--disable-overlap-schedule"))
+    assert v.disable_overlap_schedule is True          # the user's choice stands
     algo = SpeculativeAlgorithm.from_string(v.speculative_algorithm)
     assert algo.is_eagle3() is False
 
@@ -300,6 +302,52 @@ def test_registration_failure_stops_a_hybrid_launch_with_its_cause(models, monke
             sa.resolve_once()
         sa = prepare_server_args(["--model-path", models["target"], "--skip-tokenizer-init", "--device", "cpu"])
         sa.resolve_once()                                           # servers without HYBRID are unaffected
+    finally:
+        registry._REGISTRY[ALGORITHM] = saved
+
+
+def test_sglang_compat_another_sglang_version_stops_a_hybrid_launch_naming_both_and_the_fix(models, monkeypatch):
+    """The plugin overrides SGLang internals that change between releases: registered on an SGLang other than the
+    supported one, a HYBRID launch stops at start naming both versions and the two fixes (servers without HYBRID are
+    unaffected); accepting that exact version runs it, logged at warning level."""
+    import logging
+    from importlib import metadata
+
+    import sglang.srt.speculative.spec_registry as registry
+
+    import sglang_hybrid.sglang_plugin as plugin
+    from sglang_hybrid.sglang_plugin.config import ENV_ACCEPT_SGLANG, SUPPORTED_SGLANG
+
+    assert metadata.version("sglang") == SUPPORTED_SGLANG                # what CI installs
+    plugin.check_sglang_version(SUPPORTED_SGLANG)                       # the supported one passes silently
+    register()
+    saved = registry._REGISTRY.pop(ALGORITHM)
+    try:
+        monkeypatch.setattr(plugin.metadata, "version", lambda name: "0.6.0")
+        register()
+        with pytest.raises(plugin.HybridPluginError, match=rf"supports SGLang {SUPPORTED_SGLANG}, and SGLang 0.6.0 is "
+                           rf"installed.*pip install 'sglang=={SUPPORTED_SGLANG}'.*{ENV_ACCEPT_SGLANG}=0.6.0"):
+            sa = prepare_server_args(_argv(models))
+            sa.resolve_once()
+        sa = prepare_server_args(["--model-path", models["target"], "--skip-tokenizer-init", "--device", "cpu"])
+        sa.resolve_once()                                           # servers without HYBRID are unaffected
+        registry._REGISTRY.pop(ALGORITHM)
+        monkeypatch.setenv(ENV_ACCEPT_SGLANG, "0.6.0")
+        register()
+        assert isinstance(get_spec(ALGORITHM), HybridSpecAlgo)       # registered for real
+        # read at the plugin's logger itself: SGLang's logging set-up (prepare_server_args) reroutes propagation
+        records: list = []
+        handler = logging.Handler(logging.WARNING)
+        handler.emit = records.append
+        plugin.logger.addHandler(handler)
+        try:
+            plugin.check_sglang_version("0.6.0")
+        finally:
+            plugin.logger.removeHandler(handler)
+        assert any("HYBRID runs on SGLang 0.6.0, not the supported" in r.getMessage() for r in records), records
+        monkeypatch.setenv(ENV_ACCEPT_SGLANG, "0.5.99")             # accepting another version does not count
+        with pytest.raises(plugin.SGLangVersionError):
+            plugin.check_sglang_version("0.6.0")
     finally:
         registry._REGISTRY[ALGORITHM] = saved
 

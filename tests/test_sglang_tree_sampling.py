@@ -16,9 +16,7 @@ import types
 import pytest
 import torch
 
-pytest.importorskip("sglang.srt.speculative.eagle_info",
-                    reason="sglang is not installed (scripts/setup.sh installs it)")
-scipy_stats = pytest.importorskip("scipy.stats")
+import scipy.stats as scipy_stats  # noqa: E402
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo  # noqa: E402

@@ -16,9 +16,6 @@ import textwrap
 import pytest
 import torch
 
-pytest.importorskip("sglang.srt.speculative.eagle_info",
-                    reason="sglang is not installed (scripts/setup.sh installs it)")
-
 from sglang_hybrid.selector import Candidates, Source, VerifyTree, select  # noqa: E402
 from sglang_hybrid.sglang_plugin.verify_input import (  # noqa: E402
     HybridVerifyInput, TreeMaskMode, build_verify_input, full_mask, tree_links_torch)

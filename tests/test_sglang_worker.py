@@ -11,9 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("sglang.srt.speculative.eagle_worker_v2",
-                    reason="sglang is not installed (scripts/setup.sh installs it)")
-
 import sglang.srt.speculative.eagle_worker_v2 as eagle_v2  # noqa: E402
 from sglang.srt.layers.attention.verify_mask import VerifyMask, maybe_create_verify_mask  # noqa: E402
 
@@ -237,9 +234,10 @@ def _host_worker(counters, **kw):
                       counters=counters, max_context_len=256)
     feeder = NgramFeeder(NgramDrafter(max_draft=step.proposal_width), step.proposal_width, "cpu", max_bs=4,
                          context=step.context is not None)
-    worker = SimpleNamespace(hybrid_step=step, feeder=feeder, fallbacks=hw.Fallbacks(counters), _cur_gen=None,
-                             _host_committed=None, req_to_token_pool=SimpleNamespace(req_generation=torch.ones(4,
-                                                                                     dtype=torch.int64)), **kw)
+    pool = SimpleNamespace(req_generation=torch.ones(4, dtype=torch.int64))
+    worker = SimpleNamespace(hybrid_step=step, feeder=feeder, fallbacks=hw.Fallbacks(counters), counters=counters,
+                             _cur_gen=None, _host_committed=None, _launched=1, _processed=0, req_to_token_pool=pool,
+                             **kw)
     worker._longest_context = lambda batch: hw.HybridWorkerV2._longest_context(worker, batch)
     return worker
 
@@ -316,7 +314,7 @@ def test_fallback_plan_missing_is_counted_and_logged_once(caplog):
     applied = []
     worker = SimpleNamespace(runtime_states={(3, 8): "d3w8", (3, 5): "d3w5"}, speculative_num_steps=3,
                              speculative_num_draft_tokens=8, fallbacks=hw.Fallbacks(counters),
-                             apply_runtime_state=applied.append, _ragged=False)
+                             apply_runtime_state=applied.append, _ragged=False, _switch_log_entries=())
     with caplog.at_level("WARNING", logger=hw.logger.name):
         hw.HybridWorkerV2._apply_plan(worker, 2, 5)
         hw.HybridWorkerV2._apply_plan(worker, 2, 5)
@@ -343,7 +341,7 @@ def test_ragged_plan_switches_depth_states_and_caps_tree_width():
     worker = SimpleNamespace(runtime_states={(3, 28): "d3", (1, 28): "d1"}, speculative_num_steps=3,
                              speculative_num_draft_tokens=28, fallbacks=hw.Fallbacks(counters),
                              apply_runtime_state=applied.append, _ragged=True, _full_width=28,
-                             _tree_width=None)
+                             _tree_width=None, _switch_log_entries=())
     hw.HybridWorkerV2._apply_plan(worker, 3, 6)                         # the current depth: only the cap moves
     assert applied == [] and worker._tree_width == 6
     hw.HybridWorkerV2._apply_plan(worker, 1, 4)

@@ -66,16 +66,21 @@ def prepare_environment(tp_size: int = 1, tree_sampling_counts: Optional[str] = 
 
 
 def engine_kwargs(model_path: str, *, speculative: Optional[dict] = None, tp_size: int = 1,
-                  max_running_requests: int = 4) -> dict:
+                  max_running_requests: int = 4, overlap: bool = False) -> dict:
     """``sglang.Engine`` arguments for a CPU run (float32: a bf16 run produced garbage on this CPU engine).
 
     ``speculative``: extra speculative arguments (``speculative_algorithm``, draft path, steps), or None for plain
     decoding, which runs on the much faster ``torch_native`` backend (speculation needs ``triton``: SGLang's EAGLE
     refuses ``torch_native``, and HYBRID needs a backend that applies its tree mask).
+
+    ``overlap``: run SGLang's overlap scheduler (``Scheduler.event_loop_overlap``: step N + 1 is launched before
+    step N's results are processed, as on a GPU, where it is SGLang's default). On a CPU nothing runs concurrently
+    (``torch.cpu`` streams and events are no-ops), so it gains no time, but every host step runs in the order and at
+    the lags it has on a GPU: what HYBRID's one-step-late plans and proposals are built for. Off by default here.
     """
     kw = dict(
         model_path=model_path, device="cpu", dtype="float32", tp_size=tp_size,
-        disable_cuda_graph=True, disable_overlap_schedule=True, skip_server_warmup=True,
+        disable_cuda_graph=True, disable_overlap_schedule=not overlap, skip_server_warmup=True,
         context_length=1024, max_total_tokens=8192, max_running_requests=max_running_requests,
         mem_fraction_static=0.5, page_size=1, log_level="warning",
     )

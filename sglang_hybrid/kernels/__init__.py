@@ -58,19 +58,30 @@ def _interpreted() -> bool:
 
 def available(device) -> bool:
     """Whether the fused kernels run on ``device``: CUDA with Triton, or the CPU under Triton's interpreter."""
+    return unavailable_reason(device) is None
+
+
+def unavailable_reason(device) -> Optional[str]:
+    """Why the fused kernels cannot run on ``device``, with the fix (None when they can): the decision then takes the
+    torch operators, hundreds of launches a step instead of 7 to 12."""
     dev = torch.device(device)
     try:
         import triton  # noqa: F401
     except ImportError:
-        return False
+        return "Triton is not installed (install the triton package that matches your torch)"
     if dev.type == "cuda":
-        return not _interpreted()
+        if _interpreted():
+            return ("TRITON_INTERPRET=1 is set in the environment of a CUDA process, so Triton would run the kernels "
+                    "in its interpreter on the host: unset TRITON_INTERPRET")
+        return None
     if dev.type == "cpu":
         from . import decision
         from triton.runtime.interpreter import InterpretedFunction
 
-        return isinstance(decision._select_kernel, InterpretedFunction)
-    return False
+        if isinstance(decision._select_kernel, InterpretedFunction):
+            return None
+        return "on a CPU Triton runs only in its interpreter: set TRITON_INTERPRET=1 before Triton is imported"
+    return f"no Triton kernels for device type {dev.type!r}"
 
 
 class FusedDecisionStep:

@@ -16,13 +16,27 @@ step eagerly, its host time is its cost (the H200 device run profiled 26 takes p
 costs, docs/benchmarks.md section 4), and a cached view costs a dict lookup where slicing and viewing cost two
 tensor constructions. Callers may write a view's elements, never change its metadata in place (``resize_``,
 ``transpose_``...): the next step would receive the changed view.
+
+Bounded: a name keeps the views of its last ``VIEWS_PER_NAME`` shapes, oldest dropped first, so the handles held are at
+most ``VIEWS_PER_NAME`` per name whatever the steps ask for. Most names see a handful of shapes (the batch size, the
+verify width and the depth move among few values) and keep hitting their cached views; the FULL_MASK verify mask
+where the target backend keeps no buffer of its own (FlashInfer: ``worker.verify_mask_buffer`` answers None) is sized
+by ``seq_lens_sum``, a new shape almost every step: each such step builds one fresh view of the same buffer and drops
+the oldest cached one, where a cache keyed by every shape ever asked would keep one handle per step for the process's
+lifetime. The buffer itself still grows to exactly the largest size asked for (``memory_budget.hybrid_buffer_bytes``
+counts it so) and only a larger request replaces it, so the data stay where they were between steps.
 """
 from __future__ import annotations
 
+import collections
 import math
 from typing import Optional
 
 import torch
+
+
+#: cached views one name keeps (its most recent shapes; see the module's docstring, "Bounded")
+VIEWS_PER_NAME = 16
 
 
 class Workspace:
@@ -33,6 +47,8 @@ class Workspace:
         self._bufs: dict = {}
         #: (name, shape, dtype) -> the view handed out, while ``name``'s buffer stays the same
         self._views: dict = {}
+        #: name -> its keys in ``_views``, oldest first (at most ``VIEWS_PER_NAME``)
+        self._keys: dict = {}
 
     def take(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         key = (name, tuple(shape), dtype)
@@ -41,13 +57,26 @@ class Workspace:
             return view
         n = math.prod(shape)
         buf = self._bufs.get(name)
+        keys = self._keys.get(name)
+        if keys is None:
+            keys = self._keys[name] = collections.deque()
         if buf is None or buf.dtype != dtype or buf.numel() < n:
             buf = torch.empty(max(n, 1), dtype=dtype, device=self.device)
             self._bufs[name] = buf
-            self._views = {k: v for k, v in self._views.items() if k[0] != name}   # views of the old buffer
+            for k in keys:                  # views of the old buffer
+                del self._views[k]
+            keys.clear()
+        elif len(keys) >= VIEWS_PER_NAME:
+            del self._views[keys.popleft()]
         view = buf[:n].view(shape)
         self._views[key] = view
+        keys.append(key)
         return view
+
+    @property
+    def views_held(self) -> int:
+        """Cached view handles (at most ``VIEWS_PER_NAME`` per name; the bounded-growth tests read it)."""
+        return len(self._views)
 
     @property
     def nbytes(self) -> int:

@@ -13,7 +13,8 @@ Sources, later wins:
 
 Unknown keys, unknown ``SGLANG_HYBRID_*`` variables, wrong types and out-of-range values raise ``HybridConfigError``
 naming the setting and its source: nothing silently falls back to a default. The few ``SGLANG_HYBRID_*`` variables
-that are not settings (``ENV_EAGLE3``, ``ENV_CACHE``) are named below with the others; this module is their one home.
+that are not settings (``ENV_EAGLE3``, ``ENV_CACHE``, ``ENV_ACCEPT_SGLANG``) are named below with the others; this
+module is their one home.
 """
 from __future__ import annotations
 
@@ -34,8 +35,13 @@ ENV_CONFIG = ENV_PREFIX + "CONFIG"
 ENV_EAGLE3 = ENV_PREFIX + "DRAFT_IS_EAGLE3"
 #: Converted-model cache root of the CPU reference loop (``sglang_hybrid.reference.models``).
 ENV_CACHE = ENV_PREFIX + "CACHE"
+#: The SGLang version HYBRID was built and tested against: ``register()`` refuses any other (``sglang_plugin``).
+SUPPORTED_SGLANG = "0.5.23"
+#: Set to an installed SGLang version other than ``SUPPORTED_SGLANG`` to run HYBRID on it anyway (at the user's risk:
+#: the plugin overrides SGLang internals, listed in ``sglang_plugin.compat``); read by ``register()``, which logs it.
+ENV_ACCEPT_SGLANG = ENV_PREFIX + "ACCEPT_SGLANG_VERSION"
 #: Variables with the prefix that are not settings.
-_NOT_SETTINGS = {ENV_CONFIG, ENV_EAGLE3, ENV_CACHE}
+_NOT_SETTINGS = {ENV_CONFIG, ENV_EAGLE3, ENV_CACHE, ENV_ACCEPT_SGLANG}
 
 
 class HybridConfigError(ValueError):

@@ -15,7 +15,8 @@ def draft_is_eagle3(draft_model_path: Optional[str], trust_remote_code: bool = F
     """True when the draft's config names an EAGLE-3 architecture.
 
     Local directories are read directly; anything else goes through SGLang's own ``get_config`` (the loader its
-    EAGLE alias resolution uses, honouring the HF cache / offline settings).
+    EAGLE alias resolution uses, honouring the HF cache / offline settings). A local config that cannot be read raises
+    ``ValueError`` naming it: taking the draft for EAGLE would silently drop an EAGLE-3 head's auxiliary states.
     """
     if not draft_model_path:
         return False
@@ -23,8 +24,8 @@ def draft_is_eagle3(draft_model_path: Optional[str], trust_remote_code: bool = F
     if cfg.is_file():
         try:
             archs = json.loads(cfg.read_text()).get("architectures") or []
-        except (OSError, json.JSONDecodeError):
-            archs = []
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"the draft model's config {cfg} could not be read ({e}): fix or replace the file") from e
     else:
         from sglang.srt.utils.hf_transformers_utils import get_config
 

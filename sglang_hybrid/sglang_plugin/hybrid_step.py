@@ -24,6 +24,7 @@ the work after verify into Triton kernels whose outputs live in a ``Workspace`` 
 """
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import torch
@@ -40,6 +41,8 @@ from . import alignment, context_lookup
 from .alternatives import FirstAlternatives, alternatives_outcome, step_alternatives, top_tokens
 from .config import ENV_PREFIX, HybridConfigError, HybridSettings, resolved_ngram_bias_eta
 from .metrics import HybridCounters
+
+logger = logging.getLogger(__name__)
 
 
 class HybridStep:
@@ -75,8 +78,14 @@ class HybridStep:
             mode=settings.mode, n_nodes=self.n_nodes, model_calibration=model_cal.to(self.device),
             ngram_calibration=NgramCalibration.load(settings.ngram_calibration).to(self.device), widths=self.widths,
             depths=self.depths if len(self.depths) > 1 else None)
-        #: the same decision in three Triton kernels (setting ``decision_kernels``), or None: the torch operators
-        self.fused = _fused_decision(settings.decision_kernels, self.decide, self.device)
+        #: the same decision in three Triton kernels (setting ``decision_kernels``), or None: the torch operators;
+        #: ``decision_fallback``: why "auto" took the torch operators (each such step a ``fallback_decision_torch``)
+        self.fused, self.decision_fallback = _fused_decision(settings.decision_kernels, self.decide, self.device)
+        if self.decision_fallback is not None:
+            logger.warning("HYBRID fallback decision_torch: the decision runs on the torch operators (hundreds of "
+                           "launches a step) although decision_kernels=auto asks for the fused Triton kernels: %s "
+                           "(counted per step as fallback_decision_torch; %sDECISION_KERNELS=torch chooses it "
+                           "explicitly)", self.decision_fallback, ENV_PREFIX)
         #: the fused step's outputs and scratch, kept across steps (``kernels.workspace``: no allocation per step once
         #: the largest batch has run; a step's decision is valid until the next ``select``)
         self.workspace = kernels.Workspace(self.device) if self.fused is not None else None
@@ -144,7 +153,8 @@ class HybridStep:
             return
         self.widths = widths
         self.decide = self.decide.with_widths(widths)
-        self.fused = _fused_decision(self.settings.decision_kernels, self.decide, self.device)
+        self.fused, self.decision_fallback = _fused_decision(self.settings.decision_kernels, self.decide,
+                                                             self.device)
 
     def set_cost(self, table: CostModel, source: str) -> None:
         """Price verify slots with ``table`` from now on (``source``: "file", the setting ``cost_table``, or
@@ -231,6 +241,8 @@ class HybridStep:
                             draft_cost=self.draft_cost, model_bias=bias, ngram_bias=ngram_bias)
             self.counters.on_select(d.tree, ngram.length, d.lam, d.b_star, depth=s, from_lookup=from_lookup,
                                     decision="torch")
+            if self.decision_fallback is not None:
+                self.counters.on_fallback("decision_torch", 1)
             chain = self._chain[:b, :s]
             chain.copy_(model_tokens)
         self._model_step = (slots, cur_gen, chain, bias, d.model_acceptance)
@@ -362,14 +374,16 @@ def _table_summary(table: CostModel, source: str) -> dict:
 
 
 def _fused_decision(choice: str, decide: DecisionStep, device: torch.device):
-    """The fused decision for setting ``decision_kernels`` = ``choice``: "torch" -> None; "auto" -> fused where
-    Triton runs on ``device``, else None; "fused" -> fused, or an error naming the setting where Triton cannot run."""
+    """The fused decision for setting ``decision_kernels`` = ``choice`` and, where "auto" falls back to the torch
+    operators, why (``kernels.unavailable_reason``): "torch" -> (None, None); "auto" -> (fused, None) where Triton runs
+    on ``device``, else (None, why); "fused" -> fused, or an error naming the setting where Triton cannot run."""
     if choice == "torch":
-        return None
-    if kernels.available(device):
-        return kernels.FusedDecisionStep(decide, device)
+        return None, None
+    why = kernels.unavailable_reason(device)
+    if why is None:
+        return kernels.FusedDecisionStep(decide, device), None
     if choice == "fused":
         raise HybridConfigError(
-            f"HYBRID setting 'decision_kernels' = 'fused' but Triton cannot run on {device} (CUDA with Triton, or "
-            f"the CPU with TRITON_INTERPRET=1); set {ENV_PREFIX}DECISION_KERNELS=auto or torch")
-    return None
+            f"HYBRID setting 'decision_kernels' = 'fused' but Triton cannot run on {device}: {why}; or set "
+            f"{ENV_PREFIX}DECISION_KERNELS=auto or torch")
+    return None, why

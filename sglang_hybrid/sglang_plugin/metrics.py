@@ -50,15 +50,26 @@ MODEL_TESTED, MODEL_PRED, MODEL_HIT = 16, 17, 18   # EAGLE chain tokens tested; 
 #: ``lookup_whole_table``: requests whose device prompt lookup read the whole table, with no host-known bound on the
 #: batch's contexts (``HybridWorkerV2._lookup_span``);
 #: ``plan_missing``: steps whose chosen (EAGLE depth, verify width) had no runtime state; the worker kept its shapes
-#: (``HybridWorkerV2._apply_plan``)
-FALLBACKS = {"conf_placeholder": 19, "no_host_view": 20, "lookup_whole_table": 21, "plan_missing": 22}
+#: (``HybridWorkerV2._apply_plan``);
+#: ``decision_torch``: steps decided by the torch operators although the setting ``decision_kernels`` = "auto" asked
+#: for the fused kernels (Triton missing, or ``TRITON_INTERPRET`` inherited on a GPU: ``kernels.unavailable_reason``);
+#: ``conf_unwritten``: requests of draft forwards (eager steps, or a draft graph's capture) whose confidences were not
+#: all written, so EAGLE tokens kept the initial 1.0 (``HybridDraftWorker.draft_forward``);
+#: ``eagle3_probe``: the draft model's EAGLE variant could not be read (``HybridSpecAlgo.is_eagle3``, counted at
+#: start);
+#: ``widths_unpaid``: extra verify widths left out at start because they do not pay at the running limit
+#: (``widths.paying_extras``);
+#: ``probe_rounds_skipped``: start-up probe rounds the start's time budget did not afford (``startup_costs``)
+FALLBACKS = {"conf_placeholder": 19, "no_host_view": 20, "lookup_whole_table": 21, "plan_missing": 22,
+             "decision_torch": 28, "conf_unwritten": 29, "eagle3_probe": 30, "widths_unpaid": 31,
+             "probe_rounds_skipped": 32}
 NGRAM_TESTED, NGRAM_PRED, NGRAM_HIT = 23, 24, 25   # n-gram chain tokens tested; their priced acceptance; hits
 #: each side's chain outcome in the counter vector: (tested, priced acceptance summed, hits)
 OUTCOME = {"model": (MODEL_TESTED, MODEL_PRED, MODEL_HIT), "ngram": (NGRAM_TESTED, NGRAM_PRED, NGRAM_HIT)}
 #: EAGLE alternatives (setting ``eagle_alternatives``): verified alternative nodes; requests whose accepted path
 #: took one
 ALT_NODES, ALT_TAKEN = 26, 27
-SIZE = 28
+SIZE = 33
 
 
 def tree_class(source: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -114,6 +125,12 @@ class HybridCounters:
         #: the learning rate of the n-gram side's online offset the worker runs at (setting ``ngram_bias_eta``,
         #: "auto" resolved by the verify layout at start), None when off
         self.ngram_offset_eta: Optional[float] = None
+        #: how late the host's work reached the device, in decode steps (host ints): ``"plan"``, steps launched after
+        #: the deciding step before its (depth, width) plan was applied (0 without overlap scheduling: the next step
+        #: drafts at it; 1 with it: the step after next); ``"proposal"``, decode results still on their way to the
+        #: host when a step's n-gram proposals were staged (0 without overlap; 1 with it, which the device alignment
+        #: of ``alignment.align`` absorbs)
+        self.lag_steps: dict[str, dict[int, int]] = {"plan": {}, "proposal": {}}
         self.totals = torch.zeros(SIZE, dtype=torch.float64, device=self.device)
         self.log_interval = log_interval
         self._host_steps = 0
@@ -143,6 +160,11 @@ class HybridCounters:
         key = f"{min(counts)}-{max(counts)}"
         r["node_range_steps"][key] = r["node_range_steps"].get(key, 0) + 1
         r["tier_steps"][rows] = r["tier_steps"].get(rows, 0) + 1
+
+    def on_lag(self, kind: str, steps: int) -> None:
+        """Count one ``kind`` ("plan" or "proposal", see ``lag_steps``) that reached the device ``steps`` late."""
+        counts = self.lag_steps[kind]
+        counts[steps] = counts.get(steps, 0) + 1
 
     def on_ragged_graph(self, captured: bool) -> None:
         """Count one ragged verify forward run through the tier graphs (``ragged.graph_runner``): a replay, or the
@@ -208,6 +230,8 @@ class HybridCounters:
         out["runtime_parts"] = self.runtime_parts
         out["target_verify_graphs"] = self.target_verify_graphs
         out["ngram_offset_eta"] = self.ngram_offset_eta
+        for kind, counts in self.lag_steps.items():
+            out[f"{kind}_lag_steps"] = {str(k): n for k, n in sorted(counts.items())}
         return out
 
     def maybe_log(self) -> Optional[dict]:

@@ -18,7 +18,8 @@ states, about 64 GiB of graph buffers for Llama-3.1-8B at 128 requests and a 131
 So HYBRID builds a verify part per width and a draft part per depth, each with SGLang's own constructors under
 SGLang's own ``_override_worker_state``, and assembles a ``SpecRuntimeState`` per (depth, width) pair from them:
 ``depths + widths`` part sets instead of ``depths x widths`` states. SGLang's ``apply_runtime_state`` swaps them as
-before. Graph runners are built of the classes SGLang chose for the start-up state (a start-up state without a graph
+before (``apply_state``, which keeps the runtime context's overrides log from growing by one entry per switch).
+Graph runners are built of the classes SGLang chose for the start-up state (a start-up state without a graph
 of a kind means none is captured for that kind, CPU engine included), and the start-up state's own parts are reused,
 never rebuilt. ``memory_budget`` counts the same parts.
 """
@@ -26,8 +27,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+from sglang.srt.runtime_context import get_context
 from sglang.srt.speculative.adaptive_runtime_state import SpecRuntimeState
 
 from .shared_draft_steps import is_shared, shallower_backend
@@ -157,3 +159,55 @@ def parts_built(states: dict) -> dict:
             "shared_draft_parts": sum(is_shared(b) for b in drafts.values()),
             "verify_parts": len({id(s.target_attn_backend) for s in states.values()})}
 
+
+
+def apply_state(apply: Callable[[SpecRuntimeState], None], state: SpecRuntimeState, previous: tuple = ()) -> tuple:
+    """``apply(state)`` (SGLang's ``apply_runtime_state``), then drop from the runtime context's overrides log the
+    entries an earlier switch appended (``previous``: what this function returned for it) that this switch's entries
+    supersede; returns the switch entries the log still holds (this switch's, plus any earlier one not superseded), to
+    pass as ``previous`` to the next switch.
+
+    Why: SGLang 0.5.23's ``EAGLEWorkerV2.apply_runtime_state`` ends with ``get_context().override(
+    "adaptive_spec.restore", speculative_num_steps=..., speculative_num_draft_tokens=...)``, and ``RuntimeContext
+    .override`` appends ``(source, fields)`` to ``_overrides_log``, which nothing trims (only ``set_server_args``
+    replaces it). SGLang's adaptive speculation switches rarely; HYBRID may switch every few steps, one entry per
+    switch for the process's lifetime.
+
+    What reads the log (``srt/runtime_context.py``): ``resolved_server_args_dict`` overlays the entries in order, the
+    last writer of a field winning (the scheduler's ``get_internal_state``, i.e. ``/server_info``'s internal states,
+    and ``TokenizerManager.resolved_config_dict``), and ``overrides_log()`` copies them into the crash and request
+    dumps' ``config_updates`` (the tokenizer manager's process, whose context the scheduler's switches never reach).
+    An earlier entry whose fields a later entry all writes changes no overlay, whatever lies between them: dropping
+    the superseded switch entries keeps every reader's resolved value, and the log holds one switch entry, the state in
+    force, instead of the history of switches. Keeping the log at its size before the switch (dropping this switch's
+    entry too) would not: the readback would report the start-up shape, or an older override, rather than the one in
+    force. Only entries a switch appended are dropped, found by identity, never by content: SGLang's own (the capture
+    override and restore at start, ``/set_internal_state`` updates) stay where they are. Where the log was replaced
+    meanwhile (``set_server_args``, a test's scoped override) the earlier entries are simply no longer in it.
+    """
+    ctx = get_context()
+    log = getattr(ctx, "_overrides_log", None)
+    if not isinstance(log, list):       # another SGLang layout: nothing to keep bounded here
+        apply(state)
+        return ()
+    start = len(log)
+    apply(state)
+    if ctx._overrides_log is not log:   # replaced during the switch: this switch's entries are not ours to find
+        return ()
+    new = tuple(log[start:])
+    written = {name for _source, fields in new for name in fields}
+    kept = []
+    for entry in previous:
+        if set(entry[1]) <= written:
+            _remove(log, entry)
+        elif any(e is entry for e in log):
+            kept.append(entry)
+    return (*kept, *new)
+
+
+def _remove(log: list, entry) -> None:
+    """Remove ``entry`` (by identity) from ``log``; searched from the end, where the last switch's entry lies."""
+    for i in range(len(log) - 1, -1, -1):
+        if log[i] is entry:
+            del log[i]
+            return

@@ -184,9 +184,6 @@ def handle_server_args(server_args) -> None:
         elif name != "attention_backend" and chosen is None and resolved is not None:
             # A split backend SGLang chose by platform: fall back to the base backend HYBRID just set.
             setattr(server_args, name, None)
-    if _get(server_args, "device") == "cpu" and not _get(server_args, "disable_overlap_schedule"):
-        server_args.disable_overlap_schedule = True
-        logger.warning("HYBRID: overlap scheduling is not implemented for speculative decoding on CPU; disabled")
     # Spawned children (scheduler, detokenizer) inherit the environment: they answer is_eagle3() from it.
     eagle3 = draft_is_eagle3(_get(server_args, "speculative_draft_model_path"),
                              bool(_get(server_args, "trust_remote_code", False)))

@@ -9,6 +9,7 @@ Features keyed to the literal names EAGLE/EAGLE3 (adaptive steps, watermark, uni
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Optional
 
@@ -17,6 +18,10 @@ from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 from .config import ENV_EAGLE3
 from .draft_arch import draft_is_eagle3
 from .server_args import handle_server_args as _handle_server_args
+
+logger = logging.getLogger(__name__)
+#: why ``HybridSpecAlgo.is_eagle3`` could not read the draft's config, in this process (the worker counts them)
+EAGLE3_PROBE_FAILURES: list[str] = []
 
 
 class HybridSpecAlgo(CustomSpecAlgo):
@@ -29,17 +34,30 @@ class HybridSpecAlgo(CustomSpecAlgo):
         return True
 
     def is_eagle3(self) -> bool:
+        """From ``config.ENV_EAGLE3`` (the launcher's answer), else the draft's config once SGLang has published its
+        speculative settings (before that: False, not cached). A draft config that cannot be read answers False
+        (EAGLE), counted in ``EAGLE3_PROBE_FAILURES`` (the worker's ``fallback_eagle3_probe``) and logged once."""
         if self._eagle3 is None:
             env = os.environ.get(ENV_EAGLE3)
             if env is not None:
                 self._eagle3 = env == "1"
             else:
-                try:
-                    from sglang.srt.runtime_context import get_spec
+                from sglang.srt.runtime_context import get_context, get_spec
 
-                    self._eagle3 = draft_is_eagle3(get_spec().speculative_draft_model_path)
-                except Exception:  # runtime context not published yet: answer without caching
+                if not get_context().is_config_namespace_published("spec"):
                     return False
+                path = get_spec().speculative_draft_model_path
+                try:
+                    self._eagle3 = draft_is_eagle3(path)
+                except Exception as e:  # noqa: BLE001 -- counted and logged; SGLang asks from many places
+                    EAGLE3_PROBE_FAILURES.append(repr(e))
+                    if len(EAGLE3_PROBE_FAILURES) == 1:
+                        logger.warning(
+                            "HYBRID fallback eagle3_probe: the draft model %s's config could not be read (%r), so the "
+                            "draft is taken for EAGLE, not EAGLE-3; an EAGLE-3 head would then draft without the "
+                            "target's auxiliary hidden states. Set %s=1 (EAGLE-3) or 0 (EAGLE) in the environment "
+                            "(counted as fallback_eagle3_probe; logged once)", path, e, ENV_EAGLE3)
+                    self._eagle3 = False
         return self._eagle3
 
     def supports_grammar_overlap(self) -> bool:

@@ -10,10 +10,14 @@ user must know about; so when none is given (setting ``cost_table``), the worker
 
 What it times: SGLang's own dummy forward (``BaseRunner._dummy_run``, the forward SGLang runs at start to warm up and
 autotune kernels): a TARGET_VERIFY forward of ``B`` requests x the full verify width ``W`` (SGLang's dummy verify
-input: every request at the same context, its KV read from and written to the pool's padding slot; the mask a chain's
-tree, ``chain_mask``, in place of SGLang's all-ones dummy, which shows nodes their descendants), logits for every row
-as a real verify computes them. One forward per batch size in ``probe_batch_sizes`` (powers of two up to the
-running-request limit, and the limit), ``ROUNDS`` times round robin after one warm-up forward (the rounds after the
+input, every request at the same context, but each request on a request row of its own that names KV slots of its
+own, ``probe_slots``: SGLang's dummy points every request at the pool's padding row, whose whole context is slot 0,
+one slot read over and over from cache, which prices a long context's KV reads below their cost; the probe fills its
+rows before it and puts them back after it, and its KV writes land in slots no request holds yet (a pool that
+translates its slot ids or is backed after graph capture keeps the padding row: ``_why_padding_row``); the mask a
+chain's tree, ``chain_mask``, in place of SGLang's all-ones dummy, which shows nodes their descendants), logits for
+every row as a real verify computes them. One forward per batch size in ``probe_batch_sizes`` (powers of two up to
+the running-request limit, and the limit), ``ROUNDS`` times round robin after one warm-up forward (the rounds after the
 first only while the start's time budget allows: ``StartBudget``), the minimum per size
 (``cost.profile_interleaved``), then at the shorter context (below) ``SHORT_ROUNDS`` forwards at the largest size
 only (``short_from_one_probe``), the device synchronised around each. The table's sizes are ``B x W`` batch tokens, the
@@ -207,6 +211,125 @@ def chain_mask(batch: int, width: int, context: int, device) -> torch.Tensor:
     return rows.reshape(-1).repeat(batch)
 
 
+def probe_slots(batch: int, context: int, width: int, pool_size: int, page_size: int = 1) -> torch.Tensor:
+    """The KV slots of the start-up probe's ``batch`` requests: row ``i`` holds request ``i``'s ``context + width``
+    slots, its context's then the ``width`` its forward writes (int64 ``[batch, context + width]``, on the host).
+
+    Why: SGLang's dummy forwards point every request at ``req_to_token``'s padding row 0, all zeros, so every KV read
+    of a probe is slot 0, one slot that stays in cache however long the context: a verify or draft forward so timed
+    underprices the attention at the probe's context (its KV reads are ``B x context`` slots in a served batch). With
+    these slots each request reads a context of its own.
+
+    Layout: request ``i``'s position ``p`` is slot ``page x page_size + p % page_size`` in page
+    ``1 + (i x span + p // page_size) mod (pages - 1)``, where ``span`` is a request's pages (``context + width``
+    tokens, rounded up) and ``pages = pool_size // page_size``; ``pool_size`` counts the pool's slots, padding included
+    (its allocator's tokens plus the padding page). So no slot is 0 or in page 0 (the padding slot, which padded
+    tokens write), every slot is below ``pool_size``, and each request's slots run on from a page boundary, as the
+    paged backends expect (they read ``req_to_token[:, ::page_size] // page_size`` as the page table). With pages of
+    one slot, that is slot ``1 + (i x (context + width) + p) mod (pool_size - 1)``. Where the pool holds ``batch x
+    span`` pages besides the padding page (``batch x (context + width)`` tokens with pages of one) every slot is
+    distinct; a smaller pool wraps around: the slots stay distinct within each request while the pool holds one
+    request's span, and requests then share slots."""
+    batch, context, width, pool_size, page_size = (int(batch), int(context), int(width), int(pool_size),
+                                                    int(page_size))
+    if batch < 1 or context < 0 or width < 0 or context + width < 1 or page_size < 1:
+        raise ValueError(f"probe_slots needs a request and a slot each: batch {batch}, context {context}, "
+                         f"width {width}, page size {page_size}")
+    pages = pool_size // page_size
+    if pages < 2:
+        raise ValueError(f"a KV pool of {pool_size} slots ({pages} pages of {page_size}) has no slot besides the "
+                         f"padding page")
+    n = context + width
+    span = -(-n // page_size)
+    position = torch.arange(n, dtype=torch.int64)
+    page = 1 + (torch.arange(batch, dtype=torch.int64)[:, None] * span + position // page_size) % (pages - 1)
+    return page * page_size + position % page_size
+
+
+def _kv_pool_slots(model_runner) -> tuple:
+    """``(pool_size, page_size)`` for ``probe_slots`` on ``model_runner``'s KV pool: the slots its allocator hands out
+    (pages ``1 .. size // page_size``) and the padding page, no more than its KV buffers hold (``size`` tokens and
+    the padding page)."""
+    allocator = model_runner.token_to_kv_pool_allocator
+    page = max(1, int(getattr(allocator, "page_size", 1) or 1))
+    tokens = int(allocator.size)
+    held = getattr(getattr(model_runner, "token_to_kv_pool", None), "size", None)
+    if isinstance(held, int) and not isinstance(held, bool):
+        tokens = min(tokens, held)
+    return (tokens // page + 1) * page, page
+
+
+def _why_padding_row(model_runner, table: torch.Tensor, columns: int) -> Optional[str]:
+    """Why the probe must stay on SGLang's padding row and slot on ``model_runner`` (None: it need not).
+
+    A translating pool (unified, fused draft) names slots by virtual ids, which read the sink until allocated: no
+    distinct KV to read, and slot ids past its tables. A pool backed after graph capture
+    (``post_capture_active``) has only its first page resident while the probe runs: any other slot would fault."""
+    if getattr(getattr(model_runner, "kv_index_translator", None), "is_translating", False):
+        return "the KV pool translates its slot ids (virtual slots read the sink until allocated)"
+    if getattr(getattr(model_runner, "token_to_kv_pool", None), "post_capture_active", False):
+        return "the KV pool is backed after graph capture (only its padding page is resident during the probe)"
+    rows, cols = table.shape
+    if rows < 2:
+        return "the request pool has no row besides the padding row"
+    if columns > cols:
+        return f"a probe request's {columns} slots exceed the request pool's {cols} columns"
+    try:
+        pool_size, page_size = _kv_pool_slots(model_runner)
+    except (AttributeError, TypeError, ValueError) as e:
+        return f"the KV pool's size is not known ({type(e).__name__}: {e})"
+    if pool_size // page_size < 2:
+        return "the KV pool has no slot besides the padding page"
+    return None
+
+
+class _ProbeRows:
+    """The probe requests' own request rows and KV slots on ``model_runner``'s pools: request ``i`` on row
+    ``1 + i`` (wrapping past the pool's rows), its ``context + width`` slots from ``probe_slots`` written into the row
+    by ``at(context)``, the buffers' ``req_pool_indices`` pointed at the rows and their ``out_cache_loc`` at each
+    request's ``width`` slots after its context (request-major, where a verify writes and the draft's steps write);
+    ``restore`` puts back the rows as they were (zeros at start) and zeroes both buffers, so serving starts from
+    the pool the probe found. Why the writes harm nothing: the probe runs at start, before any request holds a slot.
+
+    Where the pool cannot take them (``_why_padding_row``, logged) the probe stays on the padding row as SGLang's own
+    dummy forwards do: ``at`` returns None and nothing is written."""
+
+    def __init__(self, model_runner, *, batch: int, width: int, contexts: tuple, req_pool_indices: torch.Tensor,
+                 out_cache_loc: torch.Tensor):
+        self.batch, self.width = int(batch), int(width)
+        self.req_pool_indices, self.out_cache_loc = req_pool_indices, out_cache_loc
+        self.table = model_runner.req_to_token_pool.req_to_token
+        self.columns = max(contexts) + self.width
+        self.reason = _why_padding_row(model_runner, self.table, self.columns)
+        self.saved = None
+        if self.reason is not None:
+            logger.info("HYBRID: the start-up probe reads SGLang's padding KV slot: %s", self.reason)
+            return
+        self.pool_size, self.page_size = _kv_pool_slots(model_runner)
+        free_rows = self.table.shape[0] - 1
+        self.touched = min(self.batch, free_rows)                      # rows 1 .. touched
+        self.rows = 1 + torch.arange(self.batch, dtype=torch.int64, device=self.table.device) % free_rows
+        self.saved = self.table[1:1 + self.touched, :self.columns].clone()
+
+    def at(self, context: int) -> Optional[torch.Tensor]:
+        """Every probe request at ``context``: its slots (``[batch, context + width]``, on the pool's device) in its
+        row and the buffers; None on the padding row."""
+        if self.saved is None:
+            return None
+        slots = probe_slots(self.batch, context, self.width, self.pool_size, self.page_size).to(self.table.device)
+        self.table[self.rows, :context + self.width] = slots.to(self.table.dtype)
+        self.req_pool_indices[:self.batch] = self.rows.to(self.req_pool_indices.dtype)
+        self.out_cache_loc[:self.batch * self.width] = slots[:, context:].reshape(-1).to(self.out_cache_loc.dtype)
+        return slots
+
+    def restore(self) -> None:
+        """The rows as the probe found them, the buffers' indices zeros (the padding row and slot)."""
+        if self.saved is not None:
+            self.table[1:1 + self.touched, :self.columns] = self.saved
+        self.req_pool_indices.zero_()
+        self.out_cache_loc.zero_()
+
+
 def measure_verify_costs(model_runner, *, width: int, max_batch: int, context_len: int,
                          budget: Optional[StartBudget] = None) -> CostModel:
     """``T(n)`` of the target verify at ``n = B x width`` batch tokens for ``B`` in ``probe_batch_sizes(max_batch)``,
@@ -227,16 +350,26 @@ def measure_verify_costs(model_runner, *, width: int, max_batch: int, context_le
     def forward(n_tokens: int) -> None:
         runner._dummy_run(n_tokens // width, buffers=buffers)
 
+    probe = None
+
     def at_context(context: int) -> None:
         buffers.seq_lens.fill_(context)
         buffers.seq_lens_cpu.fill_(context)
         buffers.custom_mask = chain_mask(max(batches), width, context, device)
+        probe.at(context)
 
-    tables = _profile_contexts(contexts, at_context, forward, [b * width for b in batches], list(batches), sync,
-                               budget)
+    try:
+        # each request on its own row of KV slots (probe_slots), the rows put back whatever happens
+        probe = _ProbeRows(model_runner, batch=max(batches), width=width, contexts=contexts,
+                           req_pool_indices=buffers.req_pool_indices, out_cache_loc=buffers.out_cache_loc)
+        tables = _profile_contexts(contexts, at_context, forward, [b * width for b in batches], list(batches), sync,
+                                   budget)
+    finally:
+        if probe is not None:
+            probe.restore()
     meta = {"source": "measured at start (sglang_hybrid.sglang_plugin.startup_costs)",
             "forward": "SGLang dummy TARGET_VERIFY forward, eager", "verify_width": width,
-            "batch_sizes": list(batches), "device": str(device),
+            "kv_slots": _slots_meta(probe), "batch_sizes": list(batches), "device": str(device),
             "seconds_spent": round(time.perf_counter() - started, 3)}
     return _at_contexts(tables, contexts, meta)
 
@@ -247,8 +380,9 @@ def measure_draft_costs(draft_worker, *, max_batch: int, context_len: int,
     ``profile_context`` tokens) for ``B`` in ``probe_batch_sizes(max_batch)``, timed on ``draft_worker`` (SGLang's
     ``EagleDraftWorker``) as it runs an eager draft step: its multi-step backend plans every step
     (``init_forward_metadata``), then the first step's backend runs the draft model's forward. Every request reads
-    and writes the pool's padding slot (request row 0 of a fresh pool, as SGLang's own dummy forwards do); the
-    hidden states are zeros. Round robin as ``measure_verify_costs``; the table's sizes are batch sizes, the unit of
+    its context from, and writes its draft tokens to, KV slots of its own on a request row of its own
+    (``probe_slots``, ``_ProbeRows``: the rows put back after the probe), as a served batch does; the hidden states
+    are zeros. Round robin as ``measure_verify_costs``; the table's sizes are batch sizes, the unit of
     ``draft_cost_table``. Needs ``--speculative-num-steps`` >= 2 (a one-step draft runs no draft decode)."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
@@ -267,6 +401,9 @@ def measure_draft_costs(draft_worker, *, max_batch: int, context_len: int,
     buffers = runner.eager_runner._alloc_dummy_decode_buffers(max(batches) * steps, allocate_logits_buffer=False)
     hidden, dtype = get_draft_recurrent_hidden_state_spec(runner)
     hidden_states = torch.zeros((max(batches), hidden), dtype=dtype, device=device)
+    # what the first draft step writes: each request's first slot after its context (SGLang's layout of the steps'
+    # slots is request-major, ``per_step_draft_out_cache_loc``: step 0 is every ``steps``-th)
+    first_writes = torch.zeros(max(batches), dtype=buffers.out_cache_loc.dtype, device=device)
     sync = torch.get_device_module(device).synchronize
 
     def forward(n: int) -> None:
@@ -284,18 +421,39 @@ def measure_draft_costs(draft_worker, *, max_batch: int, context_len: int,
         runner.kv_index_translator.bind_runner_slots(batch)
         backend.init_forward_metadata(batch)
         batch.mark_forward_metadata_ready()
-        batch.out_cache_loc = buffers.out_cache_loc[:n]
+        batch.out_cache_loc = first_writes[:n]
         with forward_context(ForwardContext(attn_backend=backend.attn_backends[0]), forward_batch=batch):
             runner.forward(batch)
+
+    probe = None
 
     def at_context(c: int) -> None:
         buffers.seq_lens.fill_(c)
         buffers.seq_lens_cpu.fill_(c)
         buffers.positions.fill_(c)
+        slots = probe.at(c)
+        if slots is not None:
+            first_writes.copy_(slots[:, c])
 
-    tables = _profile_contexts(contexts, at_context, forward, list(batches), list(batches), sync, budget)
+    try:
+        # each request on its own row of KV slots (probe_slots): its context, then its steps' slots
+        probe = _ProbeRows(runner, batch=max(batches), width=steps, contexts=contexts,
+                           req_pool_indices=buffers.req_pool_indices, out_cache_loc=buffers.out_cache_loc)
+        tables = _profile_contexts(contexts, at_context, forward, list(batches), list(batches), sync, budget)
+    finally:
+        if probe is not None:
+            probe.restore()
     meta = {"source": "measured at start (sglang_hybrid.sglang_plugin.startup_costs)",
             "forward": "one EAGLE draft decode forward (top-k 1), eager, its step plan included",
-            "what": "one EAGLE draft forward by batch", "batch_sizes": list(batches), "device": str(device),
+            "what": "one EAGLE draft forward by batch", "kv_slots": _slots_meta(probe), "batch_sizes": list(batches),
+            "device": str(device),
             "seconds_spent": round(time.perf_counter() - started, 3)}
     return _at_contexts(tables, contexts, meta)
+
+
+def _slots_meta(probe: _ProbeRows) -> str:
+    """What a table's ``meta`` says of the KV its probe read."""
+    if probe.reason is not None:
+        return f"SGLang's padding slot ({probe.reason})"
+    return (f"distinct per request (startup_costs.probe_slots: rows 1..{probe.touched} of the request pool, a pool of "
+            f"{probe.pool_size} slots in pages of {probe.page_size}; put back after the probe)")

@@ -60,7 +60,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 
 from sglang_hybrid.cost import ContextCostModel
 
-from . import alternatives, memory_budget, runtime_states, startup_costs
+from . import alternatives, memory_budget, runtime_states, spec_algo, startup_costs
 from .config import ENV_PREFIX, load_settings, resolved_ngram_bias_eta
 from .hybrid_step import HybridStep
 from .metrics import HybridCounters
@@ -72,7 +72,7 @@ from .ragged.target import RaggedVerifyTarget
 from .ragged.tiers import tier_rows
 from .tp_sync import TreeBroadcast
 from .verify_input import TreeMaskMode, build_verify_input, verify_nodes
-from sglang_hybrid.widths import measured_table_buckets, paying_extras, start_width, widen
+from sglang_hybrid.widths import MIN_CUT_SAVING, measured_table_buckets, paying_extras, start_width, widen
 
 logger = logging.getLogger(__name__)
 
@@ -253,9 +253,20 @@ class HybridDraftWorker(EagleDraftWorker):
         self.step_conf[: topk_p.shape[0], 0].copy_(topk_p[:, 0])
         self._conf_col = 1
         try:
-            return super().draft_forward(forward_batch)
+            out = super().draft_forward(forward_batch)
+            written = self._conf_col
         finally:
             self._conf_col = None
+        if written < self.speculative_num_steps and self.hybrid_owner is not None:
+            # Host-side and once per Python run: per eager step, or once at a draft graph's capture, whose replays
+            # then never write the missing columns either
+            self.hybrid_owner.fallbacks(
+                "conf_unwritten", int(topk_p.shape[0]),
+                f"the draft runner's forward wrapped at start (HybridDraftWorker.__init__) ran {written - 1} of the "
+                f"{self.speculative_num_steps - 1} draft forwards of this step: EAGLE tokens at positions {written} "
+                f"and on keep the confidence of an earlier step (1.0 at first) and are priced as such (lossless). "
+                "SGLang's draft_forward no longer calls self.draft_runner.forward in this build")
+        return out
 
     def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None):
         # Step-0 confidence: EAGLE's topk=1 extend reports 1.0; recompute the drafted token's probability from the
@@ -350,11 +361,19 @@ class HybridWorkerV2(EAGLEWorkerV2):
         self._fixed_shapes = bool(getattr(server_args, "enable_dp_attention", False))
         #: one SGLang runtime state (attention backends + graphs) per (EAGLE depth, verify width) pair
         self.runtime_states: dict = {}
-        #: chosen (depth, width) pairs on their way to the host, oldest first: (host buffer, copy event or None)
+        #: chosen (depth, width) pairs on their way to the host, oldest first: (host buffer, copy event or None, the
+        #: deciding step's launch count)
         self._plan_fifo: collections.deque = collections.deque()
         cuda = torch.device(self.device).type == "cuda"
         self._plan_host = [torch.zeros(2, dtype=torch.int64, pin_memory=cuda) for _ in range(_PLAN_BUFFERS)]
         self._plan_next_buf = 0
+        #: decode steps launched, and decode results the host has processed (``on_verify_complete_cpu``): their
+        #: difference is how many results are in flight, 1 under overlap scheduling (``HybridCounters.lag_steps``)
+        self._launched = 0
+        self._processed = 0
+        #: the runtime context's override-log entries of the last state switch (``runtime_states.apply_state`` keeps
+        #: the log from growing with every switch)
+        self._switch_log_entries: tuple = ()
         #: the target worker SGLang's verify body runs: the real one, or its ragged proxy (``_enable_ragged``)
         self._verify_target = None
         #: whether the device's (depth, width) plan reaches the host (more than one depth or width to choose from)
@@ -431,6 +450,8 @@ class HybridWorkerV2(EAGLEWorkerV2):
 
     def init_cuda_graphs(self):
         super().init_cuda_graphs()
+        if spec_algo.EAGLE3_PROBE_FAILURES:
+            self.counters.on_fallback("eagle3_probe", len(spec_algo.EAGLE3_PROBE_FAILURES))   # logged where it failed
         self._measure_cost_table()
         self._ragged = self._ragged_decided()
         self._resolve_ngram_bias_eta()
@@ -478,11 +499,13 @@ class HybridWorkerV2(EAGLEWorkerV2):
                                        runner, width=self.speculative_num_draft_tokens, **sizes))
             step.set_cost(table, "measured")
             self._log_measured("cost table", table)
+            self._rounds_skipped("target verify's cost table", table)
         if len(step.depths) > 1 and step.draft_cost is None:
             table = self._measured("draft forward's cost table", f"{ENV_PREFIX}DRAFT_COST_TABLE",
                                    lambda: startup_costs.measure_draft_costs(self._draft_worker, **sizes))
             step.set_draft_cost(table, "measured")
             self._log_measured(f"draft cost table (EAGLE depths {list(step.depths)})", table)
+            self._rounds_skipped("draft forward's cost table", table)
 
     def _rank0_decides(self, local: bool) -> bool:
         """Rank 0's ``local`` on every rank of the tree broadcast's group (``TreeBroadcast``, built with the step in
@@ -506,6 +529,19 @@ class HybridWorkerV2(EAGLEWorkerV2):
                 f"HYBRID: measuring the {what} at start failed ({type(e).__name__}: {e}); give a table instead "
                 f"({setting}, see docs/sglang.md 'Fitting for a deployment') or set "
                 f"{ENV_PREFIX}MEASURE_COST_TABLE=off (no price: every step verifies the full tree at one depth)") from e
+
+    def _rounds_skipped(self, what: str, table) -> None:
+        """Count and name the probe rounds the start's time budget did not afford (``startup_costs.StartBudget``)."""
+        meta = table.meta
+        skipped = startup_costs.ROUNDS - int(meta["rounds"])
+        if skipped > 0:
+            self.fallbacks(
+                "probe_rounds_skipped", skipped,
+                f"the {what} was measured in {meta['rounds']} of {startup_costs.ROUNDS} probe rounds: the start's time "
+                f"budget ({meta['start_budget_s']:.2f} s, a share of the start so far) did not afford more, so each "
+                "size is one timing instead of the minimum of several (a noisier price; on a GPU the budget affords "
+                "every round). For a steadier price give a profiled table (setting cost_table / draft_cost_table, "
+                "docs/sglang.md 'Fitting for a deployment')")
 
     @staticmethod
     def _log_measured(what: str, table) -> None:
@@ -633,8 +669,18 @@ class HybridWorkerV2(EAGLEWorkerV2):
             # measured, and only while their states fit the free memory
             steps, full = self.speculative_num_steps, self.speculative_num_draft_tokens
             required, extras = measured_table_buckets(steps, full)
-            extras = paying_extras(steps, full, extras, step.cost_model.step_time_at,
-                                   int(self._target_worker.model_runner.max_running_requests))
+            batch = int(self._target_worker.model_runner.max_running_requests)
+            paying = paying_extras(steps, full, extras, step.cost_model.step_time_at, batch)
+            unpaid = [w for w in extras if w not in paying]
+            if unpaid:
+                self.fallbacks(
+                    "widths_unpaid", len(unpaid),
+                    f"extra verify widths {unpaid} left out at start: at the running limit ({batch} requests) the "
+                    f"full tree's verify takes less than {MIN_CUT_SAVING}x theirs by the table measured at start, so "
+                    "cutting "
+                    f"trees to them saves too little to pay a runtime state (widths.paying_extras); kept: "
+                    f"{sorted({*required, *paying})}")
+            extras = paying
             step.restrict_widths(memory_budget.fit_widths_at_start(self, step.depths, required, extras))
         self._plans_switch = len(step.widths) * len(step.depths) > 1
         widths = (self.speculative_num_draft_tokens,) if self._ragged else step.widths
@@ -662,14 +708,16 @@ class HybridWorkerV2(EAGLEWorkerV2):
         broadcast plan, so all switch alike."""
         if not self._plans_switch or not self._plan_fifo:
             return
-        host, event = self._plan_fifo.popleft()
+        host, event, launched_at = self._plan_fifo.popleft()
         if event is not None:
             event.synchronize()
+        self.counters.on_lag("plan", self._launched - launched_at)
         self._apply_plan(*(int(v) for v in host))
 
     def _apply_plan(self, depth: int, width: int) -> None:
         """Switch to the runtime state of (``depth``, ``width``) unless it is the current one (under ragged verify the
-        depth's, with ``width`` kept as the next trees' width)."""
+        depth's, with ``width`` kept as the next trees' width). Through ``runtime_states.apply_state``: each switch
+        leaves one entry in SGLang's runtime-context overrides log (the state in force), not one per switch."""
         key = (depth, width)
         if self._ragged:
             self._tree_width, key = width, (depth, self._full_width)
@@ -689,13 +737,15 @@ class HybridWorkerV2(EAGLEWorkerV2):
         steps = self.speculative_num_steps
         self.speculative_num_steps = -1
         try:
-            self.apply_runtime_state(state)
+            self._switch_log_entries = runtime_states.apply_state(self.apply_runtime_state, state,
+                                                                  self._switch_log_entries)
         except BaseException:
             self.speculative_num_steps = steps
             raise
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
         super().on_verify_complete_cpu(num_correct_drafts_per_req, batch_size=batch_size)
+        self._processed += 1
         self._switch_plan()
 
     # -- per step ---------------------------------------------------------------------------------------------------
@@ -836,11 +886,13 @@ class HybridWorkerV2(EAGLEWorkerV2):
         if cuda:
             event = torch.cuda.Event()
             event.record()
-        self._plan_fifo.append((host, event))
+        self._plan_fifo.append((host, event, self._launched))
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
         slots = seq_before = None
+        if decode:
+            self._launched += 1
         if decode and self.feeder is not None:
             slots = batch.req_pool_indices
             seq_before = batch.seq_lens.clone()
@@ -866,6 +918,8 @@ class HybridWorkerV2(EAGLEWorkerV2):
             # Generations are a host tensor in SGLang's pool: one vectorised lookup, no device read.
             gens = self.req_to_token_pool.req_generation[slots_cpu.to(torch.int64)]
             staged = self.feeder.stage_batch(reqs, gens, slots_cpu.tolist())
+            # the results not yet processed: the committed tokens the host has not seen (alignment absorbs them)
+            self.counters.on_lag("proposal", self._launched - 1 - self._processed)
             at = staged["scalars"][:, 1]                    # committed lengths, pinned host memory: no device read
             self._host_committed = int(at.max()) if at.numel() else None
             self._cur_gen = self.feeder.publish(staged, slots, self.hybrid_step.buffers, self.hybrid_step.context)
