@@ -207,13 +207,15 @@ def test_host_path_bench_measures_the_asked_proposal_width(capsys):
     from bench import host_path
 
     assert host_path.SHIPPED_WIDTH == replay_engine.EngineConfig().proposal_width
-    assert host_path.main(["--batches", "2", "--contexts", "256", "--steps", "2", "--proposal-width", "33"]) == 0
+    assert host_path.main(["--batches", "2", "--contexts", "256", "--steps", "4", "--proposal-width", "33"]) == 0
     out = capsys.readouterr().out
     assert "33 tokens proposed" in out and "not measured at these sizes" in out
     from bench.data import long_context_stream
 
     stream = long_context_stream(4 * 1024 + 40, seed=0)       # copy-heavy real text: proposals fill the width
-    assert [host_path.measure(stream, 2, 1024, 2, 3, w)["longest_proposal"] for w in (17, 33)] == [17, 33]
+    assert [host_path.measure(stream, 2, 1024, 4, 3, w)["longest_proposal"] for w in (17, 33)] == [17, 33]
+    with pytest.raises(SystemExit):
+        host_path.main(["--steps", "3"])
     with pytest.raises(SystemExit):
         host_path.main(["--proposal-width", "0"])
 

@@ -221,7 +221,7 @@ def test_fallback_conf_placeholder_is_counted_and_logged_once(caplog):
 
 
 def _host_worker(counters, **kw):
-    """The worker state ``_publish_host_proposals`` and ``_lookup_span`` use, with HYBRID's real step, the Rust
+    """The worker state ``host_proposals`` and ``_lookup_span`` use, with HYBRID's real step, the Rust
     drafter behind the real feeder, and SGLang's pool generations (a host tensor)."""
     from types import SimpleNamespace
 
@@ -259,7 +259,7 @@ def test_fallback_no_host_view_is_counted_and_logged_once(caplog):
                             seq_lens=torch.tensor([25, 16]), seq_lens_cpu=None)
     assert hw.missing_host_view(batch, 2) is None
     with caplog.at_level("WARNING", logger=hw.logger.name):
-        hw.HybridWorkerV2._publish_host_proposals(worker, batch, slots)
+        hw.HybridWorkerV2.host_proposals(worker, batch)
     buffers = worker.hybrid_step.buffers
     assert (buffers.length[slots] > 0).all() and worker._host_committed == 26 and worker._cur_gen is not None
     assert counters.snapshot()["fallback_no_host_view"] == 0 and not _fallback_logs(caplog, "no_host_view")
@@ -273,7 +273,7 @@ def test_fallback_no_host_view_is_counted_and_logged_once(caplog):
     with caplog.at_level("WARNING", logger=hw.logger.name):
         for b in (no_slots, no_slots, no_reqs, short):
             buffers.length[slots] = 3
-            hw.HybridWorkerV2._publish_host_proposals(worker, b, slots)
+            hw.HybridWorkerV2.host_proposals(worker, b)
             assert (buffers.length[slots] == 0).all() and worker._cur_gen is None and worker._host_committed is None
     assert counters.snapshot()["fallback_no_host_view"] == 8
     logs = _fallback_logs(caplog, "no_host_view")

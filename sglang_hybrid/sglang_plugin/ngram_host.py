@@ -22,6 +22,10 @@ from . import alignment, context_lookup
 logger = logging.getLogger(__name__)
 
 _FIELDS = ("tokens", "match_len", "count", "total", "source")
+#: decode steps a request admitted at its prefill is kept while absent from the decode batches (its prefill chunks
+#: interleave with decode steps): past that it is forgotten like any absent request (an abort during prefill), and
+#: rebuilt at its first decode step should it come
+ADMIT_GRACE_STEPS = 256
 
 
 class NgramFeeder:
@@ -37,6 +41,8 @@ class NgramFeeder:
         self._ids: dict = {}      # rid -> drafter id
         self._fed: dict = {}      # rid -> committed tokens fed so far
         self._ctx_key: dict = {}  # rid -> (slot, generation) its context was staged for
+        self._admitted: dict = {}  # rid -> the step count it was admitted at, until its first decode step
+        self._steps = 0           # stage_batch calls: decode steps
         self._next_id = 1
         self._pin = self.device.type == "cuda"
         self.max_bs = max_bs
@@ -65,8 +71,34 @@ class NgramFeeder:
         did = self._ids.pop(rid, None)
         self._fed.pop(rid, None)
         self._ctx_key.pop(rid, None)
+        self._admitted.pop(rid, None)
         if did is not None:
             self.drafter.remove(did)
+
+    def admit(self, reqs, generations=None, slots=None) -> Optional[dict]:
+        """Build the automata of requests new to the drafter (or started over: retraction and re-prefill) from their
+        whole context, at their prefill, as soon as the prefill forward is queued; with ``context`` on and the
+        requests' ``slots`` and slot ``generations`` given, also stage their contexts for the device prompt lookup
+        (returned for ``publish_context``; None when there is none to copy).
+
+        Why: a request's first decode step would otherwise copy its whole context into the drafter and the lookup's
+        table on the way to the step's proposals, O(context) (tens of milliseconds for a 32k-token prompt here), in a
+        decode step, every running request waiting; at prefill it runs while the device computes that very context.
+        Requests the drafter already follows are left to ``stage_batch``, which also handles anything admitted here
+        that grows before its first step."""
+        for req in reqs:
+            rid, prompt, output = req.rid, req.origin_input_ids, req.output_ids
+            done = self._fed.get(rid)
+            if done is not None and len(prompt) <= done <= len(prompt) + len(output):
+                continue
+            did, new = self._resync(rid, prompt, output)
+            if new:
+                self.drafter.extend_batch(np.asarray([did], dtype=np.int64), np.asarray(new, dtype=np.int64),
+                                          np.asarray([len(new)], dtype=np.int64))
+            self._admitted[rid] = self._steps
+        if self.context and slots is not None and generations is not None and len(slots) == len(reqs):
+            return self._stage_context(reqs, generations, slots)
+        return None
 
     def finish(self, rid, natural_stop: bool) -> None:
         """Request finished: donate its response to the shared corpus when it stopped naturally, then free it."""
@@ -77,8 +109,12 @@ class NgramFeeder:
         self._forget(rid)
 
     def drop_absent(self, live_rids) -> None:
-        """Forget requests that left the decode batch without finishing (retracted or aborted)."""
+        """Forget requests that left the decode batch without finishing (retracted or aborted), and requests admitted
+        at their prefill that have not reached a decode batch within ``ADMIT_GRACE_STEPS`` steps."""
+        admitted, now = self._admitted, self._steps
         for rid in [r for r in self._ids if r not in live_rids]:
+            if rid in admitted and now - admitted[rid] <= ADMIT_GRACE_STEPS:
+                continue                  # still prefilling (its chunks interleave with decode steps)
             self._forget(rid)
 
     # -- per step ------------------------------------------------------------------------------------------------
@@ -94,6 +130,8 @@ class NgramFeeder:
             raise ValueError("the context table needs the batch's slots (one per request)")
         ids, at = [], []
         known, fed = self._ids, self._fed
+        self._steps += 1
+        admitted = self._admitted
         new_ids, new_tokens, new_lens = [], [], []
         for req in reqs:
             rid, prompt, output = req.rid, req.origin_input_ids, req.output_ids
@@ -111,6 +149,8 @@ class NgramFeeder:
                 new_ids.append(did)
                 new_tokens.extend(new)
                 new_lens.append(len(new))
+            if admitted:
+                admitted.pop(rid, None)   # decoding now: absent from a later batch means it left
             ids.append(did)
             at.append(n)
         staged_ctx = self._stage_context(reqs, generations, slots) if self.context else None
@@ -158,6 +198,14 @@ class NgramFeeder:
         tag.copy_(torch.as_tensor(tags, dtype=torch.int64).T)
         return {"flat": flat, "tags": tag}
 
+    def publish_context(self, staged_context: Optional[dict], context: context_lookup.ContextTable) -> None:
+        """Copy contexts staged at admission (``admit``) into the device prompt lookup's table (non-blocking)."""
+        if staged_context is None:
+            return
+        flat = staged_context["flat"].to(self.device, non_blocking=self._pin)
+        tags = staged_context["tags"].to(self.device, non_blocking=self._pin)
+        context_lookup.write_context(context, flat[0], flat[1], flat[2], tags[0], tags[1])
+
     def publish(self, staged: dict, slots: torch.Tensor, buffers: alignment.ProposalBuffers,
                 context: Optional[context_lookup.ContextTable] = None) -> torch.Tensor:
         """Copy a staged batch to the device (non-blocking), scatter it into the slot buffers (and staged contexts
@@ -168,7 +216,5 @@ class NgramFeeder:
         alignment.publish(buffers, slots.to(torch.int64), rows[:, 0], sc[:, 0], sc[:, 1], sc[:, 2], rows[:, 1],
                           rows[:, 2], rows[:, 3], rows[:, 4])
         if context is not None and "context" in staged:
-            flat = staged["context"]["flat"].to(self.device, non_blocking=nb)
-            tags = staged["context"]["tags"].to(self.device, non_blocking=nb)
-            context_lookup.write_context(context, flat[0], flat[1], flat[2], tags[0], tags[1])
+            self.publish_context(staged["context"], context)
         return sc[:, 2]

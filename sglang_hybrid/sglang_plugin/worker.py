@@ -1,14 +1,17 @@
 """``HybridWorkerV2``: SGLang's ``EAGLEWorkerV2`` with HYBRID's draft selection between draft and verify.
 
-Decode step (everything on the device except the first bullet, which is host bookkeeping that does not wait):
+Decode step (everything on the device except the host bullets, host work that never waits for the device):
 
-* host: feed the Rust n-gram automaton with the tokens SGLang has committed on the host (one step late), propose,
-  publish the proposals into slot-indexed device buffers (``NgramFeeder``), and copy the context of a request new to
-  its slot into the device prompt lookup's table (``context_lookup``, once per slot occupancy);
 * ``HybridDraftWorker.draft``: the EAGLE chain (topk = 1, ``num_steps`` tokens; CUDA graph when available) plus the
   softmax probability of every drafted token (``step_conf``, recorded inside ``draft_forward`` so the draft graph
   captures it) and, with the setting ``eagle_alternatives``, each position's next most likely tokens (``top_p`` /
-  ``top_i``; position 0's from the previous draft extend, kept per slot: ``alternatives``);
+  ``top_i``; position 0's from the previous draft extend, kept per slot: ``alternatives``). Nothing of HYBRID's host
+  work comes before this launch: the device starts drafting at once;
+* host, while the device drafts: feed the Rust n-gram automaton with the tokens SGLang has committed on the host (one
+  step late under overlap scheduling), propose, publish the proposals into slot-indexed device buffers
+  (``NgramFeeder``), and copy the context of a request new to its slot into the device prompt lookup's table
+  (``context_lookup``, once per slot occupancy). A request's automaton is built from its prompt at its prefill
+  (``NgramFeeder.admit``, after the prefill forward is queued), so admitting a long prompt costs no decode step;
 * ``HybridStep.select``: align n-gram proposals (a row left without one takes the device prompt lookup's, over the
   batch's real contexts: a span from host-known sequence lengths, ``_longest_context``), then the
   core's ``step.DecisionStep`` (calibrate, survivals, price, choose or merge) -> ``VerifyTree`` at this step's
@@ -332,6 +335,8 @@ class HybridDraftWorker(EagleDraftWorker):
                 self.draft_attn_backend.init_forward_metadata(forward_batch)
                 forward_batch.mark_forward_metadata_ready()
             _, _, draft_tokens, _ = self.draft_forward(forward_batch)
+        # the draft is queued: the host's n-gram work runs now, under it, not before the step's first launch
+        self.hybrid_owner.host_proposals(batch)
         bs, depth = draft_tokens.shape
         verify_input = self.hybrid_owner.build_verify(batch, draft_input, draft_tokens, self.step_conf[:bs, :depth])
         if kv_loc_plan is not None:
@@ -889,16 +894,13 @@ class HybridWorkerV2(EAGLEWorkerV2):
         self._plan_fifo.append((host, event, self._launched))
 
     def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
-        decode = not (batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle())
-        slots = seq_before = None
-        if decode:
-            self._launched += 1
-        if decode and self.feeder is not None:
-            slots = batch.req_pool_indices
-            seq_before = batch.seq_lens.clone()
-            self._publish_host_proposals(batch, slots)
+        extend = batch.forward_mode.is_extend() or batch.is_extend_in_batch
+        decode = not (extend or batch.forward_mode.is_idle())
+        slots, seq_before = self.before_launch(batch) if decode else (None, None)
         out = super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
                                                pp_proxy_tensors=pp_proxy_tensors)
+        if extend and self.feeder is not None and getattr(batch, "reqs", None):
+            self._admit(batch)
         if decode and self._last_tree is not None and slots is not None:
             bs = slots.shape[0]
             emitted = out.next_token_ids.view(bs, self.speculative_num_draft_tokens).to(torch.int64)
@@ -908,10 +910,40 @@ class HybridWorkerV2(EAGLEWorkerV2):
         self.counters.maybe_log()
         return out
 
-    def _publish_host_proposals(self, batch, slots: torch.Tensor) -> None:
-        """Host part of a decode step: feed the n-gram drafter with the batch's requests and publish its proposals
-        (and contexts new to their slots) to the device. Without a host view of the requests (``missing_host_view``)
-        their proposals are invalidated for the step, a fallback counted and logged once."""
+    def _admit(self, batch) -> None:
+        """After a prefill forward is queued: build the new requests' n-gram automata and copy their contexts into
+        the device prompt lookup's table while the device prefills (``NgramFeeder.admit``), so their first decode step
+        does neither. Without SGLang's host copy of the slots the contexts wait for that step."""
+        slots_cpu = getattr(batch, "req_pool_indices_cpu", None)
+        gens = None
+        if slots_cpu is not None and len(slots_cpu) == len(batch.reqs):
+            gens = self.req_to_token_pool.req_generation[slots_cpu.to(torch.int64)]
+            slots_cpu = slots_cpu.tolist()
+        else:
+            slots_cpu = None
+        staged = self.feeder.admit(batch.reqs, gens, slots_cpu)
+        if staged is not None and self.hybrid_step.context is not None:
+            self.feeder.publish_context(staged, self.hybrid_step.context)
+
+    def before_launch(self, batch) -> tuple:
+        """All of HYBRID's host work in a decode step before the step's first launch (the EAGLE draft), so the device
+        never waits for HYBRID to start a step: count the launch, keep the slots and the sequence lengths for
+        ``after_verify`` (a device copy, queued). The n-gram work waits until the draft is queued (``host_proposals``);
+        ``python -m bench.host_path`` times both. Returns ``(slots, seq_lens before the step)``, or Nones without
+        an n-gram feeder."""
+        self._launched += 1
+        if self.feeder is None:
+            return None, None
+        return batch.req_pool_indices, batch.seq_lens.clone()
+
+    def host_proposals(self, batch) -> None:
+        """Host part of a decode step, called by ``HybridDraftWorker.draft`` once the draft is queued: feed the n-gram
+        drafter with the batch's requests and publish its proposals (and contexts new to their slots) to the device.
+        Without a host view of the requests (``missing_host_view``) their proposals are invalidated for the step, a
+        fallback counted and logged once."""
+        if self.feeder is None:
+            return
+        slots = batch.req_pool_indices
         why = missing_host_view(batch, int(slots.shape[0]))
         if why is None:
             reqs, slots_cpu = batch.reqs, batch.req_pool_indices_cpu
