@@ -1,6 +1,6 @@
 """Drafter benchmark: our suffix-automaton n-gram drafter beside vLLM ngram, Arctic suffix decoding and SGLang's
 n-gram corpus, in one run, on real code edits and real chat (see bench/data.py), with the targets of issues 2 and 15
-(``ours[resp-only]`` is our drafter without prompt donation, for issue 15's with/without comparison).
+(``ours[resp-only]`` is our drafter without prompt donation, for the with/without comparison).
 
 Why one run: acceptance depends on the text and cost on the machine, so the only honest comparison is the same
 requests, the same tokenizer and the same CPU at the same time; every target is a ratio between numbers printed here.
@@ -147,7 +147,7 @@ def chain_factories(available: Sequence[str], width: int, max_len: int, sglang: 
     f: Dict[str, Callable] = {}
     if "ours" in available:
         f["ours"] = lambda: anchors.OursAdapter(max_draft=max(8, width))
-        # The same drafter donating only responses (issue 15's baseline for prompt donation).
+        # The same drafter donating only responses (the baseline for prompt donation).
         f[OURS_RESP_ONLY] = lambda: anchors.OursAdapter(max_draft=max(8, width), donate_prompts=False)
     if "vllm-ngram" in available:
         f["vllm-ngram"] = lambda: anchors.VllmNgramAdapter(k=width, max_model_len=max_len)
@@ -506,7 +506,7 @@ def targets(res: Dict) -> List[Tuple[str, Optional[bool], str]]:
     acc = res.get("acceptance", {})
     for wl, label in (("code", "code editing"), ("chat", "prose")):
         t = acc.get(wl) or {}
-        # Issue 2: k=8 chains on both; issue 15: trees on prose too (on code no tree target was set).
+        # k=8 chains on both; trees on prose too (on code no tree target was set).
         cols = ["k8"] + (sorted(c for c in (t.get("ours") or {}) if c.startswith("tree")) if wl == "chat" else [])
         for col in cols:
             what = "k=8 chain" if col == "k8" else f"{col[4:]}-node tree"
@@ -521,7 +521,7 @@ def targets(res: Dict) -> List[Tuple[str, Optional[bool], str]]:
             best = max(others, key=others.get)
             out.append((text, t["ours"][col] > others[best],
                         f"ours {t['ours'][col]:.3f} vs best anchor {best} {others[best]:.3f}"))
-    # Prompt donation (issue 15): prose gains, code does not lose.
+    # Prompt donation: prose gains, code does not lose.
     for wl, label in (("chat", "prose"), ("code", "code editing")):
         t = acc.get(wl) or {}
         o, r = t.get("ours") or {}, t.get(OURS_RESP_ONLY) or {}

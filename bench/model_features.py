@@ -4,7 +4,7 @@
                                    [--head DIR] [-k 3] [--threads 1]
 
 Why: the price reads the model drafter's confidence through ``ModelCalibration``, a per-depth temperature on the
-drafted token's softmax probability ``p1`` (docs/calibration_check.md, "Model drafter"). Issue 13 asks whether
+drafted token's softmax probability ``p1`` (docs/calibration_check.md, "Model drafter"). The question here is whether
 richer features of the same softmax -- the runner-up probability ``p2`` (the top-1/top-2 margin) and the entropy
 ``H`` -- would make that confidence mean more. Both engines materialise the softmax already, so the features would
 be cheap to compute; carrying them needs changes in ``ModelDraft``, the calibration format and the worker's

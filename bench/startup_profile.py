@@ -12,13 +12,13 @@ costs there, which the measurement's warm-up pays during the start) and, for ``o
 verify's and the draft forward's, ``draft_cost_table``, which also turns on adaptive drafting and so builds the
 shallower depths' runtime states) with the rounds the start's budget afforded (``startup_costs.StartBudget``); then
 the median start-up per setting, their ratio, the median of the rounds' paired differences, the medians of start
-plus first request, and the target of issue 25: start-up grows by at most 10 % with the measurement (MET / MISSED).
+plus first request, and the target: start-up grows by at most 10 % with the measurement (MET / MISSED).
 
 Both run extend and decode attention, and the draft plan's KV-index kernel, with the torch twins of SGLang's Triton
 kernels (``HYBRID_CPU_ENGINE_TORCH_ATTENTION``): in Triton's interpreter, the CPU engine's default, one verify probe
 forward at this context takes longer than the whole start (the reason ``measure_cost_table = auto`` does not measure
 on the CPU engine), and the draft probe, all decode attention and its plan, took 5.2-5.6 s of a 26-28 s start with
-both kernels interpreted (2026-12-05), 0.5-0.7 s with the decode twin, about 0.2 s with the KV-index twin too.
+both kernels interpreted, 0.5-0.7 s with the decode twin, about 0.2 s with the KV-index twin too.
 Start-up times on a shared 2-core machine swing by several seconds: compare the medians of one run, interleaved, not
 single starts; the line "the measurements themselves" (the tables' own ``seconds_spent``) is the part of the growth
 that noise does not move.

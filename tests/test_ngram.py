@@ -551,7 +551,7 @@ def test_lifecycle_and_memory_release():
 
 
 def test_memory_per_token_within_target():
-    """At most 200 bytes of heap per context token (target of issue 2), for a prompt and for token-by-token growth."""
+    """At most 200 bytes of heap per context token (its memory target), for a prompt and for token-by-token growth."""
     rng = np.random.default_rng(2)
     # Zipf-like ids over a 50k vocabulary: many distinct continuations, the heavier case for transitions.
     toks = np.minimum((50_000 ** rng.random(32_000)).astype(np.int64) - 1, 49_999)

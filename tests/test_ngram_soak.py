@@ -9,7 +9,7 @@ import numpy as np
 from sglang_hybrid.ngram import NgramDrafter
 
 CAP = 20_000  # donated-corpus cap (tokens)
-BYTES_PER_TOKEN = 200  # memory target per context token (issue 2)
+BYTES_PER_TOKEN = 200  # memory target per context token
 
 
 def test_soak_lifecycles_memory_returns_under_cap():

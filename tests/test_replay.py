@@ -387,7 +387,7 @@ def test_changed_line_starts_names_the_inserted_and_replaced_lines():
 def test_edit_dense_windows_each_hold_a_changed_line_and_copy_heavy_ones_mostly_do_not():
     """The edit-dense workload (releases further apart): every window's output holds the first token of a line that
     changed between the releases, so few are verbatim runs of their prompt (a moved line can still be one); the
-    copy-heavy workload's windows mostly are. The workload measures what the copy-heavy one hides (issue 28)."""
+    copy-heavy workload's windows mostly are. The workload measures what the copy-heavy one hides."""
     from bench import data
     from bench.replay import synth as replay_synth
 

@@ -8,7 +8,7 @@ around a small random-weight decoder (``bench.device.decoder.Target``, fp32), on
 own KV cache, accepted nodes compacted into the cache. Plain greedy decoding (one token per forward, the same model)
 is the oracle; the output must be equal token for token.
 
-With ``ragged=True`` the verify takes the ragged path instead (issue 25): ``ragged.layout.build_ragged_layout`` packs
+With ``ragged=True`` the verify takes the ragged path instead: ``ragged.layout.build_ragged_layout`` packs
 each request's own nodes and tree mask, the forward reads the compact rows (``gather_rows`` of the node tokens and
 positions; request ``i``'s rows ``qo_indptr[i]..qo_indptr[i+1]``, its mask block at ``mask_indptr[i]``), and the logits
 go back to their padded rows (``scatter_rows``) for ``greedy_accept``: a wrong count, offset or scatter changes the

@@ -1,4 +1,4 @@
-"""The plugin's ragged verify layout on the device: one captured graph per total-token tier serves any split (issue 25).
+"""The plugin's ragged verify layout on the device: one captured graph per total-token tier serves any split.
 
     python -m bench.device.ragged             # GPU: CUDA graph + sync check + timing; no GPU: the CPU mode (below)
 

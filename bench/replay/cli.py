@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ngram-calibration", default=None, help="NgramCalibration JSON (default: shipped)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lockstep-start", action="store_true",
-                    help="start the first wave of every run at token 0 together, as the runs up to 2026-12-04 19:15 "
+                    help="start the first wave of every run at token 0 together, as earlier runs "
                          "did (default: at seeded uniform positions of their outputs, a server's steady state; "
                          "bench.replay.sim.start_positions)")
     ap.add_argument("--out", type=Path, default=Path("out/replay"))

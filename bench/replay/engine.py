@@ -86,7 +86,7 @@ from sglang_hybrid.widths import default_depths, start_width
 
 #: verify layouts of an as-built engine. The host must know how many rows each request's verify takes before it can
 #: plan the attention and pick the captured graph; the node counts are decided on the device. The padded layout
-#: sidesteps that with a width read late; the ragged ones answer it in the two ways issue 25 names.
+#: sidesteps that with a width read late; the ragged ones answer it in the two ways the ragged design names.
 VERIFY_LAYOUTS = {
     "padded": "every request verifies W tokens, W the width bucket chosen {width_lag} step(s) before; cost T(B W)",
     "ragged_sync": ("ragged verify (built on Triton and FlashInfer at TP 1, opt-in on a GPU, not run there): each "
@@ -110,7 +110,7 @@ VERIFY_LAYOUTS = {
 LAUNCH_COUNT_BATCH = 4
 #: the context the price's step-time tables are at (``EngineConfig.price_context``)
 PRICE_CONTEXTS = {
-    "start": "one table, every request at one context (a user's table; the README's launch before 2026-12-06 "
+    "start": "one table, every request at one context (a user's table; an earlier README launch "
              "measured its tables at the probe's context only: the worker's PROFILE_CONTEXT, the replay's "
              "--gpu-context), whatever the batch holds",
     "blend": "the README's launch: the tables of its two start-up probes, at an eighth of the probe's context and "
@@ -134,9 +134,9 @@ COST_TABLES = {
 #: an H200 (the device kit's ragged job, 16 counts: ``blocking_read_stall_us`` in docs/device_run/ragged.json)
 RAGGED_READ_US = 41.1
 #: what the host launches between that read and the verify graph's replay, as built: ATen operators and Triton
-#: launches, a MEASURED count (``python -m bench.ragged_sync_ops``, SGLang's CPU engine, 2026-12-06; the live suite
+#: launches, a MEASURED count (``python -m bench.ragged_sync_ops``, SGLang's CPU engine; the live suite
 #: checks every step launches exactly these), each charged its host dispatch (``host.LaunchCost``: the published
-#: per-operator figure, the measured per-Triton-launch one) with the device idle. None since 2026-12-06: the KV write
+#: per-operator figure, the measured per-Triton-launch one) with the device idle. None now: the KV write
 #: ids, the graph's static buffers and the attention plan are queued before the read (``graph_runner.load_ahead``);
 #: until then 22 operators and 1 Triton launch
 RAGGED_SYNC_OPS, RAGGED_SYNC_TRITON = 0, 0
@@ -144,8 +144,8 @@ RAGGED_SYNC_OPS, RAGGED_SYNC_TRITON = 0, 0
 #: compaction, the KV write ids, the static buffers, the attention plan), MEASURED alike: their host dispatch hides
 #: under the device's draft and decision, their device time does not (the verify waits on them), each charged its GPU
 #: time (``host.LaunchCost``: 2 us an operator, published; 15 us a Triton launch, measured). Not charged before
-#: 2026-12-06; 82 operators and 1 Triton launch until the layout and the compaction became one Triton launch each
-#: (``kernels.ragged_layout``, 2026-12-06), writing the request padding and the graphs' static inputs themselves
+#: 82 operators and 1 Triton launch until the layout and the compaction became one Triton launch each
+#: (``kernels.ragged_layout``), writing the request padding and the graphs' static inputs themselves
 RAGGED_AHEAD_OPS, RAGGED_AHEAD_TRITON = 16, 3
 RAGGED_SYNC_US = round((RAGGED_READ_US * 1e-6 + LaunchCost().host_s(RAGGED_SYNC_TRITON, RAGGED_SYNC_OPS)
                         + LaunchCost().device_s(RAGGED_AHEAD_TRITON, RAGGED_AHEAD_OPS)) * 1e6, 1)
@@ -173,7 +173,7 @@ class EngineConfig:
     n_nodes: int = 12
     widths: Optional[tuple] = None      # None: sglang_hybrid.widths.default_buckets(n_nodes + 1)
     #: adaptive drafting (the worker with a draft table, given or measured at start): its default depths,
-    #: ``widths.default_depths``; False: a fixed depth (the worker with ``draft_depths = []``, or before 2026-12-05
+    #: ``widths.default_depths``; False: a fixed depth (the worker with ``draft_depths = []``, or an earlier worker
     #: the README's launch, which measured the verify table only)
     adaptive_depth: bool = True
     #: HYBRID's online offset on the EAGLE side's calibrated logit: the worker's setting ``model_bias_eta`` and its

@@ -5,7 +5,7 @@ plus whatever each engine does around them. That work differs by policy and deci
 step moves code batch 4 by 10 %), so every number sits here, with where it was measured:
 
 * **Our n-gram drafter's host path** (HYBRID, and our n-gram drafter alone): feed the committed tokens, batched Rust
-  propose, publish. `bench.host_path` measured the worker's whole path on this 2-core machine, 2026-11-30 22:10,
+  propose, publish. `bench.host_path` measured the worker's whole path on this 2-core machine,
   context 1k tokens (docs/benchmarks.md section 3): 0.114 ms at batch 1, 0.359 ms at 32, 0.819 ms at 128;
   `host_seconds` interpolates linearly in the batch size. It runs before the step's launches; with overlap scheduling
   it hides under the device's previous step (the engine's ``host_overlaps``).
@@ -19,7 +19,7 @@ step moves code batch 4 by 10 %), so every number sits here, with where it was m
 * **Kernel launches of the decision** (`LaunchCost`): HYBRID's worker runs its decision eagerly between the EAGLE
   draft and the verify forward; `bench.step_launches` counts its launches (7 on the fused Triton path). Each launch
   costs ``host_us`` of host dispatch and ``gpu_us`` of GPU time, MEASURED on an H200 (the device kit's selection job,
-  `bash bench/device_run.sh`, 2026-12-04, `docs/device_run/selection.json` and `selection_fourth.json`: the fused step
+  `bash bench/device_run.sh`, `docs/device_run/selection.json` and `selection_fourth.json`: the fused step
   at the replay's configurations S4/K8, S2/K24 and S6/K24, batch 1-128, two runs). GPU: the step captured in a CUDA
   graph replays in 0.045-0.063 ms at S4/K8 and 0.080-0.121 ms at the K24 configurations (W 27 and 31); ``gpu_us`` =
   15 us per launch is the widest configuration's median (0.105 ms / 7), charged to every configuration (S4/K8 alone

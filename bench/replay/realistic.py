@@ -55,7 +55,7 @@ ALPHAS = (0.5, 0.6, 0.7, 0.8)
 MODES = ("as built", "ideal")
 #: the as-built engine launched with ``ragged_verify=on`` (the worker's blocking read of the node counts, verify in
 #: token-tier graphs; both tables measured at start as in the README's launch): run beside ``MODES`` on the headline
-#: point and the real trace (``Config.ragged_mode``), the engine issue 25's gap target is stated for
+#: point and the real trace (``Config.ragged_mode``), the engine the gap target is stated for
 RAGGED = "as built, ragged"
 #: the worker's setting ``eagle_alternatives`` (``Config.eagle_alternatives``; ``EngineConfig.eagle_alternatives``):
 #: the EAGLE side's next-best tokens at each chain position hung as leaves, a tree that costs no draft forward, in the
@@ -66,7 +66,7 @@ RAGGED_ALTERNATIVES = "as built, ragged, EAGLE alternatives"
 ALTERNATIVES = "ideal, EAGLE alternatives"
 REAL_TRACE = Path("out/traces/smollm2_t0_final.jsonl")
 ROOT = Path(__file__).resolve().parents[2]
-#: the device kit's step-time table from an H200 (``bash bench/device_run.sh``, 2026-12-04): a compact PyTorch
+#: the device kit's step-time table from an H200 (``bash bench/device_run.sh``): a compact PyTorch
 #: Llama-3.1-8B-shaped decoder at 2,048 context tokens per request, MEASURED, not SGLang (docs/benchmarks.md, section 4)
 MEASURED_TABLE = ROOT / "bench" / "cost_tables" / "h200_measured_compact.json"
 
@@ -172,7 +172,7 @@ class Config:
     width_lag: int = 2
     ngram_lag: int = 1
     #: the first wave of every run starts at token 0 together (``sim.simulate(lockstep_start=True)``), as the runs up to
-    #: 2026-12-04 19:15 did; default: at seeded uniform positions of their outputs (``sim.start_positions``)
+    #: earlier runs did; default: at seeded uniform positions of their outputs (``sim.start_positions``)
     lockstep_start: bool = False
     #: the as-built launch's cost tables (``engine.COST_TABLES``): "measured" = the README's launch (the default);
     #: "given" = both tables, every width bucket and adaptive drafting, a launch that does not start on an H200 at
@@ -356,7 +356,7 @@ class Runner:
     @property
     def alternatives_modes(self) -> tuple:
         """The modes with EAGLE alternatives HYBRID also runs in on the headline point and on a real trace that
-        records the head's alternatives: ``RAGGED_ALTERNATIVES`` and ``ALTERNATIVES`` (the two issue 25's targets
+        records the head's alternatives: ``RAGGED_ALTERNATIVES`` and ``ALTERNATIVES`` (the two targets
         compare)."""
         return tuple(m for m in (RAGGED_ALTERNATIVES, ALTERNATIVES) if m in self.engines)
 
@@ -674,7 +674,7 @@ def oracle_note(runner: Runner, heads) -> str:
 
 
 def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
-    """The targets (issue 28's, and the engine issues' that this run measures), each (name, met, detail)."""
+    """The targets (the selector's, and the engine's that this run measures), each (name, met, detail)."""
     v = []
     head = HEADLINE
     tag = "SIM alpha=0.7 copy=0.9, as built"
@@ -710,7 +710,7 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
     for name, w, bs, tgt in (("code-edit B=4", "code-edit", [4], 1.62), ("code-edit B=128", "code-edit", [128], 1.27),
                              ("chat, every batch", "chat", list(cfg.batches), 1.00)):
         b, c = worst(w, bs, "vs_model")
-        v.append((f"issue 28: {name}: HYBRID / best model-only >= {tgt:.2f} ({tag})", c is not None and
+        v.append((f"selector: {name}: HYBRID / best model-only >= {tgt:.2f} ({tag})", c is not None and
                   c["vs_model"][0] >= tgt, "not run" if c is None else
                   f"{fmt_ci(c['vs_model'])} vs {c['model_name']}" + (f" (worst B={b})" if len(bs) > 1 else "")
                   + reach_note(runner, head, w, b, c)))
@@ -718,17 +718,17 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
     got = [(w, b, runner.cell(head, "as built", w, b)) for w, b in rule_cells]
     got = [(w, b, c) for w, b, c in got if c is not None]
     bad = [(w, b, c) for w, b, c in got if c["vs_rule"][0] < 1.05]
-    v.append((f"issue 28: HYBRID >= 1.05x 'n-gram if it matches, else EAGLE' on code, code-edit and mixed at B=4 and "
+    v.append((f"selector: HYBRID >= 1.05x 'n-gram if it matches, else EAGLE' on code, code-edit and mixed at B=4 and "
               f"32 ({tag})", bool(got) and not bad,
               "; ".join(f"{w} B={b} {c['vs_rule'][0]:.2f}" for w, b, c in got) or "not run"))
     cells = ran("as built")
     if cells:
-        best_single(cells, "issue 28: HYBRID >= 0.97x the best single drafter in every cell (sweep + real trace, as "
+        best_single(cells, "selector: HYBRID >= 0.97x the best single drafter in every cell (sweep + real trace, as "
                            "built)")
         heads = [(k, c) for k, c in cells if k[0] == head]
         low = min(heads, key=lambda kc: kc[1]["vs_oracle"][0])
         bad = [kc for kc in heads if kc[1]["vs_oracle"][0] < 0.85]
-        v.append((f"issue 28: HYBRID >= 0.85x the oracle in every headline cell ({tag})", not bad,
+        v.append((f"selector: HYBRID >= 0.85x the oracle in every headline cell ({tag})", not bad,
                   f"worst {fmt_ci(low[1]['vs_oracle'])} at {low[0][2]} B={low[0][3]}; {len(bad)} of {len(heads)} "
                   "cells below 0.85" + oracle_note(runner, heads)))
         below = [kc for kc in cells if kc[1]["vs_nospec"][0] < 1.0]
@@ -738,18 +738,18 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
                   f"{len(below)} of {len(cells)} cells below 1.00"))
         ragged = ran(RAGGED)
         ideal_gap(cells, "ideal", "the README's launch (padded verify): as-built / ideal gap <= 5 % in every cell")
-        ideal_gap(ragged, "ideal", "issue 25: as built with ragged_verify=on: as-built / ideal gap <= 5 % in every "
+        ideal_gap(ragged, "ideal", "engine: as built with ragged_verify=on: as-built / ideal gap <= 5 % in every "
                                    "cell")
-        best_single(ragged, "issue 25: HYBRID as built with ragged_verify=on >= 0.97x the best single drafter in "
+        best_single(ragged, "engine: HYBRID as built with ragged_verify=on >= 0.97x the best single drafter in "
                             "every cell (headline + real trace)")
         alt = ran(RAGGED_ALTERNATIVES)
         if alt:
             m = runner.engines[RAGGED_ALTERNATIVES].eagle_alternatives
             where = ("headline + real trace" if any(k[0] == "real" for k, _ in alt) else
                      "headline cells; no real-trace rows: the trace records no alternatives")
-            best_single(alt, f"issue 25: HYBRID launched with ragged_verify=on, eagle_alternatives={m} >= 0.97x the "
+            best_single(alt, f"engine: HYBRID launched with ragged_verify=on, eagle_alternatives={m} >= 0.97x the "
                              f"best single drafter in every cell ({where})")
-            ideal_gap(alt, ALTERNATIVES, "issue 25: that launch / the ideal engine with the same alternatives: gap "
+            ideal_gap(alt, ALTERNATIVES, "engine: that launch / the ideal engine with the same alternatives: gap "
                                          f"<= 5 % in every cell ({where.split(';')[0]})")
     st = {"m": 0, "a": 0, "h": 0}
     for k, r in runner.runs.items():
@@ -763,7 +763,7 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
                   f"{av:.3f} = request-steps with an n-gram proposal (the host's, aligned, or the device prompt "
                   f"lookup's) / request-steps where the drafter has a match ({st['a']} / {st['m']}; the host's "
                   f"aligned proposals alone {st['h'] / st['m']:.3f}; {tag}, all batches, evaluation seeds)"))
-    v.append(("issue 28: the run takes <= 20 minutes on this machine", wall_s <= 20 * 60, f"{wall_s / 60:.1f} min"))
+    v.append(("selector: the run takes <= 20 minutes on this machine", wall_s <= 20 * 60, f"{wall_s / 60:.1f} min"))
     return v
 
 
@@ -952,7 +952,7 @@ def decompose_variants(runner: Runner, cfg: Config, steps: int, k: int) -> list:
     variants.append(("blocking read, all four closed", dataclasses.replace(
         ragged, **{k: v for kw in closed.values() for k, v in kw.items()})))
     # the price's context, padded and with the blocking read: the launch's blend of two start-up probes against one
-    # probe at 2,048 tokens a request (the launch before 2026-12-06) and, a design, the batch's exact context
+    # probe at 2,048 tokens a request (an earlier launch) and, a design, the batch's exact context
     if base.price_at == "blend":
         variants += [(f"{launch}, {how}", dataclasses.replace(eng, price_context=ctx))
                      for launch, eng in (("as built", base), ("blocking read", ragged))

@@ -131,7 +131,7 @@ def request_stream(indices, batch: int, seed: int) -> np.ndarray:
 def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed: int = 0,
              workload: str = "", cost_name: str = "", lockstep_start: bool = False) -> RunResult:
     """Continuous-batching replay of one policy at concurrency `batch` (the rule in the module docstring).
-    ``lockstep_start``: the first wave starts at token 0 together, as the runs up to 2026-12-04 19:15 did
+    ``lockstep_start``: the first wave starts at token 0 together, as earlier runs did
     (``--lockstep-start`` reproduces their figures; the mechanics tests count steps by hand from it)."""
     stream = request_stream(indices, batch, seed)
     if len(stream) < batch:

@@ -6,7 +6,7 @@ multi-step draft backend (``TritonMultiStepDraftBackend.common_template``) launc
 every draft step's KV indices and ``kv_indptr``: in Triton's interpreter, a few tens of milliseconds a plan at four
 requests. A py-spy profile of a start with the cost tables measured at start (docs/benchmarks.md, section 3d) found
 it three-quarters of the draft-table probe and 21 % of both probes' samples: a GPU kernel of microseconds emulated on
-the CPU, charged to the start-up measurement that issue 25 bounds (at most +10 %), and to every draft step of the live
+the CPU, charged to the start-up measurement (its target: at most +10 %), and to every draft step of the live
 cases that run the twins.
 
 What it computes, exactly as the kernel (``sglang.kernels.ops.speculative.cache_locs``), for the launch grid

@@ -191,7 +191,7 @@ class HybridSettings(BaseModel):
         shared logits rows, the verify mask) grows with ``max_bs x (n_nodes + 1)``, so widening by ``steps x M``
         made 3 alternatives cost 1.99x plain EAGLE's start-up memory against 1.46x for the chains alone
         (``bench.memory_budget``, batch 128); and the realistic replay found the wider budget bought nothing: within
-        0.3 % in every headline cell of 2026-12-07 (docs/benchmarks.md, "EAGLE alternatives"), because the price
+        0.3 % in every headline cell of its last run (docs/benchmarks.md, "EAGLE alternatives"), because the price
         rarely keeps more nodes than the chains offer."""
         if self.n_nodes is not None:
             return self.n_nodes

@@ -171,7 +171,7 @@ def short_from_one_probe(long: CostModel, requests, seconds: float) -> CostModel
     """The table at the shorter context from the longer one's (``long``, one entry per probe of ``requests[i]``
     requests) and one forward at the shorter context at the largest probe (``seconds``).
 
-    Why one probe: start-up time (issue 25's target: at most +10 %; timing every size at both contexts took +19 % on
+    Why one probe: start-up time (its target: at most +10 %; timing every size at both contexts took +19 % on
     the CPU engine, ``bench.startup_profile``). Why this model: what a shorter context saves in a verify is its KV
     reads and their attention, ``B x c`` tokens for ``B`` requests: at a given context difference, proportional to
     the requests. The probe at the largest batch measures that saving, every other size takes its share:

@@ -120,7 +120,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def target_report(rows: list[dict]) -> list[str]:
-    """Issue 13's demo target per workload: best HYBRID mode >= max(n-gram only, EAGLE only), timed and modelled."""
+    """The demo's target per workload: best HYBRID mode >= max(n-gram only, EAGLE only), timed and modelled."""
     out = []
     for w in dict.fromkeys(r["workload"] for r in rows):
         by = {r["mode"]: r for r in rows if r["workload"] == w}
@@ -376,7 +376,7 @@ def main(argv=None) -> int:
              "model: cost-model speedup from the run's forwards and draft steps and the cost table; acc/step: mean",
              "accepted draft tokens per step; fwd: target verify forwards; verified: tokens verified (root + drafts)"]
     report = target_report(rows)
-    text = "\n".join([table, "", *notes, "", "target (issue 13): best HYBRID >= max(n-gram only, EAGLE only)",
+    text = "\n".join([table, "", *notes, "", "target: best HYBRID >= max(n-gram only, EAGLE only)",
                       *report, "", info])
     print(text)
     (a.out / "table.txt").write_text(text + "\n")
