@@ -16,10 +16,14 @@ given: the verify table measured at start, widths 5 and 13 and the extras 8 and 
 (the machinery allocated after the KV pool plus SGLang's post-capture runtime reserve against the free memory: the
 test's criterion; the worker refuses at start where the states it still has to build do not fit). Then, per (batch,
 context), the most runtime states a settable grid (``draft_depths`` x ``verify_widths``, which always keep 4 and 13)
-fits, and which of the replay's tuned HYBRID configurations (S<steps>/K<ngram_k>, printed in its tables) fit.
+fits, and which of the replay's tuned HYBRID configurations (S<steps>/K<ngram_k>, printed in its tables) fit. Last,
+per batch, the runtime activation reserve the worker keeps free before it fits widths at start
+(``memory_budget.runtime_activation_reserve``: a sampled verify at the full width 13 and the batch, plus an 8,192-token
+chunked prefill), with its breakdown, and the default launch's widths at each (batch, context) without and with it.
 
-Computed from SGLang 0.5.23's (and FlashInfer 0.7.2's) sizing formulas, cited in the memory_budget module; not
-measured on a GPU. The free memory is an upper bound (the card's whole memory taken as free before the weights load).
+Computed from SGLang 0.5.23's (and FlashInfer 0.7.2's) sizing formulas, cited in the memory_budget module (the
+sampled verify's top-p workspace from FlashInfer's newest stored source, 0.6.18); not measured on a GPU. The free
+memory is an upper bound (the card's whole memory taken as free before the weights load).
 The shared Llama-3.1-8B / H200 construction lives here; tests/test_memory_budget.py imports it and checks the SGLang
 lists reproduced here (captured batch sizes, prefill graph sizes) against SGLang's own functions.
 """
@@ -39,14 +43,16 @@ from sglang_hybrid.sglang_plugin.config import HybridSettings, resolved_ngram_bi
 ROOT = Path(__file__).resolve().parent.parent
 GiB, MiB = mb.GiB, mb.MiB
 
-#: Llama-3.1-8B (config.json: hidden 4096, 32 layers, 32 heads, 8 KV heads, vocab 128,256, bf16, context 131,072)
-LLAMA8B = mb.ModelShape(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, vocab=128256)
+#: Llama-3.1-8B (config.json: hidden 4096, 32 layers, 32 heads, 8 KV heads, vocab 128,256, bf16, context 131,072,
+#: intermediate 14,336)
+LLAMA8B = mb.ModelShape(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, vocab=128256, intermediate=14336)
 LLAMA8B_PARAMS = 8_030_261_248
 LLAMA8B_CONTEXT = 131072
 #: an EAGLE-3 head for it (jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B, the README's): one Llama layer, 14,336
 #: intermediate, a 32,000-token draft vocabulary, the target's embedding
-EAGLE3 = mb.ModelShape(hidden=4096, layers=1, heads=32, kv_heads=8, head_dim=128, vocab=128256)
 EAGLE3_INTERMEDIATE, EAGLE3_VOCAB = 14336, 32000
+EAGLE3 = mb.ModelShape(hidden=4096, layers=1, heads=32, kv_heads=8, head_dim=128, vocab=128256,
+                       intermediate=EAGLE3_INTERMEDIATE)
 #: nvidia-smi's memory.total of an H200 (/work/.library/device/KINDS.md), what SGLang's get_nvgpu_memory_capacity reads
 H200_MIB = 143771
 #: SGLang's default chunked prefill size on an H200 (``srt/arg_groups/memory_hook.py`` ~147-155)
@@ -128,6 +134,17 @@ class H200Case:
     def needs(self, b: mb.Budget) -> int:
         return b.from_free + self.reserve
 
+    def activation_reserve(self, settings: HybridSettings, steps: int = STEPS) -> tuple:
+        """The runtime activation reserve the worker keeps free before it fits widths at start
+        (``memory_budget.runtime_activation_reserve``, as ``fit_widths_at_start`` computes it): a sampled verify at
+        ``settings``' full width and the running limit (logits in SGLang's shared graph buffer; logprob copies at the
+        deepest path, ``HybridStep.max_depth``) plus a chunked prefill of ``H200_CHUNKED_PREFILL`` tokens. Returns
+        ``(bytes, breakdown)``."""
+        n_nodes = settings.resolved_n_nodes(steps)
+        full = n_nodes + 1
+        accept = min(n_nodes, max(steps, settings.ngram_k), full - 1) + 1
+        return mb.runtime_activation_reserve(self.dep, full, self.running, accept_width=accept)
+
 
 def llama8b_h200(running: int = 128, context: int = LLAMA8B_CONTEXT, *,
                  capture_bs: Optional[Sequence[int]] = None) -> H200Case:
@@ -146,7 +163,8 @@ def llama8b_h200(running: int = 128, context: int = LLAMA8B_CONTEXT, *,
     pool_tokens = int((H200_MIB * MiB * mfs - t.dtype_bytes * LLAMA8B_PARAMS - draft_weights) // cell)
     dep = mb.Deployment(target=t, draft=d, draft_logits_vocab=EAGLE3_VOCAB, draft_input_hidden=3 * t.hidden,
                         draft_weight_bytes=draft_weights, max_running_requests=running, context_len=context,
-                        cuda_graph_bs=capture_bs, kv_pool_tokens=pool_tokens)
+                        cuda_graph_bs=capture_bs, kv_pool_tokens=pool_tokens,
+                        chunked_prefill_tokens=H200_CHUNKED_PREFILL)
     return H200Case(dep=dep, mfs=mfs, free=free, reserve=mb.post_capture_reserve_bytes(), pool_tokens=pool_tokens)
 
 
@@ -205,21 +223,25 @@ def hybrid_budget(case: H200Case, settings: HybridSettings, *, steps: int = STEP
 
 @functools.lru_cache(maxsize=None)
 def default_launch_widths(running: int, steps: int, ngram_k: int, n_nodes: Optional[int] = None, mode: str = MODE,
-                          context: int = LLAMA8B_CONTEXT, extras: Optional[tuple] = None) -> tuple:
+                          context: int = LLAMA8B_CONTEXT, extras: Optional[tuple] = None,
+                          activations: bool = False) -> tuple:
     """The verify widths the default launch (a table measured at start, no ``verify_widths``) builds at
     ``running`` requests and ``context``: the worker's own fit (``memory_budget.fit_widths``: ``extras`` in order
     while their states fit; default every extra of ``widths.measured_table_buckets``, the caller passing those that
     pay by its step-time table, ``widths.paying_extras``), with this module's deployment and the criterion of
     ``H200Case.fits`` (the free memory after the KV pool, an upper bound). The realistic replay's as-built HYBRID
-    verifies at these widths."""
+    verifies at these widths. ``activations``: also keep the runtime activation reserve free
+    (``H200Case.activation_reserve``), as the worker's fit does since the reserve was added; False (the default):
+    the fit without it, which the replay and the pinned tables still use."""
     from sglang_hybrid.widths import measured_table_buckets
 
     case = llama8b_h200(running, context)
     settings = hybrid_settings(False, False, ngram_k=ngram_k, measure="auto", mode=mode, n_nodes=n_nodes)
     required, every = measured_table_buckets(steps, settings.resolved_n_nodes(steps) + 1)
     extras = every if extras is None else tuple(extras)
-    return mb.fit_widths(lambda ws: case.fits(hybrid_budget(case, settings, steps=steps, widths=ws)), required,
-                         extras)
+    kept = case.activation_reserve(settings, steps)[0] if activations else 0
+    return mb.fit_widths(lambda ws: case.needs(hybrid_budget(case, settings, steps=steps, widths=ws)) + kept
+                         <= case.free, required, extras)
 
 
 #: the HYBRID layouts the table prints: (label, cost_table, draft_cost_table, measure_cost_table, ragged,
@@ -322,6 +344,41 @@ def table(batches: Sequence[int] = BATCHES, contexts: Sequence[int] = CONTEXTS) 
             verdicts.append("fits" if cases[(b, c)].fits(bud) else "NO")
         ws = ",".join(str(w) for w in settings.resolved_verify_widths(steps))
         out.append(f"{f'S{steps}/K{k}':<8} {n:>6}  {ws:<22} " + " ".join(f"{v:>9}" for v in verdicts))
+    out += [""] + reserve_lines(batches, contexts)
+    return out
+
+
+def reserve_lines(batches: Sequence[int] = BATCHES, contexts: Sequence[int] = CONTEXTS) -> list:
+    """The runtime activation reserve per batch (it does not depend on the context) with its breakdown, and the
+    default launch's widths at every (batch, context) without and with it."""
+    settings = hybrid_settings(False, False, measure="auto")
+    full = settings.resolved_n_nodes(STEPS) + 1
+    out = ["Runtime activation reserve the worker keeps free before fitting widths at start "
+           "(memory_budget.runtime_activation_reserve, fit_widths_at_start), beside SGLang's post-capture reserve: "
+           f"a sampled verify at the full width {full} x batch requests (vocab {LLAMA8B.vocab:,}, float32; logits in "
+           f"SGLang's shared graph buffer) plus a chunked prefill of {H200_CHUNKED_PREFILL:,} tokens (GiB):", ""]
+    verify_keys = ("probability copies", "top-p workspace", "top-k row states", "logprob copies", "logits")
+    prefill_keys = ("hidden states", "layer intermediate", "draft hidden states", "last-token logits")
+    head = (f"{'batch':>5}  {'verify':>6} = {'2 copies':>8} {'top-p ws':>8} {'top-k':>6} {'logprob':>7} "
+            f"{'logits':>6}   {'prefill':>7} = {'hidden':>6} {'layer':>6} {'draft h':>7} {'logits':>6}   "
+            f"{'reserve':>7}")
+    out += [head, "-" * len(head)]
+    for b in batches:
+        total, items = llama8b_h200(b, contexts[0]).activation_reserve(settings)
+        v = [items[f"sampled verify: {k}"] for k in verify_keys]
+        p = [items[f"chunked prefill: {k}"] for k in prefill_keys]
+        out.append(f"{b:>5}  {_gib(sum(v)):>6} = {_gib(v[0]):>8} {_gib(v[1]):>8} {_gib(v[2]):>6} {_gib(v[3]):>7} "
+                   f"{_gib(v[4]):>6}   {_gib(sum(p)):>7} = {_gib(p[0]):>6} {_gib(p[1]):>6} {_gib(p[2]):>7} "
+                   f"{_gib(p[3]):>6}   {_gib(total):>7}")
+    out += ["", "The default launch's verify widths (a table measured at start; every extra assumed to pay), without "
+                "the activation reserve (this table's and the replay's) and with it (the worker's fit):", ""]
+    head = f"{'batch x context':>15}  {'without':<12} {'with':<12}"
+    out += [head, "-" * len(head)]
+    for b in batches:
+        for c in contexts:
+            without, with_ = (",".join(map(str, default_launch_widths(b, STEPS, NGRAM_K, context=c, activations=a)))
+                              for a in (False, True))
+            out.append(f"{f'{b} x {c:,}':>15}  {without:<12} {with_:<12}")
     return out
 
 

@@ -158,7 +158,7 @@ _PROBE = """
     def runner(layers, spec_eagle3, device):
         mc = NS(hidden_size=4096, num_hidden_layers=layers, num_attention_heads=32, get_num_kv_heads=lambda tp: 8,
                 head_dim=128, vocab_size=128256, dtype=torch.bfloat16, context_len=131072, spec_hidden_size=4096,
-                hf_config=NS(draft_vocab_size=32000))
+                hf_config=NS(draft_vocab_size=32000, intermediate_size=14336))
         return NS(model_config=mc, model=torch.nn.Linear(4, 4), spec_algorithm=NS(is_eagle3=lambda: spec_eagle3),
                   attn_backend=FlashInferAttnBackend(), max_total_num_tokens=800_000, device=device,
                   decode_cuda_graph_runner=NS(capture_bs=out["capture_bs"][128]))
@@ -169,7 +169,8 @@ _PROBE = """
         return NS(target_worker=NS(model_runner=runner(32, False, device)),
                   _draft_worker=NS(draft_runner=runner(1, True, device), hot_token_id=None),
                   req_to_token_pool=NS(req_to_token=NS(shape=(128, 131089))), topk=1, device=device, gpu_id=0,
-                  server_args=NS(tp_size=1, pp_size=1, mem_fraction_static=0.905), hybrid_step=step,
+                  server_args=NS(tp_size=1, pp_size=1, mem_fraction_static=0.905, chunked_prefill_size=8192),
+                  hybrid_step=step,
                   speculative_num_steps=4, speculative_num_draft_tokens=13, settings=HybridSettings())
     states = [(d, w) for d in (1, 2, 3, 4) for w in (2, 4, 6, 7, 8, 13)]
     lines = []
@@ -213,16 +214,17 @@ _PROBE = """
                                       k[1] * k[2] for k, owner in mb._input_buffers(dep, 4, 13).items()
                                       if owner == "verify")}
     # the default launch's width fit at start (a table measured at start: EAGLE's width 5 and the full tree 13
-    # required, then 8, then 4), at 12 GiB and at 3 GiB free: what it keeps, its log line, and what each would need
+    # required, then 8, then 4), at 15, 9 and 7 GiB free: what it keeps, its log line, and what each would need
     fit = {}
-    for gib in (12.0, 6.0, 4.0):
+    for gib in (15.0, 9.0, 7.0):
         su.get_available_gpu_memory = lambda device, gpu_id, g=gib: g
         w = worker("cuda")
         kept = mb.fit_widths_at_start(w, (4,), (5, 13), (8, 4))
         dep = mb.deployment_of(w, 1)
         need = {",".join(map(str, ws)): mb._start_budget(w, dep, [(4, x) for x in ws]).to_build
                 for ws in ((5, 13), (5, 8, 13), (4, 5, 13), (4, 5, 8, 13))}
-        fit[str(gib)] = {"kept": list(kept), "line": lines[-1], "need": need}
+        act = mb.runtime_activation_reserve(dep, 13, 128, accept_width=w.hybrid_step.max_depth_at(13) + 1)
+        fit[str(gib)] = {"kept": list(kept), "line": lines[-1], "need": need, "activations": act[0]}
     out["fit"] = fit
     out["reserve"] = mb.post_capture_reserve_bytes()
     print(json.dumps(out))
@@ -618,20 +620,24 @@ def test_memory_budget_fit_widths_keeps_the_required_and_adds_extras_in_order_wh
 
 
 def test_memory_budget_default_launch_fits_widths_at_start_on_gpu(measured):
-    """``fit_widths_at_start`` on the stand-in worker (Llama-8B shapes, 128 requests, a 131,072 context, one depth;
-    the verify parts after SGLang's start-up state, with the runtime reserve, against the free memory): with 12 GiB
-    free all four widths; with 6 GiB EAGLE's width 5, the full tree 13 and the first extra 8, leaving out 4, which
-    would need more, named in the log line; with 4 GiB only the required two (8 and 4 each too dear)."""
+    """``fit_widths_at_start`` on the stand-in worker (Llama-8B shapes, 128 requests, a 131,072 context, 8,192-token
+    chunked prefill, one depth; the verify parts after SGLang's start-up state, with the runtime reserve and the
+    runtime activation reserve, 2.79 GiB here, against the free memory): with 15 GiB free all four widths; with 9 GiB
+    EAGLE's width 5, the full tree 13 and the first extra 8, leaving out 4, which would need more, named in the log
+    line; with 7 GiB only the required two (8 and 4 each too dear). The line names both reserves."""
     reserve = measured["reserve"]
-    for gib, kept, left in (("12.0", [4, 5, 8, 13], []), ("6.0", [5, 8, 13], [4]), ("4.0", [5, 13], [8, 4])):
+    for gib, kept, left in (("15.0", [4, 5, 8, 13], []), ("9.0", [5, 8, 13], [4]), ("7.0", [5, 13], [8, 4])):
         f = measured["fit"][gib]
         free = float(gib) * GiB
-        need = {k: v + reserve for k, v in f["need"].items()}
+        assert round(f["activations"] / GiB, 2) == 2.79
+        need = {k: v + reserve + f["activations"] for k, v in f["need"].items()}
         assert f["kept"] == kept, f
         fits = {k: n <= free for k, n in need.items()}
         assert fits["5,8,13"] == (8 in kept) and fits["4,5,8,13"] == (4 in kept and 8 in kept), need
         assert f["line"].startswith(f"HYBRID: verify widths {kept}"), f["line"]
-        assert f"{gib[:-2]}.00 GiB free" in f["line"], f["line"]
+        assert f"fit {gib[:-2]}.00 GiB free with 1.62 GiB kept for the runtime and 2.79 GiB for its activations at " \
+               "width 13 x 128 requests: sampled verify 1.67 GiB" in f["line"], f["line"]
+        assert "chunked prefill 1.12 GiB" in f["line"], f["line"]
         assert ("left out: " in f["line"]) == bool(left), f["line"]
         for w in left:
             assert f"{w} (would need" in f["line"], f["line"]

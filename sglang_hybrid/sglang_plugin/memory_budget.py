@@ -69,6 +69,55 @@ inputs, logits buffer and hidden state buffer (``ragged_graph_bytes``; both: ``r
 FlashInfer backend, with its token-tier graphs, the buffers their wrappers plan into and the same graph inputs
 (``ragged_flashinfer_bytes``; nothing eager).
 
+Runtime activation reserve (``runtime_activation_reserve``): what the serving steps allocate beyond every static
+buffer above, at their peak. The default launch's width fit (``fit_widths_at_start``) keeps it free, beside SGLang's
+post-capture reserve, before it adds any extra width. It has two parts, summed as the issue asks. The sum is an upper
+bound: a verify and a prefill never share a forward. A mixed-chunk step, off by default and off for plugin
+algorithms, decodes its running requests one token each, without a verify (``srt/arg_groups/speculative_hook.py``
+~1104-1116).
+
+* The sampled verify at the widest width W and ``running`` requests (``sampled_verify_reserve``), ``rows = running x
+  W``. Every request with a temperature above 0 takes ``eagle_sample``'s sampling branch (``srt/speculative/
+  eagle_utils.py`` ~521-855, from ``run_eagle_verify``, ``eagle_worker_common.py`` ~680). An all-greedy batch takes
+  its argmax and copies nothing. The logits ``[rows, V]`` are float32 (``srt/layers/logits_processor.py``
+  ``_copy_logits_to_buffer`` ~1336-1369). With graphs they are cast into the shared logits buffer, already counted
+  above as "logits buffers". Without graphs, or with more requests than the largest captured batch, SGLang calls
+  ``logits.float()`` and makes a fresh tensor, counted here. The branch: ``expanded_temperature`` (~720), then the
+  softmax at the temperature (~724, ``kernels/ops/sampling/__init__.py`` ``softmax`` ~38-57: ``logits /
+  temperatures`` makes one copy and ``torch.softmax`` another; FlashInfer's softmax runs only on sm 10.3 and copies
+  the same). Then the top-k renorm (~729) and the top-p renorm (~737). On CUDA these are FlashInfer's
+  ``top_k_renorm_probs`` / ``top_p_renorm_probs`` (``kernels/ops/sampling/renorm.py`` ~12-13), and each returns a new
+  ``torch.empty_like(probs)`` while its input is still referenced. Then ``torch.zeros_like(target_probs)`` for the
+  draft probabilities (~748, ``[bs, W, V]``, the same size). The tree kernel (``kernels/ops/speculative/
+  sampling.py``) writes in place, and ``del`` (~785) frees it all. Each step holds its input and its output, so at
+  most TWO float32 ``[rows, V]`` copies are alive beyond the logits. During the top-p renorm FlashInfer's AIR top-p
+  workspace is also alive: per row, 384 B of counters, the 2,048-bin histogram and count histogram (4 B each), and two
+  buffers of ``align256(V / 32)`` floats. Add the top-k renorm's 1 MiB row-state cache (allocated once, then kept).
+  FlashInfer's allocations are read from its ``flashinfer/sampling.py`` in the newest stored source (0.6.18; the
+  0.7.2 that SGLang requires was not available to read). Requests that return logprobs then run
+  ``compute_spec_logprobs`` (``srt/layers/logprob_processor.py`` ~386-432), after the sampling tensors are freed: a
+  gather, a temperature copy and the log-softmax of ``[running x accept_width, V]`` float32, three copies, counted
+  where they exceed the sampling's peak. Left out: the ``[bs, V]`` penalty and logit-bias rows (their
+  ``repeat_interleave`` to ``[rows, V]`` is one transient copy, before the softmax, below the peak), the debug NaN
+  checks (off by default), the watermark clone (only with watermarks and logprobs), and rejection sampling (its
+  draft probabilities come from the draft, not ``zeros_like``).
+* A chunked prefill of ``chunked_prefill_size`` tokens C (``chunked_prefill_reserve``; SGLang sizes its own
+  activation slack by the same token count, 1.5 MiB a token, ``srt/arg_groups/memory_hook.py`` ~297-310). These
+  are the eager forward's live activations at a dense decoder layer's peak (``srt/models/llama.py``). First the
+  residual stream, the sublayer's input and its output, ``3 x [C, hidden]``. Then the larger of the MLP's
+  ``gate_up`` ``[C, 2 x intermediate]`` with its SiluAndMul output ``[C, intermediate]`` (``LlamaMLP.forward``
+  ~124-141) and the attention's qkv ``[C, (heads + 2 kv_heads) x head_dim]`` with its output
+  ``[C, heads x head_dim]`` (``LlamaAttention.forward`` ~243-288), per TP rank. Then the hidden states kept for the
+  draft's extend, ``[C, draft_input_hidden]`` (EAGLE-3's captured aux layers, ``srt/layers/aux_hidden_states.py``
+  ``AuxHiddenStateList.capture`` clones them). Then the logits of each request's last token only
+  (``logits_processor.py`` ~720-735: ``hidden_states[last_index]``), ``[requests, V]`` in the model's dtype and
+  float32. SGLang's default breakable prefill graphs run the layer body in the graph pool captured at start, but
+  any batch they cannot replay runs eager (``srt/model_executor/runner/prefill_cuda_graph_runner.py``
+  ``can_replay_locally`` ~1325-1421: input embeddings, LoRA, some logprob batches, more requests than captured, too
+  much padding), and the logits tail is always eager, so the whole eager peak is counted. This is an upper bound: the
+  logits come after the layer temporaries are freed. Mixture-of-experts layers are not modelled (their
+  ``intermediate`` stands for the dense MLP's).
+
 No SGLang import at module level: the budget is plain arithmetic, testable from numbers (tests/test_memory_budget.py);
 ``check_start`` is the worker's entry point and reads the live objects.
 """
@@ -92,6 +141,8 @@ FLASHINFER_WRAPPER_BYTES = 8 * MiB
 FLASHINFER_WRAPPER_KV_LENS_BYTES = 32768 * 4
 #: Triton lean-decode rows per program (``kernels/ops/attention/decode_attention.py`` ~1323)
 TRITON_LEAN_BLOCK_M = 16
+#: the row-state buffer FlashInfer's ``top_k_renorm_probs`` caches per device (``flashinfer/sampling.py``)
+FLASHINFER_TOPK_ROW_STATES_BYTES = 1 * MiB
 BACKENDS = ("flashinfer", "triton")
 
 
@@ -101,7 +152,9 @@ class HybridMemoryError(RuntimeError):
 
 @dataclass(frozen=True)
 class ModelShape:
-    """Per-rank attention shape of a model: ``heads`` and ``kv_heads`` already divided by the attention TP size."""
+    """Per-rank attention shape of a model: ``heads`` and ``kv_heads`` already divided by the attention TP size;
+    ``intermediate``: the dense MLP's intermediate size per TP rank (0 = unknown: the chunked prefill reserve then
+    counts the attention's activations only)."""
 
     hidden: int
     layers: int
@@ -110,6 +163,7 @@ class ModelShape:
     head_dim: int
     vocab: int
     dtype_bytes: int = 2
+    intermediate: int = 0
 
 
 @dataclass(frozen=True)
@@ -119,7 +173,9 @@ class Deployment:
     it, not by the requests' real lengths); ``draft_logits_vocab``: the draft head's vocabulary (EAGLE-3's hot vocab,
     else the target's); ``draft_input_hidden``: the width of the target hidden states fed to the draft extend (EAGLE-3:
     the concatenated aux layers); ``draft_weight_bytes``: the draft model's own parameters (tensors shared with the
-    target excluded); ``kv_pool_tokens``: the KV pool's token capacity (bounds a verify mask), None = unknown."""
+    target excluded); ``kv_pool_tokens``: the KV pool's token capacity (bounds a verify mask), None = unknown;
+    ``chunked_prefill_tokens``: the largest prefill forward (``--chunked-prefill-size``, else
+    ``--max-prefill-tokens``), 0 = none reserved (``runtime_activation_reserve``)."""
 
     target: ModelShape
     draft: ModelShape
@@ -135,6 +191,7 @@ class Deployment:
     triton_kv_splits: int = 8
     sm_count: int = 132
     kv_pool_tokens: Optional[int] = None
+    chunked_prefill_tokens: int = 0
 
     def __post_init__(self):
         if self.attention_backend not in BACKENDS:
@@ -480,6 +537,109 @@ def post_capture_reserve_bytes(tp_size: int = 1, pp_size: int = 1) -> int:
     return int((1536 + tp_size * pp_size / 8 * 1024) * MiB)
 
 
+# -- the runtime activation reserve (module docstring, "Runtime activation reserve") -----------------------------------
+def _align256(n: int) -> int:
+    return (n + 255) // 256 * 256
+
+
+def flashinfer_top_p_workspace_bytes(rows: int, vocab: int, *, deterministic: bool = False) -> int:
+    """The workspace FlashInfer's ``top_p_renorm_probs`` allocates for ``rows`` float32 rows of ``vocab`` (AIR top-p,
+    ``flashinfer/sampling.py``, "Must match GetAirTopPRenormWorkspaceSize"): 384-byte counters, a 2,048-bin histogram
+    (4 B, 8 B deterministic) and count histogram (4 B), two buffers of ``align256(vocab / 32)`` floats, per row, each
+    part 256-aligned. SGLang calls it without ``is_deterministic`` (False)."""
+    buf_len = max(_align256(vocab // 32), 256)
+    hist = 8 if deterministic else 4
+    return (_align256(384 * rows) + _align256(hist * 2048 * rows) + _align256(4 * 2048 * rows)
+            + 2 * _align256(4 * buf_len * rows))
+
+
+def sampled_verify_reserve(width: int, running: int, vocab: int, *, logits_dtype_bytes: int = 4,
+                           logits_buffered: bool = True, accept_width: Optional[int] = None) -> tuple[int, dict]:
+    """Peak bytes SGLang's sampled tree verify (``eagle_sample``'s sampling branch, temperature, top-k and top-p on)
+    allocates at ``width`` tokens per request, ``running`` requests and a ``vocab``-token vocabulary, with its
+    breakdown (values sum to the total):
+
+    * ``logits``: the ``[rows, vocab]`` logits (``rows = running x width``; float32, ``logits_dtype_bytes``) when they
+      are not in SGLang's shared graph logits buffer (``logits_buffered`` False: no graphs, a batch above the largest
+      captured one, or ragged verify's padded scatter, ``ragged.layout.scatter_rows``), else 0 (counted in the budget);
+    * ``probability copies``: the two float32 ``[rows, vocab]`` tensors every stage holds, its input and its output
+      (the temperature copy and the softmax, the softmax and the top-k renorm, the top-k and the top-p renorms, the
+      top-p renorm and the zero draft probabilities);
+    * ``top-p workspace``: FlashInfer's AIR top-p workspace at ``rows`` (``flashinfer_top_p_workspace_bytes``), alive
+      with the top-p renorm's input and output;
+    * ``top-k row states``: FlashInfer's cached 1 MiB top-k row states;
+    * ``logprob copies``: with ``accept_width`` (the ``accept_index`` width, the deepest path + 1), what the three
+      float32 ``[running x accept_width, vocab]`` tensors of ``compute_spec_logprobs`` (requests returning
+      logprobs; after the sampling's are freed) take beyond the sampling's peak, usually 0.
+
+    The sources are in the module docstring ("Runtime activation reserve")."""
+    rows = running * width
+    copy = rows * vocab * 4
+    items = {"logits": 0 if logits_buffered else rows * vocab * logits_dtype_bytes,
+             "probability copies": 2 * copy,
+             "top-p workspace": flashinfer_top_p_workspace_bytes(rows, vocab),
+             "top-k row states": FLASHINFER_TOPK_ROW_STATES_BYTES}
+    sampling = items["probability copies"] + items["top-p workspace"]
+    logprobs = 3 * running * accept_width * vocab * 4 if accept_width else 0
+    items["logprob copies"] = max(0, logprobs - sampling)
+    return sum(items.values()), items
+
+
+def chunked_prefill_reserve(chunk: int, target: ModelShape, *, requests: int, kept_hidden: int) -> tuple[int, dict]:
+    """Peak bytes an eager prefill forward of ``chunk`` tokens allocates for ``target``'s activations (per TP rank),
+    with its breakdown (values sum to the total):
+
+    * ``hidden states``: the residual stream, a sublayer's input and its output, ``3 x [chunk, hidden]``;
+    * ``layer intermediate``: the larger of the MLP's ``gate_up`` and activation output,
+      ``[chunk, 3 x intermediate]``, and the attention's qkv and output, ``[chunk, (2 heads + 2 kv_heads) x
+      head_dim]``;
+    * ``draft hidden states``: the target hidden states kept for the draft's extend, ``[chunk, kept_hidden]``
+      (``Deployment.draft_input_hidden``);
+    * ``last-token logits``: ``[requests, vocab]`` in the model's dtype and float32 (the logits processor keeps each
+      request's last token only). It comes after the layers' temporaries are freed, so summing it over-counts.
+
+    Sources in the module docstring ("Runtime activation reserve")."""
+    b, t = target.dtype_bytes, target
+    attention = (2 * t.heads + 2 * t.kv_heads) * t.head_dim
+    items = {"hidden states": 3 * chunk * t.hidden * b,
+             "layer intermediate": chunk * max(3 * t.intermediate, attention) * b,
+             "draft hidden states": chunk * kept_hidden * b,
+             "last-token logits": min(requests, chunk) * t.vocab * (b + 4)}
+    return sum(items.values()), items
+
+
+def runtime_activation_reserve(dep: Deployment, width: int, running: Optional[int] = None, *,
+                               accept_width: Optional[int] = None,
+                               logits_buffered: Optional[bool] = None) -> tuple[int, dict]:
+    """The memory the serving steps need beyond the static buffers at ``dep``: the sampled verify at ``width`` (the
+    widest verify width) and ``running`` requests (default ``dep.max_running_requests``) plus a chunked prefill of
+    ``dep.chunked_prefill_tokens``. Returns the total and the breakdown, keyed ``"sampled verify: <item>"`` and
+    ``"chunked prefill: <item>"``. ``logits_buffered`` defaults to padded verify's case: the verify logits are in
+    SGLang's shared graph logits buffer when graphs were captured up to ``running`` requests."""
+    running = int(running if running is not None else dep.max_running_requests)
+    if logits_buffered is None:
+        logits_buffered = bool(dep.cuda_graph_bs) and running <= dep.max_bs
+    _, verify = sampled_verify_reserve(width, running, dep.target.vocab, logits_buffered=logits_buffered,
+                                       accept_width=accept_width)
+    items = {f"sampled verify: {k}": v for k, v in verify.items()}
+    if dep.chunked_prefill_tokens > 0:
+        _, prefill = chunked_prefill_reserve(dep.chunked_prefill_tokens, dep.target, requests=running,
+                                             kept_hidden=dep.draft_input_hidden)
+        items.update({f"chunked prefill: {k}": v for k, v in prefill.items()})
+    return sum(items.values()), items
+
+
+def describe_reserve(items: dict) -> str:
+    """``items`` (a reserve's breakdown) as one phrase, zero items left out: ``"sampled verify 1.67 GiB (...)"``."""
+    parts = {}
+    for key, v in items.items():
+        group, _, item = key.partition(": ")
+        if v:
+            parts.setdefault(group, []).append(f"{item} {_gib(v)}")
+    totals = {g: sum(v for k, v in items.items() if k.partition(": ")[0] == g) for g in parts}
+    return " + ".join(f"{g} {_gib(totals[g])} ({', '.join(p)})" for g, p in parts.items())
+
+
 # -- the start-up check ------------------------------------------------------------------------------------------------
 def _gib(n: int) -> str:
     return f"{n / GiB:.2f} GiB"
@@ -548,9 +708,11 @@ def deployment_of(worker, tp_size: int) -> Deployment:
 
     def shape(runner) -> ModelShape:
         mc = runner.model_config
+        inter = int(getattr(getattr(mc, "hf_config", None), "intermediate_size", 0) or 0)
         return ModelShape(hidden=mc.hidden_size, layers=mc.num_hidden_layers,
                           heads=max(mc.num_attention_heads // tp_size, 1), kv_heads=mc.get_num_kv_heads(tp_size),
-                          head_dim=mc.head_dim, vocab=mc.vocab_size, dtype_bytes=mc.dtype.itemsize)
+                          head_dim=mc.head_dim, vocab=mc.vocab_size, dtype_bytes=mc.dtype.itemsize,
+                          intermediate=-(-inter // tp_size))
 
     target, draft = shape(target_runner), shape(draft_runner)
     hf = draft_runner.model_config.hf_config
@@ -574,7 +736,17 @@ def deployment_of(worker, tp_size: int) -> Deployment:
         attention_backend=backend, topk=int(worker.topk),
         flashinfer_workspace_bytes=int(envs.SGLANG_FLASHINFER_WORKSPACE_SIZE.get()),
         sm_count=torch.cuda.get_device_properties(worker.gpu_id).multi_processor_count if cuda else 132,
-        kv_pool_tokens=int(getattr(target_runner, "max_total_num_tokens", 0) or 0) or None)
+        kv_pool_tokens=int(getattr(target_runner, "max_total_num_tokens", 0) or 0) or None,
+        chunked_prefill_tokens=_prefill_tokens(worker.server_args))
+
+
+def _prefill_tokens(args) -> int:
+    """The largest prefill forward SGLang runs: ``--chunked-prefill-size``, or ``--max-prefill-tokens`` where chunked
+    prefill is off (<= 0); 0 where neither is set."""
+    chunk = int(getattr(args, "chunked_prefill_size", 0) or 0)
+    if chunk > 0:
+        return chunk
+    return max(int(getattr(args, "max_prefill_tokens", 0) or 0), 0)
 
 
 def _captured_bs(worker, target_runner) -> tuple:
@@ -651,21 +823,28 @@ def fit_widths(fits: Callable[[tuple], bool], required: Sequence[int], extras: S
 
 def fit_widths_at_start(worker, depths: Sequence[int], required: Sequence[int], extras: Sequence[int]) -> tuple:
     """At start on a GPU (the default launch, ``HybridSettings.fits_widths_to_memory``): the widths whose runtime
-    parts (a verify part per width, a draft part per depth, padded verify) fit the memory free now with SGLang's
-    runtime reserve kept, ``check_fits``' criterion; ``required`` are kept whatever they need (``check_start`` then
-    refuses with the fix). One log line names what was left out and why."""
+    parts (a verify part per width, a draft part per depth, padded verify) fit the memory free now, with SGLang's
+    runtime reserve and the runtime activation reserve kept free (``runtime_activation_reserve``: a sampled verify
+    at the widest width and the running limit, plus a chunked prefill); ``required`` are kept whatever they need
+    (``check_start`` then refuses with the fix). One log line names both reserves and what was left out and why."""
     dep = deployment_of(worker, tp_size_of(worker))
     free, reserve = _free_and_reserve(worker, across_tp=True)   # the runtime states must agree across TP ranks
+    widest = max([int(w) for w in (*required, *extras)] + [int(worker.speculative_num_draft_tokens)])
+    running = int(getattr(worker.target_worker.model_runner, "max_running_requests", 0) or dep.max_running_requests)
+    step = getattr(worker, "hybrid_step", None)
+    accept = step.max_depth_at(widest) + 1 if hasattr(step, "max_depth_at") else widest
+    activations, items = runtime_activation_reserve(dep, widest, running, accept_width=accept)
 
     def need(widths: tuple) -> int:
-        return _start_budget(worker, dep, [(d, w) for d in depths for w in widths]).to_build + reserve
+        return _start_budget(worker, dep, [(d, w) for d in depths for w in widths]).to_build + reserve + activations
 
     kept = fit_widths(lambda ws: need(ws) <= free, required, extras)
     left = [w for w in extras if w not in kept]
     logger.info("HYBRID: verify widths %s (plain EAGLE's and the full tree, then the extras that pay, %s, while their "
-                "runtime states fit %s free with %s kept for the runtime)%s; setting verify_widths chooses them "
-                "instead",
-                list(kept), list(extras) or "none", _gib(free), _gib(reserve),
+                "runtime states fit %s free with %s kept for the runtime and %s for its activations at width %d x %d "
+                "requests: %s)%s; setting verify_widths chooses them instead",
+                list(kept), list(extras) or "none", _gib(free), _gib(reserve), _gib(activations), widest, running,
+                describe_reserve(items),
                 "; left out: " + ", ".join(f"{w} (would need {_gib(need(tuple(sorted({*kept, w}))))})" for w in left)
                 if left else "")
     return kept
