@@ -1,4 +1,4 @@
-"""Start-up memory budget (``sglang_hybrid.sglang_plugin.memory_budget``, issue 25 "Start-up memory").
+"""Start-up memory budget (``sglang_hybrid.sglang_plugin.memory_budget``: the start-up memory targets).
 
 (a) Llama-3.1-8B shapes, an EAGLE-3 head, 128 running requests, a 131,072-token context, an H200 at the memory
 fraction SGLang picks for it, both cost tables: plain EAGLE against HYBRID as built (one runtime state per (depth,
@@ -515,7 +515,7 @@ def test_memory_budget_bench_table(capsys):
     fields = line.split("both cost tables")[1].split()
     assert fields == ["24", "15", "15.75", "4.29x", "16.58", "13.34", "DOES", "NOT", "FIT"]
     # ragged (ragged_verify=on, in its token-tier graphs; one verify part, depths 2 and 3 in the start-up draft
-    # buffers): within issue 25's 1.5x of plain EAGLE's memory in every cell, 1.46x at 128 x 131,072
+    # buffers): within the target's 1.5x of plain EAGLE's memory in every cell, 1.46x at 128 x 131,072
     ragged = [line for line in out.splitlines() if "HYBRID ragged" in line]
     assert len(ragged) == len(BM.BATCHES) * len(BM.CONTEXTS)
     assert all(float(line.split("both cost tables")[1].split()[3][:-1]) <= 1.5 for line in ragged), ragged
@@ -524,7 +524,7 @@ def test_memory_budget_bench_table(capsys):
     # the same with three EAGLE alternatives per chain position (eagle_alternatives, off by default): the leaves
     # compete for the chains' 12 nodes (HybridSettings.resolved_n_nodes), so the verify width, SGLang's buffers and
     # graphs are the chain launch's; only HYBRID's alternatives tables (KiB) are added: 1.46x at 128 x 131,072, within
-    # issue 25's 1.5x in every cell (the tree widened by 12 nodes took 7.30 GiB, 1.99x, before 2026-12-07)
+    # the target's 1.5x in every cell (the tree widened by 12 nodes took 7.30 GiB, 1.99x, before they competed)
     alt = [line for line in out.splitlines() if "+3 alternatives" in line]
     assert len(alt) == len(BM.BATCHES) * len(BM.CONTEXTS) and all(line.endswith("FITS") for line in alt), alt
     assert all(float(line.split("ragged")[1].split()[3][:-1]) <= 1.5 for line in alt), alt
@@ -549,20 +549,20 @@ def test_memory_budget_bench_table(capsys):
                                        "parts, take 15.75 GiB against plain EAGLE's 3.67 GiB (4.29x, target 1.5x) "
                                        "and capture 15 graph sets against 3 (5x, target 2x)")
 def test_memory_budget_llama8b_h200_as_built_meets_issue_targets(llama):
-    """(a) Issue 25's targets for the layout HYBRID builds on a GPU with graphs (padded: a verify part per width)."""
+    """(a) The start-up targets for the layout HYBRID builds on a GPU with graphs (padded: a verify part per width)."""
     e, p = llama["eagle"], llama["padded"]
     assert p.total <= 1.5 * e.total and p.graph_sets <= 2 * e.graph_sets
 
 
 def test_memory_budget_llama8b_h200_ragged_per_depth_meets_graph_set_target(llama):
-    """(a) Issue 25's graph set target (<= 2x EAGLE's) for the ragged layout: one verify part (the full width 13)
+    """(a) The graph set target (<= 2x EAGLE's) for the ragged layout: one verify part (the full width 13)
     shared by the 4 depths' draft parts, 5 graph sets against EAGLE's 3 (1.67x): MET."""
     e, r = llama["eagle"], llama["ragged"]
     assert r.graph_sets <= 2 * e.graph_sets
 
 
 def test_memory_budget_llama8b_h200_ragged_per_depth_meets_memory_target(llama):
-    """(a) Issue 25's memory target (<= 1.5x EAGLE's) for the ragged layout on FlashInfer, in its token-tier graphs
+    """(a) The memory target (<= 1.5x EAGLE's) for the ragged layout on FlashInfer, in its token-tier graphs
     (TP 1): 5.34 GiB, 1.46x, MET; 5.20 GiB, 1.42x, with the verify forward eager (TP > 1, ``ragged_graphs=false``):
     the tiers' plan buffers and shared int workspace (0.10 GiB), their inputs and the one hidden state buffer they
     share (0.04 GiB). Two changes took the layout from 6.82 GiB (1.86x): SGLang's target verify graph set is not
@@ -684,7 +684,7 @@ def test_memory_budget_llama8b_h200_ragged_triton_token_tier_graphs(llama):
     ``ragged_verify=on``): SGLang captures no target verify graph set (``HybridWorkerV2._skip_target_verify_capture``),
     HYBRID's plan buffers and graphs count instead, and the draft parts at depths 2 and 3 run in the start-up depth's
     draft backend (``shared_draft_steps``). Against plain EAGLE on Triton (3.23 GiB): both cost tables 4.63 GiB
-    (1.43x, 5 graph sets: issue 25's memory and graph set targets both met), the same as one state with no cost table
+    (1.43x, 5 graph sets: the memory and graph set targets both met), the same as one state with no cost table
     given (the shallower depths add only their draft graph runners' input buffers, KBs); it fits the 13.34 GiB SGLang
     leaves. Without the shared draft steps the shallower depths would add 0.68 GiB (5.31 GiB, 1.64x)."""
     from dataclasses import replace
@@ -700,7 +700,7 @@ def test_memory_budget_llama8b_h200_ragged_triton_token_tier_graphs(llama):
     assert both.items["draft decode"] == one.items["draft decode"] == e.items["draft decode"]
     assert 0 < both.total - one.total < MiB                    # the depths' draft graph runners' input buffers
     assert (round(both.total / e.total, 2), round(one.total / e.total, 2)) == (1.43, 1.43)
-    assert both.total <= 1.5 * e.total and both.graph_sets <= 2 * e.graph_sets          # issue 25's targets: MET
+    assert both.total <= 1.5 * e.total and both.graph_sets <= 2 * e.graph_sets          # the targets: MET
     unshared = sum(mb._draft_graphs(triton.dep, d) for d in (2, 3))
     assert round((both.total + unshared) / GiB, 2) == 5.31 and round(unshared / GiB, 2) == 0.68
     assert (both.graph_sets, one.graph_sets, e.graph_sets) == (5, 3, 3)
