@@ -358,7 +358,7 @@ def test_ragged_plan_switches_depth_states_and_caps_tree_width():
     ("auto", "FlashInferAttnBackend", False, False, False),
     ("on", "FlashInferAttnBackend", False, False, True),     # FlashInfer plans it from the verify input, eager
     ("auto", "TritonAttnBackend", True, False, False),
-    ("on", "TorchNativeAttnBackend", False, False, "or FlashInferAttnBackend, the target runs TorchNativeAttnBackend"),
+    ("on", "TorchNativeAttnBackend", False, False, "or TritonAttnBackend, the target runs TorchNativeAttnBackend"),
     ("on", "TritonAttnBackend", True, False, True),          # SGLang's verify graphs are dropped at start
     ("on", "FlashInferAttnBackend", True, False, True),
 ])

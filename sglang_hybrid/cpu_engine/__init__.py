@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from sglang_hybrid.sglang_plugin.config import TREE_SAMPLING_ENV
+
 STAND_IN_DIR = Path(__file__).resolve().parent / "stand_in"
-#: Set to a JSON counts file to run SGLang's sampling verify with the CPU tree-sampling stand-in (``tree_sampling.py``).
-TREE_SAMPLING_ENV = "HYBRID_CPU_ENGINE_TREE_SAMPLING"
 
 #: The environment the CPU engine needs (set before importing sglang/triton; inherited by spawned children).
 CPU_ENV = {

@@ -36,8 +36,8 @@ import torch
 
 from .import_hook import patch_after_import
 
-#: set (to any non-empty value) in a CPU engine's environment to plan KV windows there
-KV_WINDOW_ENV = "HYBRID_CPU_ENGINE_KV_WINDOW"
+from sglang_hybrid.sglang_plugin.config import KV_WINDOW_ENV
+
 EAGLE_WORKER_COMMON = "sglang.srt.speculative.eagle_worker_common"
 EAGLE_WORKER_V2 = "sglang.srt.speculative.eagle_worker_v2"
 #: logged once per process at the first fused commit (``claim_cuda_predictions``)

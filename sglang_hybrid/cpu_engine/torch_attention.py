@@ -34,8 +34,8 @@ from sglang_hybrid.sglang_plugin.ragged.graph_capture import kernel_launch
 
 from .import_hook import patch_after_import
 
-#: set (to any non-empty value) in a CPU engine's environment to run extend attention with the torch twin
-TORCH_ATTENTION_ENV = "HYBRID_CPU_ENGINE_TORCH_ATTENTION"
+from sglang_hybrid.sglang_plugin.config import TORCH_ATTENTION_ENV
+
 EXTEND_ATTENTION = "sglang.kernels.ops.attention.extend_attention"
 DECODE_ATTENTION = "sglang.kernels.ops.attention.decode_attention"
 #: logged once per process when the twin replaces the extend kernel

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from sglang_hybrid.cost import CostTables
+from sglang_hybrid.sglang_plugin.config import GPU_TILES_ENV
 from sglang_hybrid.step import Decision, DecisionStep, NgramDraft
 
 from .workspace import Workspace, alloc
@@ -28,10 +29,9 @@ GPU_BLOCK_ROWS = 8
 GPU_LOOP_ROWS = 32
 #: on the CPU interpreter one program takes the whole batch up to this many rows (each program costs interpreter time)
 INTERPRETER_BLOCK_ROWS = 256
-#: set (to any non-empty value) to run the interpreter with the GPU's rows per program: its launches then have the
-#: compiled path's shapes and program counts (``bench.gpu_compile`` records them; exactness runs check the
-#: multi-program paths a GPU takes), at more interpreter time per batch
-GPU_TILES_ENV = "HYBRID_INTERPRETER_GPU_TILES"
+#: ``GPU_TILES_ENV`` set: run the interpreter with the GPU's rows per program: its launches then have the compiled
+#: path's shapes and program counts (``bench.gpu_compile`` records them; exactness runs check the multi-program paths a
+#: GPU takes), at more interpreter time per batch
 #: context positions the prompt lookup compares per loop iteration
 LOOKUP_CHUNK = 256
 #: FULL_MASK prefix columns written per loop iteration

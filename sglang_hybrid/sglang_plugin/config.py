@@ -40,6 +40,16 @@ SUPPORTED_SGLANG = "0.5.23"
 #: Set to an installed SGLang version other than ``SUPPORTED_SGLANG`` to run HYBRID on it anyway (at the user's risk:
 #: the plugin overrides SGLang internals, listed in ``sglang_plugin.compat``); read by ``register()``, which logs it.
 ENV_ACCEPT_SGLANG = ENV_PREFIX + "ACCEPT_SGLANG_VERSION"
+# Switches of the test and CPU-engine machinery (never read on a GPU deployment), named here with the rest:
+#: set (to any non-empty value) in a CPU engine's environment to plan KV windows there (``cpu_engine.kv_window``)
+KV_WINDOW_ENV = "HYBRID_CPU_ENGINE_KV_WINDOW"
+#: set (to any non-empty value) in a CPU engine's environment to run extend and decode attention and the KV-index
+#: builder with their torch twins (``cpu_engine.torch_attention``, ``cpu_engine.torch_kv_indices``)
+TORCH_ATTENTION_ENV = "HYBRID_CPU_ENGINE_TORCH_ATTENTION"
+#: a JSON counts file: run SGLang's sampling verify with the CPU tree-sampling stand-in (``cpu_engine.tree_sampling``)
+TREE_SAMPLING_ENV = "HYBRID_CPU_ENGINE_TREE_SAMPLING"
+#: set (to any non-empty value) to run Triton's interpreter with the GPU's rows per program (``kernels``)
+GPU_TILES_ENV = "HYBRID_INTERPRETER_GPU_TILES"
 #: Variables with the prefix that are not settings.
 _NOT_SETTINGS = {ENV_CONFIG, ENV_EAGLE3, ENV_CACHE, ENV_ACCEPT_SGLANG}
 

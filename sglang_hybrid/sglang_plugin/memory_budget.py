@@ -128,6 +128,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
 from .ragged.tiers import token_tiers
+from .server_args import TREE_MASK_BACKENDS
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +144,6 @@ FLASHINFER_WRAPPER_KV_LENS_BYTES = 32768 * 4
 TRITON_LEAN_BLOCK_M = 16
 #: the row-state buffer FlashInfer's ``top_k_renorm_probs`` caches per device (``flashinfer/sampling.py``)
 FLASHINFER_TOPK_ROW_STATES_BYTES = 1 * MiB
-BACKENDS = ("flashinfer", "triton")
 
 
 class HybridMemoryError(RuntimeError):
@@ -194,9 +194,9 @@ class Deployment:
     chunked_prefill_tokens: int = 0
 
     def __post_init__(self):
-        if self.attention_backend not in BACKENDS:
+        if self.attention_backend not in TREE_MASK_BACKENDS:
             raise ValueError(f"no memory model for attention backend {self.attention_backend!r} (HYBRID runs "
-                             f"{' and '.join(BACKENDS)})")
+                             f"{' and '.join(TREE_MASK_BACKENDS)})")
 
     @property
     def max_bs(self) -> int:
@@ -347,7 +347,7 @@ def _draft_part(dep: Deployment, depth: int, startup_depth: int) -> dict:
     if depth <= 1:
         return {"draft decode": 0}
     fi = dep.attention_backend == "flashinfer"
-    shared = depth < startup_depth and dep.topk == 1 and dep.attention_backend in ("flashinfer", "triton")
+    shared = depth < startup_depth and dep.topk == 1 and dep.attention_backend in TREE_MASK_BACKENDS
     if shared and not fi:
         return {"draft decode": 0}
     return {"draft decode": ((_draft_graphs(dep, depth, shared=shared) if dep.cuda_graph_bs else 0)

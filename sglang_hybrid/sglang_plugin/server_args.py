@@ -24,6 +24,9 @@ DEFAULT_MAX_RUNNING_REQUESTS = 48
 #: (fa3, trtllm_mha, aiter, hybrid linear attention, ...) treat a topk=1 verify as a causal chain and would
 #: silently ignore HYBRID's tree: wrong outputs.
 TREE_MASK_BACKENDS = ("flashinfer", "triton")
+#: The same backends by SGLang's class names (what a built runner holds; ragged verify plans through exactly these
+#: too): the worker checks the backend actually built against them.
+TREE_MASK_BACKEND_CLASSES = ("FlashInferAttnBackend", "TritonAttnBackend")
 DEFAULT_ATTENTION_BACKEND = "flashinfer"
 #: On a CPU engine only Triton (run by Triton's interpreter) verifies trees: SGLang's EAGLE refuses torch_native and
 #: intel_amx reads a different mask layout.

@@ -73,6 +73,7 @@ from .ragged import layout as ragged_layout
 from .ragged.flashinfer_backend import RaggedTierBuffers
 from .ragged.target import RaggedVerifyTarget
 from .ragged.tiers import tier_rows
+from .server_args import TREE_MASK_BACKEND_CLASSES
 from .tp_sync import TreeBroadcast
 from .verify_input import TreeMaskMode, build_verify_input, verify_nodes
 from sglang_hybrid.widths import MIN_CUT_SAVING, measured_table_buckets, paying_extras, start_width, widen
@@ -87,12 +88,10 @@ _construct_lock = threading.Lock()
 #: pinned buffers cycle, so a buffer is reused only after its entry left the queue
 _PLAN_IN_FLIGHT = 3
 _PLAN_BUFFERS = _PLAN_IN_FLIGHT + 1
-#: Target attention backends whose topk=1 verify applies the custom (tree) mask; see server_args.TREE_MASK_BACKENDS.
-TREE_MASK_BACKEND_CLASSES = ("FlashInferAttnBackend", "TritonAttnBackend")
 #: SGLang attention backends that plan a ragged verify (docs/sglang.md, "Ragged verify"): Triton through a subclass
 #: (``ragged.triton_backend``), FlashInfer from the verify input as it is when eager (``ragged.flashinfer_plan``) and
 #: through a subclass under the token-tier graphs (``ragged.flashinfer_backend``)
-RAGGED_BACKENDS = ("TritonAttnBackend", "FlashInferAttnBackend")
+RAGGED_BACKENDS = TREE_MASK_BACKEND_CLASSES
 
 
 class _QuietWidthSwitch(logging.Filter):
