@@ -1,6 +1,7 @@
 """Every Triton kernel of HYBRID's per-step path, compiled for NVIDIA GPUs by Triton's real CUDA backend, on a CPU.
 
     python -m bench.gpu_compile [--arch 90 80] [--batches 40] [--episodes 4] [--ragged 20]
+    python -m bench.gpu_compile --variants      # the README launch's variants compiled at start (kernels.warmup)
 
 Why: on this CPU (and in CI) the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``), which executes the
 kernel's Python with numpy and accepts much that the compiler refuses: a dtype that does not promote, a shape that is
@@ -14,8 +15,9 @@ that each launch has the block shapes a GPU would compile) runs the fused path's
 (``bench.fused_exactness``: random and adversarial decision batches, the worker's whole step over evolving batches
 with cost tables at one and at two contexts, ragged verify's layout and compaction on random trees) and records every
 launch: the kernel, each argument's kind (a tensor's dtype and whether its address is 16-byte aligned, which Triton
-specialises on; an int's value, which it specialises on being 1 or a multiple of 16; the constexprs). The second
-(compiled mode, a compile-only stand-in for the CUDA driver that names the target) rebuilds each distinct
+specialises on; an int's value, which it specialises on being 1 or a multiple of 16; the constexprs), one record per
+specialisation Triton would compile (``kernels.variants.key_of``: the kernels' ``do_not_specialize`` applied). The
+second (compiled mode, a compile-only stand-in for the CUDA driver that names the target) rebuilds each distinct
 specialisation with tensors of the same dtypes and alignment and compiles it with ``JITFunction.warmup`` for every
 ``--arch``, then checks what the driver would check at load: shared memory within the architecture's limit and
 ``num_warps x 32`` threads within 1,024. It also checks coverage: every ``@triton.jit`` kernel of
@@ -24,6 +26,11 @@ specialisation with tensors of the same dtypes and alignment and compiles it wit
 What it does not show: that the compiled kernels compute the right values (the interpreter's exactness runs and the
 device kit's CUDA comparison do: ``bench/device_run.sh``), their speed, or a launch's resource failure that depends on
 the device rather than the architecture. MEASURED: compile success and resource use per kernel, on this CPU.
+
+The worker compiles its kernels at start (``kernels.warmup``, from ``kernels.variants.launch_variants`` of its
+configuration); ``record_worker`` runs the worker's step for one configuration and checks every launch against that
+set (``tests/test_compile_warm.py``; with ``"device": "cuda"`` in its spec, on a GPU, where Triton's compile hook
+counts what compiles after the warm-up), and ``--variants`` prints the README launch's set.
 """
 from __future__ import annotations
 
@@ -36,6 +43,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from sglang_hybrid.kernels.variants import describe as _describe
+from sglang_hybrid.kernels.variants import entry_kernels, key_of
+from sglang_hybrid.kernels.variants import rebuild as _rebuild
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the architectures compiled by default: Hopper (H100, H200; ``sm_90a``) and Ampere (A100, ``sm_80``)
@@ -51,20 +62,10 @@ KERNELS_PACKAGE = "sglang_hybrid.kernels"
 # phase 1: record launches under the interpreter
 
 
-def _describe(value):
-    """A launch argument as JSON: what Triton specialises a compile on, and nothing else."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return {"tensor": str(value.dtype).removeprefix("torch."), "aligned": value.data_ptr() % 16 == 0}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return {"value": value}
-    raise TypeError(f"a kernel argument of type {type(value).__name__} ({value!r}) cannot be recorded")
-
-
 def record_launches(batches: int, episodes: int, ragged: int, seed: int = 0) -> list:
     """Run the exactness harnesses under the interpreter (``TRITON_INTERPRET=1`` set by the caller before Triton's
-    import) and return one record per distinct launch specialisation: ``{"module", "kernel", "args", "kwargs"}``."""
+    import) and return one record per distinct launch specialisation (``kernels.variants.key_of``: what Triton keys its
+    compile cache on, the kernels' ``do_not_specialize`` applied): ``{"module", "kernel", "args", "kwargs"}``."""
     from triton.runtime.interpreter import InterpretedFunction
 
     from bench import fused_exactness as fx
@@ -80,7 +81,7 @@ def record_launches(batches: int, episodes: int, ragged: int, seed: int = 0) -> 
     def recording(fn_self, *args, grid, warmup, **kwargs):
         rec = {"module": fn_self.fn.__module__, "kernel": fn_self.fn.__name__,
                "args": [_describe(a) for a in args], "kwargs": {k: _describe(v) for k, v in kwargs.items()}}
-        seen.setdefault(json.dumps(rec, sort_keys=True), rec)
+        seen.setdefault(key_of(rec), rec)      # one per specialisation Triton would compile
         return run(fn_self, *args, grid=grid, warmup=warmup, **kwargs)
 
     InterpretedFunction.run = recording
@@ -96,6 +97,165 @@ def record_launches(batches: int, episodes: int, ragged: int, seed: int = 0) -> 
     if bad:    # the harness compares with the torch path: a mismatch here is a bug, not a compile question
         raise RuntimeError(f"the fused path differs from the torch path while recording: {bad}")
     return list(seen.values())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the worker's launches for one configuration (tests/test_compile_warm.py): every launch inside the start-up set?
+
+#: the README launch (docs: mode merge, 4 EAGLE steps, n-gram chains of 8, both cost tables measured at start: depths
+#: 1-4, widths 4, 5, 8, 13 if all fit) at a running limit of 48 requests: the configuration ``--variants`` reports
+README_LAUNCH = dict(mode="merge", depths=(1, 2, 3, 4), widths=(4, 5, 8, 13), n_nodes=12, ngram_k=8,
+                     proposal_width=21, ring=42, context_len=4096, cost=7, cost_follows=True, draft_cost=7,
+                     draft_cost_follows=True, max_batch=48)
+
+
+def _worker_step(spec: dict, tmp: str):
+    """A ``HybridStep`` on the CPU as the worker builds it for ``spec`` (settings, EAGLE steps, request slots, context
+    length, tables measured at two contexts or given at one; ``ngram_bias_eta`` resolved for the verify layout)."""
+    import numpy as np
+
+    from bench.fused_exactness import _table
+    from sglang_hybrid.cost import CostModel
+    from sglang_hybrid.sglang_plugin.config import HybridSettings, resolved_ngram_bias_eta
+    from sglang_hybrid.sglang_plugin.hybrid_step import HybridStep
+
+    rng = np.random.default_rng(spec.get("seed", 0))
+    kw = dict(spec.get("settings", {}))
+    for name, kind in (("cost_table", spec.get("cost")), ("draft_cost_table", spec.get("draft_cost"))):
+        if kind is None:
+            continue
+        path = f"{tmp}/{name}.json"
+        table = (_table(rng, 0.01, 2e-4, measured=True) if kind == "context"
+                 else CostModel.linear(float(rng.uniform(2e-3, 2e-2)), 1e-4))
+        table.save(path)
+        kw[name] = path
+    settings = HybridSettings(decision_kernels="fused", log_interval=0, **kw)
+    step = HybridStep(settings, num_steps=spec["num_steps"], pool_size=spec["pool"], device=spec.get("device", "cpu"),
+                      max_context_len=spec.get("max_ctx", 300))
+    step.set_ngram_bias_eta(resolved_ngram_bias_eta(settings.ngram_bias_eta, bool(spec.get("ragged"))))
+    return step
+
+
+def record_worker(spec: dict, steps: int = 6, seed: int = 0) -> dict:
+    """Run the worker's per-step device work for one configuration as ``HybridWorkerV2`` calls it, on the CPU under
+    the interpreter (``TRITON_INTERPRET=1`` and ``kernels.GPU_TILES_ENV`` set by the caller) or, with ``spec["device"]
+    = "cuda"``, compiled on a GPU (the warm-up then compiles, and Triton's own compile hook counts what compiles
+    after it): the step's EAGLE alternatives, the
+    decision (``HybridStep.select`` at a depth and width bucket drawn each step, the bonus tokens int32 or int64 as
+    SGLang hands them), the verify input (``build_verify_input``, fused, the tree widened to the runtime state's width:
+    the full one under ragged verify), ragged verify's layout and compaction (Triton backend), ``after_verify`` (the
+    accept lengths int32) and the next step's position-0 alternatives; every launch recorded
+    (``kernels.warmup.record_launches``) after the start-up set was registered (``warm_up``, which compiles nothing
+    under the interpreter). ``spec``: ``settings`` (``HybridSettings`` keywords), ``num_steps``, ``pool`` (request
+    slots = the running limit), ``max_ctx``, ``ragged``, ``mask`` ("bool": HYBRID's own mask, FlashInfer; "uint8": the
+    Triton backend's buffer), ``cost`` / ``draft_cost`` ("context": measured at start, "plain": a user's, None).
+    Returns the configuration (``LaunchConfig`` fields), the variants' count, the records and those outside."""
+    import dataclasses
+    import tempfile
+
+    import numpy as np
+    import torch
+
+    from sglang_hybrid.kernels import warmup
+    from sglang_hybrid.kernels.ragged_layout import pending_layout
+    from sglang_hybrid.kernels.variants import LaunchConfig, launch_variants
+    from sglang_hybrid.sglang_plugin import alignment, context_lookup
+    from sglang_hybrid.sglang_plugin.verify_input import TreeMaskMode, build_verify_input
+    from sglang_hybrid.widths import widen
+
+    rng = np.random.default_rng(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        step = _worker_step(spec, tmp)
+    pool, s_max, ragged = spec["pool"], spec["num_steps"], bool(spec.get("ragged"))
+    mask = spec.get("mask", "bool")
+    cfg = LaunchConfig.from_step(step, max_batch=pool, ragged=ragged, mask_dtypes=(mask,),
+                                 layout_mask_dtypes=("uint8",))
+    warmup.reset()
+    dev = step.device
+    count, warm_seconds = warmup.warm_up(dev, launch_variants(cfg))
+    warmup.record_launches(True)
+    m, full = step.alternatives, step.n_nodes + 1
+    i64 = torch.int64
+    t = lambda x, dt=i64: torch.as_tensor(np.asarray(x), dtype=dt, device=dev)  # noqa: E731
+    vocab = max(8, m + 3)
+    step_conf = torch.rand(pool, s_max, device=dev)                      # HybridDraftWorker.step_conf
+    top_p = torch.zeros(pool, s_max, m + 1, device=dev)                  # ... top_p / top_i
+    top_i = torch.zeros(pool, s_max, m + 1, dtype=i64, device=dev)
+    graph_ids = torch.zeros(pool * full, dtype=i64, device=dev)          # the token-tier graphs' static inputs
+    graph_pos = torch.zeros(pool * full, dtype=i64, device=dev)
+    committed = {sl: list(rng.integers(0, vocab, size=int(rng.integers(1, 40)))) for sl in range(pool)}
+    gens = {sl: 0 for sl in range(pool)}
+    for _ in range(steps):
+        b = int(rng.integers(1, pool + 1))
+        slots = np.sort(rng.choice(pool, size=b, replace=False))
+        for sl in slots:
+            if rng.random() < 0.1:
+                gens[sl] += 1
+                committed[sl] = list(rng.integers(0, vocab, size=int(rng.integers(1, 40))))
+        pw = step.proposal_width
+        props, lens = np.full((b, pw), -1), rng.integers(0, pw + 1, size=b)
+        for r, sl in enumerate(slots):
+            props[r, :lens[r]] = rng.integers(0, vocab, size=lens[r])
+        sl_t, gen_t = t(slots), t([gens[sl] for sl in slots])
+        alignment.publish(step.buffers, sl_t, t(props), t(lens), t([len(committed[sl]) for sl in slots]), gen_t,
+                          *(t(rng.integers(0, 30, size=(b, pw))) for _ in range(3)), t(rng.integers(0, 2, (b, pw))))
+        if step.context is not None:
+            for sl in slots:
+                if int(step.context.gen[sl]) != gens[sl]:
+                    c = committed[sl][:-1]
+                    context_lookup.write_context(step.context, t([sl] * len(c)), t(range(len(c))), t(c), t([sl]),
+                                                 t([gens[sl]]))
+        depth, width = int(rng.choice(step.depths)), int(rng.choice(step.widths))
+        seq = t([len(committed[sl]) - 1 for sl in slots])
+        root = t([committed[sl][-1] for sl in slots], torch.int32 if rng.random() < 0.5 else i64)
+        chain = t(rng.integers(0, vocab, size=(b, depth)))
+        conf = step_conf[:b, :depth]
+        span = step.lookup_span(int(seq.max()) + 1) if rng.random() < 0.8 else None
+        alt_tokens = alt_conf = None
+        if m:
+            top_i[:b] = t(np.stack([np.stack([rng.choice(vocab, m + 1, replace=False) for _ in range(s_max)])
+                                    for _ in range(b)]))
+            top_p[:b] = t(-np.sort(-rng.random((b, s_max, m + 1))), torch.float32)
+            alt_tokens, alt_conf = step.step_alternatives(sl_t, gen_t, top_p[:b], top_i[:b], chain)
+        d = step.select(root, chain, conf, sl_t, gen_t, seq, width=width, lookup_span=span, alt_tokens=alt_tokens,
+                        alt_conf=alt_conf)
+        w = full if ragged else width
+        tree = widen(d.tree, w)
+        seq_sum = int(seq.sum()) + int(rng.integers(0, 20))
+        mask_buf = None if mask == "bool" else torch.zeros(seq_sum * w + w * w * b, dtype=torch.uint8, device=dev)
+        vi = build_verify_input(tree, seq, num_steps=depth, max_depth=step.max_depth_at(w),
+                                mask_mode=TreeMaskMode.FULL_MASK, seq_lens_sum=seq_sum, mask_buf=mask_buf, fused=True,
+                                workspace=step.workspace)
+        if ragged:
+            row_bound = int(seq.max()) + w + 4
+            layout = pending_layout(tree.valid, tree.ancestors, seq, seq_sum, mask_out=torch.ones(
+                pool * w * row_bound + 1, dtype=torch.uint8, device=dev), row_bound=row_bound, max_rows=pool * w,
+                slots=pool)
+            layout.compact_ahead(vi.draft_token, vi.positions,
+                                 out=(graph_ids, graph_pos) if rng.random() < 0.5 else None)
+        # SGLang's verify output: int32 tokens viewed [B, W] and made int64 (the worker), int32 accept lengths
+        emitted = torch.randint(0, vocab, (b * w,), dtype=torch.int32, device=dev).view(b, w).to(i64)
+        accept = t(rng.integers(1, min(w, step.max_depth + 1) + 1, size=b), torch.int32)
+        step.after_verify(tree, sl_t, seq, emitted, accept)
+        if m:
+            step.keep_first_alternatives(sl_t, gen_t, torch.softmax(torch.rand(b, vocab, device=dev), dim=-1))
+        for r, sl in enumerate(slots):
+            committed[sl] = committed[sl] + [int(x) for x in emitted[r, :int(accept[r])]]
+    out = {"config": dataclasses.asdict(cfg), "variants": count, "warm_up_seconds": warm_seconds,
+           "records": warmup.recorded(), "outside": warmup.outside(),
+           "compiles_after_start": warmup.compiles_after_start()}
+    warmup.reset()
+    return out
+
+
+def variant_counts(**overrides) -> dict:
+    """The README launch's variants (``README_LAUNCH``, ``overrides`` applied) per kernel, their total, and the count
+    before the kernels marked what they need not specialise on (``variants.count_before``)."""
+    from sglang_hybrid.kernels.variants import LaunchConfig, by_kernel, count_before, launch_variants
+
+    cfg = LaunchConfig(**{**README_LAUNCH, **overrides})
+    v = launch_variants(cfg)
+    return {"after": len(v), "before": count_before(cfg), "by_kernel": by_kernel(v)}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -122,16 +282,6 @@ class CompileOnlyDriver:
 
     def is_active(self):
         return True
-
-
-def _rebuild(desc: dict):
-    """A stand-in argument with what the compile depends on: a tensor of the dtype, aligned or not as recorded."""
-    import torch
-
-    if "value" in desc:
-        return desc["value"]
-    t = torch.zeros(32, dtype=getattr(torch, desc["tensor"]))     # CPU allocations are 64-byte aligned
-    return t if desc["aligned"] else t[1:]                         # every dtype here is narrower than 16 bytes
 
 
 def _jit_function(module: str, name: str):
@@ -179,23 +329,6 @@ def compile_records(records: list, archs) -> list:
             res["seconds"] = round(time.perf_counter() - t0, 2)
             out.append(res)
     return out
-
-
-def entry_kernels() -> list:
-    """``module.name`` of every ``@triton.jit`` function in ``KERNELS_PACKAGE`` whose name ends in ``_kernel`` (the
-    ones launched from the host; the others are device helpers that compile inside them)."""
-    import pkgutil
-
-    from triton.runtime.jit import JITFunction
-
-    pkg = importlib.import_module(KERNELS_PACKAGE)
-    names = []
-    for info in pkgutil.iter_modules(pkg.__path__):
-        mod = importlib.import_module(f"{KERNELS_PACKAGE}.{info.name}")
-        for attr, value in vars(mod).items():
-            if isinstance(value, JITFunction) and value.fn.__module__ == mod.__name__ and attr.endswith("_kernel"):
-                names.append(f"{mod.__name__}.{attr}")
-    return sorted(names)
 
 
 def summarize(results: list, expected: list) -> dict:
@@ -257,6 +390,11 @@ def main(argv=None) -> int:
     ap.add_argument("--episodes", type=int, default=4, help="worker-step episodes of 6 steps recorded (default 4)")
     ap.add_argument("--ragged", type=int, default=20, help="random ragged-layout trees recorded (default 20)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--variants", action="store_true",
+                    help="print the README launch's kernel variants compiled at start (before/after do_not_specialize) "
+                         "and exit")
+    ap.add_argument("--worker-spec", help=argparse.SUPPRESS)      # record_worker's configuration (JSON list)
+    ap.add_argument("--steps", type=int, default=6, help=argparse.SUPPRESS)
     ap.add_argument("--record-to", help=argparse.SUPPRESS)        # phase 1 (under the interpreter)
     ap.add_argument("--compile-from", help=argparse.SUPPRESS)     # phase 2 (compiled mode)
     ap.add_argument("--results-to", help=argparse.SUPPRESS)
@@ -264,6 +402,16 @@ def main(argv=None) -> int:
     bad = [x for x in a.arch if x not in MAX_SHARED]
     if bad:
         ap.error(f"--arch {bad}: known architectures are {sorted(MAX_SHARED)}")
+    if a.variants:
+        c = variant_counts()
+        print(f"README launch ({README_LAUNCH}): {c['after']} kernel variants compiled at start (before "
+              f"do_not_specialize: {c['before']}); per kernel: {c['by_kernel']}")
+        return 0
+    if a.record_to and a.worker_spec:
+        specs = json.loads(a.worker_spec)
+        Path(a.record_to).write_text(json.dumps([record_worker(sp, a.steps, a.seed + i)
+                                                 for i, sp in enumerate(specs)]))
+        return 0
     if a.record_to:
         Path(a.record_to).write_text(json.dumps(record_launches(a.batches, a.episodes, a.ragged, a.seed)))
         return 0

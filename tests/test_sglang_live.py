@@ -111,6 +111,8 @@ def _assert_ragged(counters: dict, fewer: bool = True, spare_rows: bool = True) 
     assert counters["target_verify_graphs"] == "not captured", counters
     # ngram_bias_eta = "auto" (or the 0.3 a case sets): the n-gram offset is learned under ragged verify
     assert counters["ngram_offset_eta"] == 0.3, counters
+    # every kernel variant the steps launched was among those compiled (registered, under the interpreter) at start
+    assert counters["triton_variants_warmed"] > 0 and counters["triton_compiles_after_start"] == 0, counters
     if fewer:
         assert counters["ragged_tokens"] < counters["ragged_padded_tokens"], counters
 
@@ -321,6 +323,7 @@ def test_kv_window_planning_live_equal_plain_greedy():
     assert res["hybrid"] == res["reference"]
     counters = res["counters"]
     assert counters["ragged_steps"] == 0 and counters["steps"] > 0, counters       # padded verify, as asked
+    assert counters["triton_variants_warmed"] > 0 and counters["triton_compiles_after_start"] == 0, counters
     assert counters["target_verify_graphs"] == "none", counters                    # the CPU engine captures none
     assert counters["ngram_offset_eta"] is None, counters       # ngram_bias_eta = "auto" under padded verify: off
     assert counters["alternatives_verified"] > 0, counters       # padded trees holding EAGLE alternatives

@@ -24,7 +24,17 @@ from . import pow2, rows_per_program
 from .workspace import alloc
 
 
-@triton.jit
+#: Not specialised (all three kernels): the batch size and the strides (runtime ints: ``B`` moves every step, a
+#: stride with the depth or the alternatives' count; the loads are a few values per row, nothing to vectorise), and
+#: the alignment of SGLang's tensors (request slots, the draft tokens, the verify's emitted tokens and accept lengths),
+#: which are read per row.
+RECORD_DNS, RECORD_DNA = ("p_s0", "i_s0", "B"), ("slots_ptr",)
+ALTERNATIVES_DNS = ("rp_s0", "rp_s1", "ri_s0", "ri_s1", "ch_s0", "ch_s1", "B")
+ALTERNATIVES_DNA = ("slots_ptr", "chain_ptr")
+OUTCOME_DNS, OUTCOME_DNA = ("ch_s0", "em_s0", "em_s1", "B"), ("emit_ptr", "accept_ptr")
+
+
+@triton.jit(do_not_specialize=RECORD_DNS, do_not_specialize_on_alignment=RECORD_DNA)
 def _record_kernel(slots_ptr, gens_ptr, p_ptr, p_s0, i_ptr, i_s0, t_p_ptr, t_i_ptr, t_gen_ptr, B,
                    M1: tl.constexpr, M2: tl.constexpr, BB: tl.constexpr):
     """``FirstAlternatives.record``: row ``b``'s ``M1`` top tokens and probabilities into the table row of its slot."""
@@ -41,7 +51,7 @@ def _record_kernel(slots_ptr, gens_ptr, p_ptr, p_s0, i_ptr, i_s0, t_p_ptr, t_i_p
     tl.store(t_gen_ptr + slot, tl.load(gens_ptr + rows, mask=rm, other=0).to(tl.int64), mask=rm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=ALTERNATIVES_DNS, do_not_specialize_on_alignment=ALTERNATIVES_DNA)
 def _alternatives_kernel(slots_ptr, gens_ptr, t_p_ptr, t_i_ptr, t_gen_ptr,
                          rp_ptr, rp_s0, rp_s1, ri_ptr, ri_s0, ri_s1, chain_ptr, ch_s0, ch_s1,
                          o_tok_ptr, o_p_ptr, B,
@@ -77,7 +87,7 @@ def _alternatives_kernel(slots_ptr, gens_ptr, t_p_ptr, t_i_ptr, t_gen_ptr,
         tl.store(o_p_ptr + out, p.to(tl.float32), mask=keep)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=OUTCOME_DNS, do_not_specialize_on_alignment=OUTCOME_DNA)
 def _outcome_kernel(tok_ptr, dep_ptr, val_ptr, src_ptr, chain_ptr, ch_s0, emit_ptr, em_s0, em_s1, accept_ptr,
                     totals_ptr, B,
                     W: tl.constexpr, W2: tl.constexpr, S: tl.constexpr, S2: tl.constexpr, C: tl.constexpr,

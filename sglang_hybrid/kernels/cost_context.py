@@ -44,7 +44,12 @@ def _blend(mean, sizes_ptr, short_ptr, long_ptr, seconds_ptr, slope_ptr, c_short
         run, x_prev = v, x
 
 
-@triton.jit
+#: Not specialised: the batch size (the loop's bound and the mean's divisor, a runtime int that moves every step) and
+#: the alignment of SGLang's sequence lengths (summed in ``BLOCK_B`` chunks; nothing to vectorise at this size).
+FOLLOW_DNS, FOLLOW_DNA = ("B",), ("seq_ptr",)
+
+
+@triton.jit(do_not_specialize=FOLLOW_DNS, do_not_specialize_on_alignment=FOLLOW_DNA)
 def _follow_kernel(seq_ptr, B,
                    sz_ptr, ss_ptr, ls_ptr, sec_ptr, sl_ptr, cs_ptr, cw_ptr,
                    dsz_ptr, dss_ptr, dls_ptr, dsec_ptr, dsl_ptr, dcs_ptr, dcw_ptr,

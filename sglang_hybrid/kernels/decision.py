@@ -9,7 +9,8 @@ without adaptive depths and cost tables) in three launches:
 1. ``_survivals_kernel`` (grid: request blocks) fuses ``ModelCalibrationTables.acceptance``,
    ``request_bias.corrected_acceptance``, ``NgramCalibrationTables.acceptance``, ``survival.chain_survival`` (both
    chains), ``DecisionStep.alternatives_survival`` and the depth extrapolation of ``DecisionStep._depth_candidates``
-   (rate ``s_last ** (1 / S)``).
+   (rate ``s_last ** (1 / S)``); it also puts the root token into the tree (column 0, int64), so the selection does
+   not compile per dtype of SGLang's bonus tokens (``kernels.variants``).
 2. ``_select_kernel`` (grid: request blocks x candidate depths) fuses ``selector.select`` for two chains at price 0
    (pool, running minimum, merge folding, choose, ranking, output layout, ``ancestors_from_parents``), the cumulative
    survivals ``widths.choose_plan`` sums, and ``widths.truncate`` of the drafted depth's block.
@@ -88,7 +89,17 @@ def _bucket(x, edges_ptr, N_EDGES: tl.constexpr, E2: tl.constexpr):
     return tl.minimum(tl.maximum(n_le - 1, 0), N_EDGES - 1)
 
 
-@triton.jit
+#: ``_survivals_kernel``: the batch size and every stride are runtime ints, not specialised (``B`` is 1, a multiple
+#: of 16 or neither from step to step; a row stride follows the depth, the proposal width or a size-1 dimension's
+#: arbitrary stride): each program loads a few values per row over tiles of at most ``BB x C2`` elements, so a unit
+#: stride or a divisible one known at compile time vectorises nothing. ``mtok_ptr`` (SGLang's draft tokens) is not
+#: specialised on its alignment either: its loads are per-row gathers.
+SURVIVALS_DNS = ("conf_s0", "conf_s1", "ml_s0", "ml_s1", "ct_s0", "ct_s1", "tt_s0", "tt_s1", "dp_s0", "dp_s1", "sr_s0",
+                 "sr_s1", "mtok_s0", "mtok_s1", "chain_s0", "ac_s0", "ac_s1", "ac_s2", "o_tok_s0", "B")
+SURVIVALS_DNA = ("mtok_ptr", "root_ptr")
+
+
+@triton.jit(do_not_specialize=SURVIVALS_DNS, do_not_specialize_on_alignment=SURVIVALS_DNA)
 def _survivals_kernel(
         conf_ptr, conf_s0, conf_s1, temps_ptr, bias_ptr,
         ml_ptr, ml_s0, ml_s1, ct_ptr, ct_s0, ct_s1, tt_ptr, tt_s0, tt_s1, dp_ptr, dp_s0, dp_s1, sr_ptr, sr_s0, sr_s1,
@@ -96,7 +107,7 @@ def _survivals_kernel(
         de_ptr, me_ptr, re_ptr, ce_ptr, table_ptr,
         a_m_ptr, s_m_ptr, a_n_ptr, s_n_ptr, ext_ptr, rate_ptr,
         mtok_ptr, mtok_s0, mtok_s1, chain_ptr, chain_s0,
-        aconf_ptr, ac_s0, ac_s1, ac_s2, s_alt_ptr,
+        aconf_ptr, ac_s0, ac_s1, ac_s2, s_alt_ptr, root_ptr, o_tok_ptr, o_tok_s0,
         B,
         COPY_CHAIN: tl.constexpr, S: tl.constexpr, K: tl.constexpr, DM: tl.constexpr, NT: tl.constexpr,
         M: tl.constexpr, M2: tl.constexpr,
@@ -109,10 +120,14 @@ def _survivals_kernel(
     request's n-gram offset) and ``DecisionStep.ngram_survival`` for a chain,
     ``chain_survival`` of both chains and the per-request rate of ``_depth_candidates``; with ``COPY_CHAIN``, the copy
     of the EAGLE chain that must outlive the draft graph's next replay (``HybridStep._chain``); with ``M`` > 0,
-    ``DecisionStep.alternatives_survival`` of the ``M`` alternatives at each chain position (``[B, S * M]``)."""
+    ``DecisionStep.alternatives_survival`` of the ``M`` alternatives at each chain position (``[B, S * M]``). It also
+    writes each request's root (SGLang's bonus token: int32 after a verify, int64 after a greedy prefill) into column 0
+    of the tree's tokens (``o_tok_ptr``, int64, row stride ``o_tok_s0``), where ``_select_kernel`` takes it: this
+    kernel, not the selection (the step's largest compile), is the one compiled per root dtype."""
     rows = tl.program_id(0) * BB + tl.arange(0, BB)
     rmask = rows < B
     r64 = rows.to(tl.int64)
+    tl.store(o_tok_ptr + r64 * o_tok_s0, tl.load(root_ptr + rows, mask=rmask, other=0).to(tl.int64), mask=rmask)
     # ---- model side: calibrated acceptance, request offset, chain survival (sequential product, as cumprod) ----
     # the product runs in float64 and each survival is that rounded to float32, the chain's and its alternatives'
     # alike (survival.chain_survival, DecisionStep.alternatives_survival): a float32 product drifts from it by an ulp
@@ -197,15 +212,26 @@ def _survivals_kernel(
     tl.store(s_n_ptr + r64[:, None] * K + cols[None, :], tl.where(valid, s_n, 0.0), mask=fmask)
 
 
-@triton.jit
+#: ``_select_kernel``: batch size and strides as in ``_survivals_kernel``, and ``WIDTH``, the step's verify width
+#: bucket: a runtime int that only masks and strides the stores of the truncated tree (the tiles are ``W2`` wide, the
+#: full width's power of two), so the selection, the step's largest compile, is compiled once per drafted depth, not
+#: once per (depth, width). The draft tokens (SGLang's, and ``atok_ptr``, which is the draft tokens when there are no
+#: alternatives) are not specialised on their alignment: the pool's token loads are gathers at computed depths. The
+#: root is read from the tokens' column 0, where ``_survivals_kernel`` wrote it as int64, so the bonus tokens' dtype
+#: does not multiply this kernel's compiles either.
+SELECT_DNS = ("mtok_s0", "mtok_s1", "ntok_s0", "ntok_s1", "at_s0", "at_s1", "at_s2", "B", "WIDTH")
+SELECT_DNA = ("mtok_ptr", "atok_ptr")
+
+
+@triton.jit(do_not_specialize=SELECT_DNS, do_not_specialize_on_alignment=SELECT_DNA)
 def _select_kernel(
-        root_ptr, mtok_ptr, mtok_s0, mtok_s1, msurv_ptr, ntok_ptr, ntok_s0, ntok_s1, nsurv_ptr, ng_len_ptr, dlen_ptr,
+        mtok_ptr, mtok_s0, mtok_s1, msurv_ptr, ntok_ptr, ntok_s0, ntok_s1, nsurv_ptr, ng_len_ptr, dlen_ptr,
         atok_ptr, at_s0, at_s1, at_s2, asurv_ptr,
         csum_ptr, nsel_ptr,
         o_tok_ptr, o_par_ptr, o_anc_ptr, o_dep_ptr, o_val_ptr, o_src_ptr, o_surv_ptr, o_exp_ptr,
         B,
         S: tl.constexpr, DM: tl.constexpr, K: tl.constexpr, M: tl.constexpr, N_NODES: tl.constexpr,
-        MERGE: tl.constexpr, KBLOCK: tl.constexpr, WIDTH: tl.constexpr, BB: tl.constexpr, P2: tl.constexpr,
+        MERGE: tl.constexpr, KBLOCK: tl.constexpr, WIDTH, BB: tl.constexpr, P2: tl.constexpr,
         W2: tl.constexpr, UNDRAFTED_C: tl.constexpr):
     """Fuses ``selector.select(root, [model chain (with its alternatives), n-gram chain], 0.0, mode)`` for one
     candidate depth, the cumulative draft survivals of ``widths.choose_plan``, and (for the drafted depth's block)
@@ -329,7 +355,7 @@ def _select_kernel(
     par_rank = tl.sum(tl.where(p[None, None, :] == par_p[:, :, None], rank[:, None, :], 0), 2)
     o_par = tl.sum(tl.where(hit, tl.where(par_p >= 0, par_rank + 1, 0)[:, None, :], 0), 2).to(tl.int64)
 
-    root = tl.load(root_ptr + rows, mask=rmask, other=0)
+    root = tl.load(o_tok_ptr + r64 * WIDTH, mask=rmask, other=0)          # written by _survivals_kernel
     is_root = o[None, :] == 0
     o_tok = tl.where(is_root, root[:, None], tl.where(out_valid, o_tok, -1))
     o_par = tl.where(out_valid, o_par, -1)
@@ -402,7 +428,11 @@ def _step_time(n, sizes_ptr, seconds_ptr, slope_ptr, NS: tl.constexpr, NS2: tl.c
     return y0 + slope * tl.maximum(n - x0, 0.0)
 
 
-@triton.jit
+#: ``_plan_kernel``: the batch size only bounds its loops over the batch (one program): not specialised.
+PLAN_DNS = ("B",)
+
+
+@triton.jit(do_not_specialize=PLAN_DNS)
 def _plan_kernel(
         csum_ptr, nsel_ptr, buckets_ptr, depths_ptr,
         sz_ptr, sec_ptr, sl_ptr, dsz_ptr, dsec_ptr, dsl_ptr,
@@ -519,6 +549,17 @@ def _counter_slots() -> dict:
 _COUNTER_SLOTS = _counter_slots()
 
 
+def select_tiles(block_rows: int, dm: int, s: int, m: int, k: int, n_nodes: int) -> tuple:
+    """``(rows per program, P2, W2)`` of a decision whose pool holds ``dm`` model-chain nodes, ``s * m`` alternatives
+    and ``k`` n-gram nodes: the selection's largest tiles are rows x pool x max(pool, width), kept within Triton's
+    tensor limit (wide trees, e.g. many EAGLE alternatives, on the interpreter's whole-batch programs) by halving
+    ``block_rows``. Shared by ``launch`` and the start-up enumeration (``kernels.variants``)."""
+    p2, w2 = pow2(dm + s * m + k), pow2(n_nodes + 1)
+    while block_rows > 1 and block_rows * p2 * max(p2, w2) > MAX_TILE:
+        block_rows //= 2
+    return block_rows, p2, w2
+
+
 def launch(*, root, model_tokens, model_conf, bias, ngram_bias, ng_tokens, ng_len, ng_match_len, ng_count, ng_total,
            ng_depth, ng_source, temps, ngram_tables, buckets, depths: tuple, depths_t, cost, draft_cost, mode: str,
            n_nodes: int, width: int, block_rows: int, counters=None, from_lookup=None, chain_out=None,
@@ -553,11 +594,9 @@ def launch(*, root, model_tokens, model_conf, bias, ngram_bias, ng_tokens, ng_le
     ac_strides = tuple(ac.stride()) if m else (0, 0, 0)
     at_strides = tuple(at.stride()) if m else (0, 0, 0)
     nt = ngram_tables
-    # the selection's largest tiles are rows x pool x max(pool, width): keep them within Triton's tensor limit (wide
-    # trees, e.g. many EAGLE alternatives, on the interpreter's whole-batch programs)
-    p2, w2 = pow2(dm + s * m + k), pow2(n_nodes + 1)
-    while block_rows > 1 and block_rows * p2 * max(p2, w2) > MAX_TILE:
-        block_rows //= 2
+    block_rows, p2, w2 = select_tiles(block_rows, dm, s, m, k, n_nodes)
+    # the tree's tokens: the survivals kernel writes each root into column 0, the selection the rest
+    tokens = alloc(ws, "tokens", (b, width), i64, dev)
     grid_b = triton.cdiv(b, block_rows)
     e2 = pow2(max(nt.depth_edges.numel(), nt.match_edges.numel(), nt.ratio_edges.numel(), nt.count_edges.numel()))
     _survivals_kernel[(grid_b,)](
@@ -569,7 +608,7 @@ def launch(*, root, model_tokens, model_conf, bias, ngram_bias, ng_tokens, ng_le
         a_m, s_m, a_n, s_n, ext, rate if rate is not None else a_m,
         model_tokens, *model_tokens.stride(), chain_out if chain_out is not None else model_tokens,
         chain_out.stride(0) if chain_out is not None else 0,
-        ac, *ac_strides, s_alt,
+        ac, *ac_strides, s_alt, root, tokens, tokens.stride(0),
         b,
         COPY_CHAIN=chain_out is not None, S=s, K=k, DM=dm, NT=temps.numel(), M=m, M2=pow2(max(m, 1)),
         HAS_BIAS=bias is not None,
@@ -581,7 +620,6 @@ def launch(*, root, model_tokens, model_conf, bias, ngram_bias, ng_tokens, ng_le
     w_full = n_nodes + 1
     csum = alloc(ws, "csum", (nd, b, w_full), torch.float64, dev)
     nsel = alloc(ws, "nsel", (nd, b), torch.int32, dev)
-    tokens = alloc(ws, "tokens", (b, width), i64, dev)
     parents = alloc(ws, "parents", (b, width), i64, dev)
     ancestors = alloc(ws, "ancestors", (b, width, width), torch.bool, dev)
     depth = alloc(ws, "depth", (b, width), i64, dev)
@@ -590,7 +628,7 @@ def launch(*, root, model_tokens, model_conf, bias, ngram_bias, ng_tokens, ng_le
     survival = alloc(ws, "survival", (b, width), f32, dev)
     expected = alloc(ws, "expected", (b,), f32, dev)
     _select_kernel[(grid_b, nd)](
-        root, model_tokens, *model_tokens.stride(), ext, ng_tokens, *ng_tokens.stride(), s_n, ng_len, depths_t,
+        model_tokens, *model_tokens.stride(), ext, ng_tokens, *ng_tokens.stride(), s_n, ng_len, depths_t,
         at, *at_strides, s_alt,
         csum, nsel, tokens, parents, ancestors, depth, valid, source, survival, expected,
         b,

@@ -68,7 +68,14 @@ def _add_totals(totals_ptr, C_T: tl.constexpr, C_P: tl.constexpr, C_H: tl.conste
     tl.store(totals_ptr + C_H, tl.load(totals_ptr + C_H) + hit_n)
 
 
-@triton.jit
+#: Not specialised: the batch size (the loop's bound, moving every step) and the strides (the emitted tokens' follow
+#: the verify width, the chains' the depth and proposal width; a few values per row are read); the alignment of
+#: SGLang's tensors (request slots, sequence lengths, the verify's emitted tokens and accept lengths), read per row.
+AFTER_VERIFY_DNS = ("emit_s0", "emit_s1", "chain_s0", "ng_tok_s0", "B")
+AFTER_VERIFY_DNA = ("slots_ptr", "seq_ptr", "emit_ptr", "acc_ptr")
+
+
+@triton.jit(do_not_specialize=AFTER_VERIFY_DNS, do_not_specialize_on_alignment=AFTER_VERIFY_DNA)
 def _after_verify_kernel(
         slots_ptr, seq_ptr, emit_ptr, emit_s0, emit_s1, acc_ptr, ring_ptr, ctx_ptr,
         chain_ptr, chain_s0, gen_ptr, bias_ptr, accept_ptr, mb_ptr, mb_gen_ptr,

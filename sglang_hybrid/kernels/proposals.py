@@ -22,7 +22,12 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+#: ``_prepare_kernel``: the batch size is not specialised (a runtime int moving every step; it masks the last block's
+#: rows), nor the alignment of SGLang's tensors (request slots, sequence lengths, the root tokens: per-row loads).
+PREPARE_DNS, PREPARE_DNA = ("B",), ("slots_ptr", "seq_ptr", "root_ptr")
+
+
+@triton.jit(do_not_specialize=PREPARE_DNS, do_not_specialize_on_alignment=PREPARE_DNA)
 def _prepare_kernel(
         slots_ptr, seq_ptr, gen_ptr, root_ptr,
         b_tok_ptr, b_len_ptr, b_at_ptr, b_gen_ptr, b_ml_ptr, b_ct_ptr, b_tt_ptr, b_src_ptr, ring_ptr, ctx_ptr,
@@ -91,7 +96,13 @@ def _match_lengths(base, e, i, tail, tc, span, N_MAX: tl.constexpr, N2: tl.const
     return tl.where(e < span, m, -1)
 
 
-@triton.jit
+#: ``_lookup_kernel``: ``span`` (a power of two or the table's length, set per step by the batch's longest context)
+#: only bounds the chunk loops and masks their last chunk: not specialised; nor the alignment of SGLang's slots and
+#: sequence lengths (one scalar load per program).
+LOOKUP_DNS, LOOKUP_DNA = ("span",), ("slots_ptr", "seq_ptr")
+
+
+@triton.jit(do_not_specialize=LOOKUP_DNS, do_not_specialize_on_alignment=LOOKUP_DNA)
 def _lookup_kernel(
         ctx_ptr, ctx_gen_ptr, slots_ptr, seq_ptr, gen_ptr,
         o_tok_ptr, o_len_ptr, o_dep_ptr, o_ml_ptr, o_ct_ptr, o_tt_ptr, o_src_ptr, from_lookup_ptr,

@@ -36,7 +36,15 @@ MASK_CHUNK = 256
 GPU_COMPACT_ROWS = 1024
 
 
-@triton.jit
+#: ``_layout_kernel``: not specialised: the batch size, the request slots and the strides (runtime ints: ``B`` moves
+#: every step, ``SLOTS`` is the graphs' fixed count, the strides follow the widened tree; loads are tiles of at most
+#: ``B2 x W2``), and the alignment of SGLang's sequence lengths (read per request). ``B2``, the batch's power-of-two
+#: bucket, stays a constexpr: it sets the tile over the batch's flags.
+LAYOUT_DNS = ("B", "SLOTS", "val_s0", "val_s1", "anc_s0", "anc_s1", "anc_s2")
+LAYOUT_DNA = ("seq_ptr",)
+
+
+@triton.jit(do_not_specialize=LAYOUT_DNS, do_not_specialize_on_alignment=LAYOUT_DNA)
 def _layout_kernel(val_ptr, anc_ptr, seq_ptr, counts_ptr, index_ptr, qo_ptr, mind_ptr, mask_ptr, B, SLOTS,
                    val_s0, val_s1, anc_s0, anc_s1, anc_s2,
                    W: tl.constexpr, W2: tl.constexpr, B2: tl.constexpr, CH: tl.constexpr):
@@ -91,7 +99,13 @@ def _layout_kernel(val_ptr, anc_ptr, seq_ptr, counts_ptr, index_ptr, qo_ptr, min
              mask=live[:, None] & (node[None, :] < n))
 
 
-@triton.jit
+#: ``_compact_kernel``: the padded rows ``N``, the forward's ``ROWS`` and the strides are runtime ints (they move
+#: with the batch and its token tier): not specialised. The node tokens and positions (SGLang's forward-batch tensors)
+#: are read by gathers, so their alignment is not specialised either; the outputs (HYBRID's buffers) keep theirs.
+COMPACT_DNS, COMPACT_DNA = ("N", "ROWS", "ids_s", "pos_s"), ("ids_ptr", "pos_ptr")
+
+
+@triton.jit(do_not_specialize=COMPACT_DNS, do_not_specialize_on_alignment=COMPACT_DNA)
 def _compact_kernel(index_ptr, ids_ptr, pos_ptr, ids_out, pos_out, cols_out, N, ROWS, ids_s, pos_s,
                     BLOCK: tl.constexpr):
     j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

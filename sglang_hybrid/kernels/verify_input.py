@@ -18,7 +18,15 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+#: Not specialised: the batch size (a runtime int: it bounds the sum of the sequence lengths before the request and
+#: moves every step); the alignment of ``next_ptr`` (the middle third of one ``[3, B, W]`` workspace buffer: 16-byte
+#: aligned only when ``B x W`` is even), of SGLang's sequence lengths and of the mask buffer (the backend's or the
+#: workspace's; its rows start at data-dependent offsets, so its stores cannot use the base's alignment anyway).
+#: ``B2``, the batch's power-of-two bucket, stays a constexpr: it sets the tile the lengths are summed over.
+VERIFY_INPUT_DNS, VERIFY_INPUT_DNA = ("B",), ("seq_ptr", "next_ptr", "mask_ptr")
+
+
+@triton.jit(do_not_specialize=VERIFY_INPUT_DNS, do_not_specialize_on_alignment=VERIFY_INPUT_DNA)
 def _verify_input_kernel(
         tok_ptr, val_ptr, anc_ptr, seq_ptr,
         draft_ptr, pos_ptr, idx_ptr, next_ptr, sib_ptr, mask_ptr,

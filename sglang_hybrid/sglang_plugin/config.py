@@ -13,8 +13,8 @@ Sources, later wins:
 
 Unknown keys, unknown ``SGLANG_HYBRID_*`` variables, wrong types and out-of-range values raise ``HybridConfigError``
 naming the setting and its source: nothing silently falls back to a default. The few ``SGLANG_HYBRID_*`` variables
-that are not settings (``ENV_EAGLE3``, ``ENV_CACHE``, ``ENV_ACCEPT_SGLANG``) are named below with the others; this
-module is their one home.
+that are not settings (``ENV_EAGLE3``, ``ENV_CACHE``, ``ENV_ACCEPT_SGLANG``, ``ENV_RECORD_LAUNCHES``) are named below
+with the others; this module is their one home.
 """
 from __future__ import annotations
 
@@ -50,8 +50,11 @@ TORCH_ATTENTION_ENV = "HYBRID_CPU_ENGINE_TORCH_ATTENTION"
 TREE_SAMPLING_ENV = "HYBRID_CPU_ENGINE_TREE_SAMPLING"
 #: set (to any non-empty value) to run Triton's interpreter with the GPU's rows per program (``kernels``)
 GPU_TILES_ENV = "HYBRID_INTERPRETER_GPU_TILES"
+#: Set (to any non-empty value but "0") to key every launch of HYBRID's Triton kernels on the host and check it
+#: against the variants compiled at start, on a GPU too (``kernels.warmup``; always on under Triton's interpreter).
+ENV_RECORD_LAUNCHES = ENV_PREFIX + "RECORD_KERNEL_LAUNCHES"
 #: Variables with the prefix that are not settings.
-_NOT_SETTINGS = {ENV_CONFIG, ENV_EAGLE3, ENV_CACHE, ENV_ACCEPT_SGLANG}
+_NOT_SETTINGS = {ENV_CONFIG, ENV_EAGLE3, ENV_CACHE, ENV_ACCEPT_SGLANG, ENV_RECORD_LAUNCHES}
 
 
 class HybridConfigError(ValueError):

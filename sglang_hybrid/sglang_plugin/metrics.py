@@ -232,6 +232,9 @@ class HybridCounters:
         out["ngram_offset_eta"] = self.ngram_offset_eta
         for kind, counts in self.lag_steps.items():
             out[f"{kind}_lag_steps"] = {str(k): n for k, n in sorted(counts.items())}
+        from sglang_hybrid.kernels import warmup   # the Triton variants compiled at start, and what compiled after
+
+        out.update(warmup.counters())
         return out
 
     def maybe_log(self) -> Optional[dict]:
@@ -336,4 +339,6 @@ def format_summary(s: dict) -> str:
     for c in CLASSES:
         parts.append(f"{c}={s[f'chosen_{c}']}(acc {s[f'mean_accepted_{c}']:.2f})")
     parts.extend(f"fallback_{cause}={s.get(f'fallback_{cause}', 0)}" for cause in FALLBACKS)
+    if "triton_compiles_after_start" in s:
+        parts.append(f"triton_compiles_after_start={s['triton_compiles_after_start']}")
     return " ".join(parts)

@@ -46,6 +46,8 @@ COUNTERS = {
     "eagle_alternatives_taken": (None, "requests whose accepted path left the EAGLE chain through a verified "
                                        "alternative"),
     "fallbacks": ("cause", "worker fallbacks by cause (docs/sglang.md, 'No silent fallbacks'); should stay 0"),
+    "triton_compiles_after_start": (None, "HYBRID Triton kernel variants compiled after start (not among those "
+                                          "compiled at start: a step stalled for the compiler); should stay 0"),
 }
 PADDED_GAUGE = "padded_slot_fraction"
 PADDED_HELP = "share of verify slots (requests x verify width) that held padding, since the server started"
@@ -75,6 +77,7 @@ def series(total: dict) -> dict:
         out[("chain_tokens_priced", side)] = total[f"{side}_predicted"] * n
     for cause in FALLBACKS:
         out[("fallbacks", cause)] = total[f"fallback_{cause}"]
+    out[("triton_compiles_after_start", None)] = total.get("triton_compiles_after_start", 0)
     return out
 
 

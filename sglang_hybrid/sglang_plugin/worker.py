@@ -467,6 +467,13 @@ class HybridWorkerV2(EAGLEWorkerV2):
             runner = self.target_worker.model_runner
             captured = runner.decode_cuda_graph_runner not in (None, getattr(runner, "eager_runner", None))
             self.counters.target_verify_graphs = "captured" if captured else "none"
+        # every Triton kernel variant the step can launch, compiled now that depths, widths, tables and the verify
+        # layout are final (after _enable_ragged, which gives the backends their ragged buffers); one log line
+        from sglang_hybrid.kernels import warmup as kernel_warmup
+
+        runner = self.target_worker.model_runner
+        kernel_warmup.warm_up_step(self.hybrid_step, max_batch=int(runner.max_running_requests), ragged=self._ragged,
+                                   attn_backend=runner.attn_backend)
 
     def _resolve_ngram_bias_eta(self) -> None:
         """``ngram_bias_eta = "auto"``: the n-gram offset learned where verify runs ragged, off where it runs padded
