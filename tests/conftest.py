@@ -1,4 +1,6 @@
-"""Fixtures shared by the SGLang argument-pipeline tests (``test_sglang_plugin.py``, ``test_server_cli.py``)."""
+"""Fixtures shared by test modules: the SGLang argument pipeline's model folders (``test_sglang_plugin.py``,
+``test_server_cli.py``), a clean HYBRID environment, and SGLang's sampling verify opened on CPU
+(``test_sglang_tree_sampling.py``, ``test_sampled_headroom.py``)."""
 from __future__ import annotations
 
 import json
@@ -33,3 +35,26 @@ def clean_hybrid_env(monkeypatch):
     for k in list(os.environ):
         if k.startswith("SGLANG_HYBRID_"):
             monkeypatch.delenv(k)
+
+
+@pytest.fixture
+def sampling_verify(monkeypatch):
+    """SGLang's ``eagle_sample`` with its sampling branch open on CPU (the CPU tree-sampling stand-ins installed, the
+    CPU gate lifted: ``cpu_engine.tree_sampling.sampling_verify_patches``) and the runtime context a scheduler would
+    publish (no rejection sampling, thresholds 1, one TP rank)."""
+    import types
+
+    import sglang.srt.runtime_context as runtime_context
+    from sglang.srt.speculative import eagle_utils
+
+    from sglang_hybrid.cpu_engine.tree_sampling import sampling_verify_patches
+
+    for module, name, value in sampling_verify_patches():
+        monkeypatch.setattr(module, name, value)
+    spec = types.SimpleNamespace(speculative_use_rejection_sampling=False, speculative_use_block_verification=False,
+                                 speculative_accept_threshold_single=1.0, speculative_accept_threshold_acc=1.0)
+    monkeypatch.setattr(eagle_utils, "get_spec", lambda: spec)
+    parallel = types.SimpleNamespace(tp_group=types.SimpleNamespace(world_size=1),
+                                     attn_tp_group=types.SimpleNamespace(world_size=1))
+    monkeypatch.setattr(runtime_context, "get_parallel", lambda: parallel)
+    return monkeypatch

@@ -129,26 +129,6 @@ def _small_batch():
     return vi, seq_lens, info
 
 
-@pytest.fixture
-def sampling_verify(monkeypatch):
-    """SGLang's ``eagle_sample`` with its sampling branch open on CPU and the runtime context a scheduler publishes
-    (no rejection sampling, thresholds 1, one TP rank), as tests/test_sglang_tree_sampling.py sets it up."""
-    from sglang.srt.speculative import eagle_utils
-
-    from sglang_hybrid.cpu_engine.tree_sampling import sampling_verify_patches
-
-    for module, name, value in sampling_verify_patches():
-        monkeypatch.setattr(module, name, value)
-    spec = types.SimpleNamespace(speculative_use_rejection_sampling=False, speculative_use_block_verification=False,
-                                 speculative_accept_threshold_single=1.0, speculative_accept_threshold_acc=1.0)
-    monkeypatch.setattr(eagle_utils, "get_spec", lambda: spec)
-    parallel = types.SimpleNamespace(tp_group=types.SimpleNamespace(world_size=1),
-                                     attn_tp_group=types.SimpleNamespace(world_size=1))
-    import sglang.srt.runtime_context as runtime_context
-    monkeypatch.setattr(runtime_context, "get_parallel", lambda: parallel)
-    return monkeypatch
-
-
 def test_sampled_headroom_reserve_matches_sglang_sampling_verify_run_on_cpu(sampling_verify):
     """(a) RUN: SGLang's ``eagle_sample`` (sampling branch) and ``compute_spec_logprobs`` at 3 x 5 x 1,000. The
     full-vocabulary tensors SGLang makes are, in order, the temperature copy, the softmax, the top-k and top-p

@@ -161,22 +161,6 @@ def _chisquare_p(samples: list, expected: dict) -> float:
     return float(scipy_stats.chisquare(obs, [e * scale for e in exp]).pvalue)
 
 
-@pytest.fixture
-def sampling_verify(monkeypatch):
-    """SGLang's ``eagle_sample`` with its sampling branch open on CPU (the stand-ins installed, the CPU gate lifted)
-    and the runtime context a scheduler would publish (defaults: no rejection sampling, thresholds 1, one TP rank)."""
-    for module, name, value in sampling_verify_patches():
-        monkeypatch.setattr(module, name, value)
-    spec = types.SimpleNamespace(speculative_use_rejection_sampling=False, speculative_use_block_verification=False,
-                                 speculative_accept_threshold_single=1.0, speculative_accept_threshold_acc=1.0)
-    monkeypatch.setattr(eagle_utils, "get_spec", lambda: spec)
-    parallel = types.SimpleNamespace(tp_group=types.SimpleNamespace(world_size=1),
-                                     attn_tp_group=types.SimpleNamespace(world_size=1))
-    import sglang.srt.runtime_context as runtime_context
-    monkeypatch.setattr(runtime_context, "get_parallel", lambda: parallel)
-    return monkeypatch
-
-
 def _run_verify(tree: VerifyTree, logits: torch.Tensor, trials: int, seed: int):
     """One ``eagle_sample`` call over ``trials`` identical requests per tree; returns each request's emitted tokens
     (tuples, tree-major)."""
