@@ -341,11 +341,12 @@ class NgramCalibrationTables:
 # model-drafter calibration
 # ------------------------------------------------------------------------------------------------------------------
 
-_EPS = 1e-6
+#: the clamp on a probability before its logit (the fused decision kernels read the same: ``kernels.decision``)
+CAL_EPS = 1e-6
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, _EPS, 1 - _EPS)
+    p = np.clip(p, CAL_EPS, 1 - CAL_EPS)
     return np.log(p) - np.log1p(-p)
 
 
@@ -470,6 +471,6 @@ class ModelCalibrationTables:
         p = prob.to(torch.float32)
         pos = (depth.to(torch.int64) - 1).clamp(min=0, max=self.temperatures.numel() - 1)
         t = torch.take(self.temperatures, pos)
-        pc = p.clamp(_EPS, 1 - _EPS).to(torch.float64)
+        pc = p.clamp(CAL_EPS, 1 - CAL_EPS).to(torch.float64)
         a = torch.sigmoid((torch.log(pc) - torch.log1p(-pc)) / t.to(torch.float64)).to(torch.float32)
         return torch.where(p <= 0, torch.zeros_like(a), torch.where(p >= 1, torch.ones_like(a), a))

@@ -54,7 +54,7 @@ from .widths import check_buckets, choose_plan, truncate
 
 #: token id of model-chain positions beyond the drafted depth in the depth evaluation: never a real token (vocabularies
 #: are below 2**31), so it never folds with an n-gram node; those trees are only scored, never verified
-_UNDRAFTED = 1 << 40
+UNDRAFTED = 1 << 40
 
 
 class ModelDraft(NamedTuple):
@@ -128,18 +128,18 @@ def _with_alternatives(chain: Candidates, alt_tokens: torch.Tensor, alt_survival
     ``alt_tokens`` / ``alt_survival`` ``[B, S, M]`` (``S <= D`` drafted positions; the survival already includes the
     parent's). An alternative exists where its chain position does (position ``< min(length, S)``). The pool's
     validity is a prefix, so a node that does not exist is made unselectable instead: survival 0 and a token id no
-    drafter proposes (``_UNDRAFTED`` upward, distinct per node, so nothing folds into it)."""
+    drafter proposes (``UNDRAFTED`` upward, distinct per node, so nothing folds into it)."""
     b, d = chain.tokens.shape
     s, m = alt_tokens.shape[1], alt_tokens.shape[2]
     dev = chain.tokens.device
     j = torch.arange(d, device=dev, dtype=torch.int64)
     chain_ok = j[None, :] < chain.length[:, None]
-    c_tok = torch.where(chain_ok, chain.tokens.to(torch.int64), _UNDRAFTED + j[None, :])
+    c_tok = torch.where(chain_ok, chain.tokens.to(torch.int64), UNDRAFTED + j[None, :])
     c_surv = torch.where(chain_ok, chain.survival.to(torch.float32), 0.0)
     i = torch.arange(s, device=dev, dtype=torch.int64)
     alt_ok = (i[None, :] < torch.minimum(chain.length, torch.full_like(chain.length, s))[:, None])[:, :, None]
     a_idx = torch.arange(s * m, device=dev, dtype=torch.int64).reshape(1, s, m)
-    a_tok = torch.where(alt_ok, alt_tokens.to(torch.int64), _UNDRAFTED + d + a_idx).reshape(b, s * m)
+    a_tok = torch.where(alt_ok, alt_tokens.to(torch.int64), UNDRAFTED + d + a_idx).reshape(b, s * m)
     a_surv = torch.where(alt_ok, alt_survival.to(torch.float32), 0.0).reshape(b, s * m)
     a_par = (i - 1)[None, :, None].expand(b, s, m).reshape(b, s * m)         # the chain's previous token (-1: root)
     tokens = torch.cat([c_tok, a_tok], 1)
@@ -232,7 +232,7 @@ class DecisionStep:
             last = torch.ones_like(rate)
         beyond = last * rate ** (j[None, :] - (s - 1)).clamp(min=0).to(torch.float32)
         ext_s = torch.cat([surv, beyond[:, s:]], 1) if d_max > s else surv[:, :d_max]
-        ext_t = torch.cat([model_c.tokens, (_UNDRAFTED + j[s:])[None, :].expand(b, d_max - s)], 1) \
+        ext_t = torch.cat([model_c.tokens, (UNDRAFTED + j[s:])[None, :].expand(b, d_max - s)], 1) \
             if d_max > s else model_c.tokens[:, :d_max]
         full_len = torch.where(model_c.length >= s, torch.full_like(model_c.length, d_max), model_c.length)
         dt = self._constant("depths", self.depths, dev)

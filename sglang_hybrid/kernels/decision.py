@@ -45,17 +45,14 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_hybrid.calibration import CAL_EPS
 from sglang_hybrid.request_bias import EPS as BIAS_EPS
 from sglang_hybrid.selector import VerifyTree
-from sglang_hybrid.step import Decision
+from sglang_hybrid.step import UNDRAFTED, Decision
 
 from . import pow2
 from .workspace import alloc
 
-#: token id of model-chain positions past the drafted depth in the scored-only depth blocks (``step._UNDRAFTED``)
-UNDRAFTED = 1 << 40
-#: the model calibration's clamp (``calibration._EPS``)
-CAL_EPS = 1e-6
 #: elements a Triton tensor may hold (``triton._utils.TRITON_MAX_TENSOR_NUMEL``)
 MAX_TILE = 1 << 20
 
