@@ -104,9 +104,9 @@ class FusedDecisionStep:
             raise ValueError("the fused decision does not skip the model draft (depth 0); keep the torch DecisionStep")
         self.decide = decide
         self.device = torch.device(device)
-        if not available(self.device):
-            raise ValueError(f"Triton cannot run on {self.device} here (CUDA with Triton, or the CPU with "
-                             "TRITON_INTERPRET=1 set before Triton is imported)")
+        why = unavailable_reason(self.device)
+        if why is not None:
+            raise ValueError(f"Triton cannot run on {self.device} here: {why}")
         self.block_rows = rows_per_program(self.device)
         self._buckets = torch.tensor(decide.widths, dtype=torch.int64, device=self.device)
         self._depths = {}

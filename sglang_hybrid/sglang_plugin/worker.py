@@ -688,8 +688,7 @@ class HybridWorkerV2(EAGLEWorkerV2):
                     "widths_unpaid", len(unpaid),
                     f"extra verify widths {unpaid} left out at start: at the running limit ({batch} requests) the "
                     f"full tree's verify takes less than {MIN_CUT_SAVING}x theirs by the table measured at start, so "
-                    "cutting "
-                    f"trees to them saves too little to pay a runtime state (widths.paying_extras); kept: "
+                    "cutting trees to them saves too little to pay a runtime state (widths.paying_extras); kept: "
                     f"{sorted({*required, *paying})}")
             extras = paying
             step.restrict_widths(memory_budget.fit_widths_at_start(self, step.depths, required, extras))
