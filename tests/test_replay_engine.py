@@ -915,7 +915,7 @@ def test_realistic_command_line_defaults_are_the_configs_and_eagle_trees_parse(m
     narrow = replay_realistic.Runner(dataclasses.replace(seen["cfg"], batches=(4,), sweep=False, hybrid_steps=(),
                                                          hybrid_ngram_ks=(), ngram_ks=(8, 24)))
     assert narrow.bank_k == 24 and narrow.pw == 24 > replay_engine.EngineConfig().proposal_width
-    assert seen["cfg"].real_trace == replay_realistic.REAL_TRACE
+    assert seen["cfg"].real_traces == replay_realistic.REAL_TRACES and seen["cfg"].results is None
     seen.clear()
     replay.main(["--realistic", "--ngram-logit-shift", "0.5"])
     assert seen["cfg"].ngram_logit_shift == 0.5 and seen["cfg"].ngram_calibration is None
@@ -1356,5 +1356,6 @@ def test_realistic_alternatives_modes_run_on_a_recorded_trace_tuned_like_their_c
         assert next(iter(runner.engine_pols[m].values())).engine.eagle_alternatives == 3
         assert runner.cell("real", m, "code", 4)["hybrid"] > 0
     lines = R.alternatives_lines(runner, [("code", 4)], "real")
-    assert "real, small (SmolLM2 trace)" in lines[0] and lines[1].startswith("  code B=4: ragged_verify=on ")
+    assert "real drafters (SmolLM2 + its EAGLE head, held out)" in lines[0]
+    assert lines[1].startswith("  code B=4: ragged_verify=on ")
     assert "; ideal " in lines[1] and lines[-1].startswith("  at >= 0.97x the best single drafter: ")

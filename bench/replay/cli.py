@@ -121,6 +121,12 @@ def main(argv=None) -> int:
     ap.add_argument("--trace-alternatives", type=int, default=replay_record.ALTERNATIVES, metavar="M",
                     help="--make-trace: next-ranked EAGLE tokens recorded per chain position, 0 to 7 (default "
                          f"{replay_record.ALTERNATIVES}: any eagle_alternatives setting can then be replayed)")
+    ap.add_argument("--record-real", type=Path, default=None, metavar="DIR",
+                    help="record the real-drafter traces (SmolLM2 writes every output; tuning and evaluation from "
+                         "different packages and conversations) in resumable parts under DIR, then assemble them "
+                         "into bench/traces/ (bench/replay/record.py)")
+    ap.add_argument("--parts", nargs="*", default=None, metavar="PREFIX",
+                    help="--record-real: only the parts whose name starts with a PREFIX (e.g. chat-eval); no assembly")
     rg = ap.add_argument_group("realistic replay (--realistic: the headline run; bench/replay/realistic.py)")
     rg.add_argument("--realistic", action="store_true",
                     help="real-text workloads, SIMULATED model-drafter sweep, engine as built and --ideal side by side")
@@ -171,8 +177,8 @@ def main(argv=None) -> int:
                          "leaves (no draft forward beyond the chain's; default 3; 0 leaves those modes out)")
     rg.add_argument("--no-sweep", action="store_true", help="realistic: the headline point alpha=0.7/0.9 only")
     rg.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
-                    help="realistic: processes the cells run in (default: this machine's usable cores; the results "
-                         "do not depend on it)")
+                    help="realistic: processes the cells run in; --record-real: recording processes, one thread "
+                         "each (default: this machine's usable cores; the results do not depend on it)")
     rg.add_argument("--hybrid-steps", type=int, nargs="*", default=list(_REALISTIC.hybrid_steps),
                     help="realistic: EAGLE step counts HYBRID is also run with besides the deployed 4, the best per "
                          "cell chosen on the first seed as the baselines' k is (none given: the deployed 4 only)")
@@ -188,12 +194,21 @@ def main(argv=None) -> int:
                          "--speculative-num-draft-tokens) the model-only baseline is also tuned over, on the simulated "
                          "drafter (none given: chains only; default: "
                          + " ".join(",".join(map(str, t)) for t in _REALISTIC.eagle_trees) + ")")
-    rg.add_argument("--real-trace", type=Path, default=RR.REAL_TRACE,
-                    help="the real SmolLM2 trace for the 'real, small' row (skipped with a note when absent)")
+    rg.add_argument("--real-traces", type=Path, default=RR.REAL_TRACES,
+                    help="folder of the real-drafter traces (--record-real assembles them there; skipped with a note "
+                         "when absent)")
     rg.add_argument("--measured-table", default=str(RR.MEASURED_TABLE),
                     help="realistic: a per-batch step-time table measured on a GPU (the device kit's cost_tables.json) "
                          "the headline contenders are rerun under; 'none' leaves it out")
     rg.add_argument("--plot", type=Path, default=None, help="realistic: ratio-vs-alpha plot (default docs/...png)")
+    rg.add_argument("--results", default=None,
+                    help="realistic: the results file the README's tables are rendered from, to write this run's "
+                         "section into (the frozen evaluation: bench/results/realistic.json; default: none, the run "
+                         "writes only under --out)")
+    rg.add_argument("--miscalibration", action="store_true",
+                    help="realistic: the miscalibration sweep instead of the headline run: the head's confidences "
+                         "distorted at T in 0.5-2 and bursty acceptance, every headline cell "
+                         "(bench/replay/calibration_sweep.py)")
     rg.add_argument("--sweep-ideal", action="store_true",
                     help="realistic: run the ideal engine at every sweep point too (default: headline point only)")
     args = ap.parse_args(argv)
@@ -217,16 +232,24 @@ def main(argv=None) -> int:
                         hybrid_ngram_ks=tuple(args.hybrid_ngram_ks), ngram_ks=tuple(args.ngram_ks),
                         eagle_trees=tuple(args.eagle_trees),
                         model_bias_eta=args.model_bias_eta, ngram_bias_eta=args.ngram_bias_eta,
-                        gpu_context=args.gpu_context, real_trace=args.real_trace,
+                        gpu_context=args.gpu_context, real_traces=args.real_traces,
                         ngram_calibration=args.ngram_calibration, ngram_logit_shift=args.ngram_logit_shift,
                         launch=launch, ragged_sync_us=args.ragged_sync_us, ragged_mode=not args.no_ragged_mode,
                         eagle_alternatives=args.eagle_alternatives,
                         measured_table=None if args.measured_table == "none" else Path(args.measured_table),
-                        sweep=not args.no_sweep,
+                        sweep=not args.no_sweep, results=Path(args.results) if args.results else None,
                         out=args.out if args.out != Path("out/replay") else Path("out/replay_realistic"),
                         sweep_modes=RR.MODES if args.sweep_ideal else ("as built",),
                         **({"plot": args.plot} if args.plot else {}))
+        if args.miscalibration:
+            from bench.replay import calibration_sweep
+
+            calibration_sweep.run(cfg)
+            return 0
         return RR.run(cfg)
+    if args.record_real:
+        return replay_record.record_real(args.record_real, jobs=args.jobs, k=args.k or 8,
+                                         alternatives=args.trace_alternatives, head_dir=args.head, only=args.parts)
     if args.make_trace:
         return replay_record.make_trace(args.make_trace, args.temperature, args.n_code, args.n_chat, args.max_new,
                                         args.k or 8, args.head, args.seed,

@@ -16,7 +16,11 @@ import sys
 
 import numpy as np
 
-from bench.replay.realistic import REAL_TRACE
+from bench.replay.realistic import REAL_TRACES
+
+#: the tuning split of the real-drafter traces: the simulated drafter's rates are parameters, so they come from
+#: tuning data
+REAL_TRACE = REAL_TRACES / "smollm2_real_tune.jsonl.gz"
 
 
 def rank_hits(trace_path=REAL_TRACE, ranks: int = 8, lm=None, head=None) -> tuple:

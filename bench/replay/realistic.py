@@ -64,8 +64,9 @@ RAGGED = "as built, ragged"
 #: the default run, for its time budget (docs/benchmarks.md, "EAGLE alternatives", has its last figures)
 RAGGED_ALTERNATIVES = "as built, ragged, EAGLE alternatives"
 ALTERNATIVES = "ideal, EAGLE alternatives"
-REAL_TRACE = Path("out/traces/smollm2_t0_final.jsonl")
 ROOT = Path(__file__).resolve().parents[2]
+#: the real-drafter traces (``python -m bench.replay --record-real DIR`` records and assembles them here)
+REAL_TRACES = ROOT / "bench" / "traces"
 #: the device kit's step-time table from an H200 (``bash bench/device_run.sh``): a compact PyTorch
 #: Llama-3.1-8B-shaped decoder at 2,048 context tokens per request, MEASURED, not SGLang (docs/benchmarks.md, section 4)
 MEASURED_TABLE = ROOT / "bench" / "cost_tables" / "h200_measured_compact.json"
@@ -81,7 +82,18 @@ def sweep_points() -> list:
 
 
 def label(point) -> str:
-    return "real, small (SmolLM2 trace)" if point == "real" else f"SIM alpha={point[0]:.1f} copy={point[1]:.2f}"
+    """A source's name in the printout: the real drafters, a sweep point, or either with its head made miscalibrated
+    (a third element / second for "real": ``T<t>`` or ``bursty``, `bench.replay.calibration_sweep`)."""
+    if point == "real":
+        return "real drafters (SmolLM2 + its EAGLE head, held out)"
+    if point[0] == "real":
+        return f"real drafters, head {_knob(point[1])}"
+    base = f"SIM alpha={point[0]:.1f} copy={point[1]:.2f}"
+    return base if len(point) == 2 else f"{base} {_knob(point[2])}"
+
+
+def _knob(tag: str) -> str:
+    return "bursty" if tag == "bursty" else f"T={tag[1:]}"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -97,7 +109,7 @@ def cluster_of(request_id: str) -> str:
 def free_source(source) -> str:
     """The key under which a source's model-free runs (no speculation, the n-gram baselines) are stored: the simulated
     drafter's sweep points share one text, so they share those runs ("text"); the real trace has its own ("real")."""
-    return "real" if source == "real" else "text"
+    return "real" if source == "real" or source[0] == "real" else "text"
 
 
 def pooled(runs, keys=None) -> tuple:
@@ -202,7 +214,8 @@ class Config:
     #: the setting ``eagle_alternatives`` the modes ``RAGGED_ALTERNATIVES`` and ``ALTERNATIVES`` run at (the
     #: next-best EAGLE tokens per chain position hung as leaves); 0 leaves them out
     eagle_alternatives: int = 3
-    real_trace: Optional[Path] = None
+    #: the real-drafter traces' folder (`REAL_TRACES`); None or absent: those rows are not run (said so)
+    real_traces: Optional[Path] = None
     #: processes the cells run in (forked from the run, each a whole cell: results do not depend on it)
     jobs: int = 1
     sweep: bool = True
@@ -211,6 +224,8 @@ class Config:
     #: where its as-built engine trails the ideal one most
     real_decompose_cells: tuple = (("chat", 32), ("chat", 128))
     out: Path = Path("out/replay_realistic")
+    #: the frozen results file this run writes its section into (`bench.replay.results`); None: not written
+    results: Optional[Path] = None
     plot: Optional[Path] = ROOT / "docs" / "replay_alpha.png"
 
 
@@ -459,7 +474,8 @@ class Runner:
         best = max(cands, key=lambda n: self.runs[(source, "-", w, b, n, tune)].tok_per_s)
         run(cands[best], source, "-", best, evals)
         # the one-line rule "n-gram if it matches, else EAGLE", at the cell's best fixed EAGLE k, tuned over the
-        # n-gram chain length; and the oracle (the limit of any selector over these two drafters), beside its
+        # n-gram chain length; and the chain oracle (the limit of any selector choosing one of the two chains per
+        # step; it bounds no tree: an EAGLE tree or a merged tree can beat it), beside its
         # foreknowledge of the EAGLE chain alone
         ke = max(self.eagle, key=lambda p: self.runs[(source, "-", w, b, p.name, tune)].tok_per_s).k
         rules = {f"ngram_else_eagle_n{k}_e{ke}": P.NgramElseEagle(k, ke) for k in self.cfg.ngram_ks}
@@ -547,9 +563,21 @@ class Runner:
             pol = self.free[0] if what == "no_spec" else self.tuned_policy(source, mode, w, b, what)
             got[what] = [self.sim(pol, banks[s], groups[s][w], b, s, (source, kind, w, b, what, s),
                                   spec=self.alt_specs[kind]) for s in evals]
-        single = got["model"] if tok_s(got["model"]) >= tok_s(got["ngram"]) else got["ngram"]
+        # the single drafter as chosen on the tuning seed under the main step times
+        mkey, nkey = self.best[(source, mode, w, b, "model")][1], self.best[(source, mode, w, b, "ngram")][1]
+        single = got["model"] if self.model_is_single(mkey, nkey, got["model"], got["ngram"]) else got["ngram"]
         return dict(vs_model=ratio_ci(got["hybrid"], got["model"]), vs_single=ratio_ci(got["hybrid"], single),
                     vs_nospec=ratio_ci(got["hybrid"], got["no_spec"]))
+
+    def model_is_single(self, mkey, nkey, mo, ng) -> bool:
+        """Whether the best model-only policy, rather than the best n-gram one, is the cell's best single drafter:
+        decided on the tuning seed's runs (as every other choice is), the evaluation runs only where those are
+        missing."""
+        tune = [self.cfg.seeds[0]]
+        mo_t, ng_t = self.seeds_of(mkey, tune), self.seeds_of(nkey, tune)
+        if mo_t and ng_t:
+            return tok_s(mo_t) >= tok_s(ng_t)
+        return tok_s(mo) >= tok_s(ng)
 
     # -- aggregation --------------------------------------------------------------------------------------------
     def seeds_of(self, key5, seeds=None) -> list:
@@ -571,7 +599,7 @@ class Runner:
         oracle = self.seeds_of((source, "-", w, b, "oracle"), seeds)
         oracle_eagle = self.seeds_of((source, "-", w, b, "oracle_eagle"), seeds)
         ns = self.seeds_of(((nkey[0],) + ("-", w, b, "no_spec")), seeds)
-        single = mo if tok_s(mo) >= tok_s(ng) else ng
+        single = mo if self.model_is_single(mkey, nkey, mo, ng) else ng
         steps, ngram_k = self.best.get((source, mode, w, b, "hybrid"), (None, None))
         return dict(hybrid=tok_s(hy), hybrid_steps=steps, hybrid_ngram_k=ngram_k,
                     model=tok_s(mo), model_name=mname, ngram=tok_s(ng), ngram_name=nname,
@@ -651,7 +679,7 @@ def reach_note(runner: Runner, source, w: str, b: int, cell: dict) -> str:
     ragged = runner.cell(source, RAGGED, w, b) if RAGGED in runner.engines else None
     if ragged is not None:
         parts.append(f"ragged_verify=on {ragged['vs_model'][0]:.2f}")
-    parts.append(f"the oracle {cell['oracle'] / cell['model']:.2f}")
+    parts.append(f"the chain oracle {cell['oracle'] / cell['model']:.2f}")
     return "; " + ", ".join(parts)
 
 
@@ -728,7 +756,7 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
         heads = [(k, c) for k, c in cells if k[0] == head]
         low = min(heads, key=lambda kc: kc[1]["vs_oracle"][0])
         bad = [kc for kc in heads if kc[1]["vs_oracle"][0] < 0.85]
-        v.append((f"selector: HYBRID >= 0.85x the oracle in every headline cell ({tag})", not bad,
+        v.append((f"selector: HYBRID >= 0.85x the chain oracle in every headline cell ({tag})", not bad,
                   f"worst {fmt_ci(low[1]['vs_oracle'])} at {low[0][2]} B={low[0][3]}; {len(bad)} of {len(heads)} "
                   "cells below 0.85" + oracle_note(runner, heads)))
         below = [kc for kc in cells if kc[1]["vs_nospec"][0] < 1.0]
@@ -763,8 +791,23 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
                   f"{av:.3f} = request-steps with an n-gram proposal (the host's, aligned, or the device prompt "
                   f"lookup's) / request-steps where the drafter has a match ({st['a']} / {st['m']}; the host's "
                   f"aligned proposals alone {st['h'] / st['m']:.3f}; {tag}, all batches, evaluation seeds)"))
-    v.append(("selector: the run takes <= 20 minutes on this machine", wall_s <= 20 * 60, f"{wall_s / 60:.1f} min"))
+    real = [(k, c) for k, c in ran("as built") if k[0] == "real"]
+    if real:
+        for w in ("code", "chat"):
+            c = runner.cell("real", "as built", w, 4)
+            v.append((f"real drafters, held-out requests: HYBRID >= 1.00x the best single drafter at {w} B=4 (as "
+                      "built)", c is not None and c["vs_single"][0] >= 1.0,
+                      "not run" if c is None else f"{fmt_ci(c['vs_single'])} vs {c['single_name']}"
+                      + ci_note(c["vs_single"], 1.0)))
+        best_single(real, "real drafters, held-out requests: HYBRID >= 0.97x the best single drafter in every cell "
+                          "(as built)")
+    v.append(("the default run takes <= 30 minutes on this machine", wall_s <= 30 * 60, f"{wall_s / 60:.1f} min"))
     return v
+
+
+def ci_note(ci, line: float) -> str:
+    """Where a ratio's 95 % interval crosses the target's line (a target is MET on its point estimate)."""
+    return f"; its 95 % interval crosses {line:.2f}" if ci[1] < line <= ci[2] or ci[1] <= line < ci[2] else ""
 
 
 def model_tag(name: str) -> str:
@@ -1011,6 +1054,81 @@ def decompose(runner: Runner, cfg: Config, title: str, columns: list) -> list:
     return lines
 
 
+def results_section(runner: Runner, cfg: Config, command: str, wall_s: float, verdicts_: list) -> dict:
+    """A run's section of the results file (`bench.replay.results`): every cell HYBRID ran in every mode and source
+    (ratios as [point, low, high]), the targets, and what ran it."""
+    import os
+    import platform
+
+    cells = []
+    for m in runner.engines:
+        for k, c in all_cells(runner, m):
+            if c is not None:
+                cells.append({"source": "real" if k[0] == "real" else label(k[0]), "mode": k[1], "workload": k[2],
+                              "batch": k[3], **{kk: vv for kk, vv in c.items() if kk != "stats"}})
+    return {"command": command, "wall_s": round(wall_s, 1), "date": time.strftime("%Y-%m-%d %H:%M"),
+            "machine": f"{platform.machine()} CPU, {len(os.sched_getaffinity(0))} cores, no GPU",
+            "config": {k: str(x) for k, x in dataclasses.asdict(cfg).items()}, "cells": cells,
+            "targets": [list(t) for t in verdicts_]}
+
+
+def real_banks(runner: Runner, cfg: Config, tune_trace, eval_trace, temperature: float = 1.0) -> tuple:
+    """({seed: bank}, {seed: {workload: indices}}) of the real-drafter traces: the tuning seed replays the tuning
+    trace (other packages, other conversations), every evaluation seed the evaluation trace (seeds vary the stream
+    order and start phases); the EAGLE probabilities distorted at ``temperature`` (`miscalibration.distorted`)."""
+    from bench.replay.miscalibration import distorted
+
+    banks, groups = {}, {}
+    for i, s in enumerate(cfg.seeds):
+        trace = tune_trace if i == 0 else eval_trace
+        if i <= 1:
+            reqs = [r for r in trace.requests if len(r.output)]
+            bank = DraftBank(reqs, max(trace.eagle_k, runner.bank_k), ngram_width=runner.pw, pad=runner.bank_pad)
+            g = {w: [j for j, r in enumerate(reqs) if r.workload == w] for w in ("code", "code-edit", "chat")}
+            g["mixed"] = g["code"][:len(g["code"]) // 2] + g["chat"][:len(g["chat"]) // 2]
+            g = {w: idx for w, idx in g.items() if idx}
+        banks[s], groups[s] = distorted(bank, temperature), g
+    return banks, groups
+
+
+def run_real(runner: Runner, cfg: Config, head_cells, log) -> Optional[list]:
+    """The real-drafter source ("real"): SmolLM2-135M's greedy outputs with its EAGLE head's own chains and
+    alternatives, both drafters real, tuned on the tuning trace and evaluated on the held-out one. Returns the
+    decomposition's lines, or None when the traces are absent (said so)."""
+    from bench.replay import traces as replay_traces
+
+    try:
+        tune, evals, manifest = replay_traces.read_real_traces(cfg.real_traces)
+    except FileNotFoundError as e:
+        log(f"real-drafter rows: NOT RUN: {e}")
+        return None
+    banks, groups = real_banks(runner, cfg, tune, evals)
+    t, e = cfg.seeds[0], cfg.seeds[1] if len(cfg.seeds) > 1 else cfg.seeds[0]
+    log(f"real drafters: {cfg.real_traces}: {manifest['model']} writes every output (greedy, "
+        f"{manifest['output_tokens']} tokens a request), its EAGLE head ({manifest['draft_model']}) drafts; tuning "
+        f"(seed {t}): " + ", ".join(f"{w} {len(i)}" for w, i in groups[t].items()) + "; evaluation (other packages "
+        "and conversations, seeds " + ", ".join(map(str, evaluation_seeds(cfg.seeds))) + "): "
+        + ", ".join(f"{w} {len(i)}" for w, i in groups[e].items()) + " requests")
+    k_needed = max(max(cfg.eagle_ks), max(cfg.model_ks), runner.engines["as built"].num_steps)
+    if evals.eagle_k < k_needed:
+        log(f"  skipped: its eagle_k={evals.eagle_k} is below the longest chain the baselines draft ({k_needed})")
+        return None
+    alt_modes = runner.alternatives_modes
+    if alt_modes and evals.eagle_alternatives < cfg.eagle_alternatives:
+        log(f"  its EAGLE alternatives rows NOT RUN: the traces record {evals.eagle_alternatives} per chain position, "
+            f"eagle_alternatives={cfg.eagle_alternatives} needs that many")
+        alt_modes = ()
+    runner.run_source("real", banks, groups, head_cells, list(cfg.seeds), runner.head_modes + alt_modes, log)
+    if not cfg.decompose:
+        return []
+    s0 = evaluation_seeds(cfg.seeds)[0]
+    cols = [DecomposeColumn(f"{w} B={b} S{st}/K{k}", banks[s0], groups[s0][w], w, b, s0, "real", st, k)
+            for w, b in cfg.real_decompose_cells if w in groups[s0] and b in cfg.batches
+            for st, k in [runner.best[("real", "as built", w, b, "hybrid")]]]
+    return decompose(runner, cfg, f"The same on the real drafters (SmolLM2's EAGLE head's own drafts), seed {s0}, "
+                     "HYBRID at each cell's tuned settings", cols)
+
+
 def run(cfg: Config, log=print) -> int:
     import torch
 
@@ -1108,41 +1226,11 @@ def run(cfg: Config, log=print) -> int:
             [DecomposeColumn(f"{w} B={b}", eb_head[s0], groups[s0][w], w, b, s0, HEADLINE, dep.num_steps, dep.ngram_k)
              for w, b in cfg.sweep_cells if w in groups[s0]])
     sources = list(points)
-    real = cfg.real_trace
-    if real is not None and Path(real).is_file():
-        from bench.replay import traces as replay_traces
-
-        tr = replay_traces.read_trace(real)
-        reqs = [r for r in tr.requests if len(r.output)]
-        rb = DraftBank(reqs, max(tr.eagle_k, runner.bank_k), ngram_width=runner.pw, pad=runner.bank_pad)
-        g = {w: [i for i, r in enumerate(reqs) if r.workload == w] for w in ("code", "chat")}
-        g["mixed"] = list(range(len(reqs)))
-        rbanks = {s: rb for s in cfg.seeds}
-        rgroups = {s: {w: i for w, i in g.items() if i} for s in cfg.seeds}
-        log(f"real, small: {real}: model {tr.header.model}, draft {tr.header.draft_model}, {len(reqs)} requests "
-            f"(code {len(g['code'])}, chat {len(g['chat'])}); seeds vary the stream order and start phases only")
-        if tr.eagle_k < max(max(cfg.eagle_ks), max(cfg.model_ks), runner.engines["as built"].num_steps):
-            log(f"  skipped: its eagle_k={tr.eagle_k} is below the longest chain the baselines draft")
-        else:
-            alt_modes = runner.alternatives_modes
-            if alt_modes and tr.eagle_alternatives < cfg.eagle_alternatives:
-                log(f"  its EAGLE alternatives rows NOT RUN: the trace records {tr.eagle_alternatives} per chain "
-                    f"position, eagle_alternatives={cfg.eagle_alternatives} needs that many (record it again with "
-                    f"python -m bench.replay --make-trace {real})")
-                alt_modes = ()
-            runner.run_source("real", rbanks, rgroups, head_cells, list(cfg.seeds), runner.head_modes + alt_modes,
-                              log)
+    if cfg.real_traces is not None:
+        real_lines = run_real(runner, cfg, head_cells, log)
+        if real_lines is not None:
             sources.append("real")
-            if cfg.decompose:
-                cols = [DecomposeColumn(f"{w} B={b} S{st}/K{k}", rb, rgroups[s0][w], w, b, s0, "real", st, k)
-                        for w, b in cfg.real_decompose_cells if w in rgroups[s0] and b in cfg.batches
-                        for st, k in [runner.best[("real", "as built", w, b, "hybrid")]]]
-                real_lines = decompose(runner, cfg, f"The same on the real SmolLM2 trace (its EAGLE head's own "
-                                       f"drafts), seed {s0}, HYBRID at each cell's tuned settings", cols)
-                decomposition += [""] + real_lines if real_lines else []
-    else:
-        log(f"real, small row: NOT RUN: no trace at {real} (record it with python -m bench.replay --make-trace "
-            f"{REAL_TRACE}, ~10 min on this CPU)")
+            decomposition += [""] + real_lines if real_lines else []
 
     rows = layout_rows(runner, sources, cfg.batches)
     log("")
@@ -1151,7 +1239,8 @@ def run(cfg: Config, log=print) -> int:
     for key, title in (("vs_model", "HYBRID merge / best model-only"),
                        ("vs_single", "HYBRID merge / best single drafter (best of model-only and n-gram-only)"),
                        ("vs_rule", "HYBRID merge / 'n-gram if it matches, else EAGLE' (tuned k)"),
-                       ("vs_oracle", "HYBRID merge / oracle (knows each drafter's accepted length, ragged, no waste)"),
+                       ("vs_oracle", "HYBRID merge / chain oracle (the better chain each step, known in advance, "
+                                     "ragged, no waste; bounds chain choice, not trees)"),
                        ("vs_nospec", "HYBRID merge / no speculation")):
         for line in print_layout(rows, key, f"{title}; {charged}; evaluation seeds pooled, as built with 95% "
                                  "bootstrap CI over source files / ideal / as-built loss vs ideal", cfg.batches):
@@ -1219,12 +1308,15 @@ def run(cfg: Config, log=print) -> int:
         if p:
             pngs.append(str(p))
     cfg.out.mkdir(parents=True, exist_ok=True)
-    dump = {"config": {k: str(x) for k, x in dataclasses.asdict(cfg).items()},
-            "cells": [{"source": label(k[0]), "mode": k[1], "workload": k[2], "batch": k[3],
-                       **{kk: vv for kk, vv in c.items() if kk != "stats"}}
-                      for m in MODES for k, c in all_cells(runner, m) if c is not None],
-            "verdicts": v}
-    (cfg.out / "realistic_results.json").write_text(json.dumps(dump, indent=1, default=str))
-    log(f"\nwrote {cfg.out / 'realistic_results.json'}" + (f", plot {', '.join(pngs)}" if pngs else ""))
+    wall = time.perf_counter() - t_start
+    section = results_section(runner, cfg, "python -m bench.replay --realistic", wall, v)
+    section["edit_density"] = {w: list(d) for w, d in density.items()}
+    (cfg.out / "realistic_results.json").write_text(json.dumps(section, indent=1, default=str))
+    written = [str(cfg.out / "realistic_results.json")]
+    if cfg.results is not None:
+        from bench.replay import results as replay_results
+
+        written.append(str(replay_results.write_section("realistic", section, cfg.results)))
+    log(f"\nwrote {', '.join(written)}" + (f", plot {', '.join(pngs)}" if pngs else ""))
     log(f"realistic replay wall time {time.perf_counter() - t_start:.0f} s")
     return 0

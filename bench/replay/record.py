@@ -1,4 +1,5 @@
-"""Recording a real per-position trace for the replay (``python -m bench.replay --make-trace FILE``).
+"""Recording real per-position traces for the replay: ``--make-trace FILE`` (a small trace, one process) and
+``--record-real DIR`` (the real-drafter traces at scale, in parts that resume and run in parallel).
 
 SmolLM2-135M-Instruct decodes code-editing and chat prompts (greedy output = any lossless speculative mode's output),
 then the trained EAGLE head's chain at every output position, with each chain position's next-ranked tokens (the
@@ -132,4 +133,159 @@ def make_trace(out_path, temperature=0.0, n_code=8, n_chat=8, max_new=320, k=8, 
                             eagle_alternatives=alternatives)
     TR.write_trace(out_path, header, recs)
     print(f"wrote {out_path}: {len(recs)} requests, {sum(len(r.output) for r in recs)} output tokens")
+    return 0
+
+
+#: the real-drafter traces: every request's output is the model's greedy reply, cut at this many tokens; a candidate
+#: whose reply ends sooner is left out (so every kept request has exactly this many output tokens)
+REAL_OUTPUT_TOKENS = 256
+#: candidates decoded together in one left-padded `generate` call: one resumable part
+PART_SIZE = 8
+#: the committed files' probabilities are rounded to this many decimals (a third of their size; far below any
+#: difference a price or a calibration bin sees)
+PROB_DECIMALS = 4
+#: the committed real-drafter traces, one file per split (`assemble_real`)
+REAL_TRACE_DIR = Path(__file__).resolve().parent.parent / "traces"
+
+
+def real_parts() -> list:
+    """[(part name, [RealPrompt])]: each (workload, split)'s candidates sorted by prompt length (little padding in a
+    batch), cut into parts of `PART_SIZE`. Deterministic, so a part's name always means the same prompts."""
+    from bench.replay.real_prompts import real_prompts
+
+    groups: dict = {}
+    for p in real_prompts():
+        groups.setdefault((p.workload, p.split), []).append(p)
+    parts = []
+    for (workload, split), ps in groups.items():
+        ps = sorted(ps, key=lambda p: (len(p.text), p.id))
+        for i in range(0, len(ps), PART_SIZE):
+            parts.append((f"{workload}-{split}-{i // PART_SIZE:02d}", ps[i:i + PART_SIZE]))
+    return parts
+
+
+_WORKER: dict = {}
+
+
+def _worker_init(head_dir: str) -> None:
+    """Load the target and the head once per worker process, on one thread (two processes use both cores)."""
+    import torch
+
+    from sglang_hybrid.reference.eagle import load_head
+    from sglang_hybrid.reference.models import load_smollm2
+
+    torch.set_num_threads(1)
+    lm = load_smollm2()
+    _WORKER.update(lm=lm, head=load_head(Path(head_dir), lm.model.config).eval(), head_dir=head_dir)
+
+
+def _record_part(job) -> tuple:
+    """Decode one part greedily, then the EAGLE rows of every reply that reached `REAL_OUTPUT_TOKENS`; write the part's
+    trace (gzip) and then its `.done.json` (which marks the part complete, so a restart skips it)."""
+    import time
+
+    from sglang_hybrid.reference import prompts as PR
+    from sglang_hybrid.reference import trace as TR
+
+    name, prompts, out_dir, k, alternatives = job
+    t0 = time.perf_counter()
+    lm, head = _WORKER["lm"], _WORKER["head"]
+    enc = [PR.encode(lm.tokenizer, p) for p in prompts]
+    outs = _decode_batch(lm.model, enc, REAL_OUTPUT_TOKENS, 0.0, 0, lm.eos_token_id)
+    recs, dropped = [], []
+    for p, ids, out in zip(prompts, enc, outs):
+        if len(out) < REAL_OUTPUT_TOKENS or (lm.eos_token_id is not None and lm.eos_token_id in out):
+            dropped.append(p.id)
+            continue
+        rows = TR.eagle_rows(lm.model, head, ids, out, k, alternatives)
+        recs.append(TR.TraceRecord(p.id, p.workload, ids, out, rows[0], rows[1],
+                                   extra={"split": p.split, "source": p.source},
+                                   eagle_alt_tokens=rows[2], eagle_alt_probs=rows[3]))
+    header = TR.TraceHeader(model=lm.name, draft_model=Path(_WORKER["head_dir"]).name, temperature=0.0, eagle_k=k,
+                            eagle_alternatives=alternatives)
+    TR.write_trace(out_dir / f"{name}.jsonl.gz", header, recs)
+    seconds = time.perf_counter() - t0
+    done = {"part": name, "candidates": [p.id for p in prompts], "dropped": dropped, "seconds": round(seconds, 1)}
+    (out_dir / f"{name}.done.json").write_text(json.dumps(done, indent=1) + "\n")
+    return name, len(recs), len(dropped), seconds
+
+
+def record_real(work_dir, jobs: int = 2, k: int = 8, alternatives: int = ALTERNATIVES, head_dir=None,
+                only=None) -> int:
+    """Record every part of the real-drafter traces not yet done under ``work_dir`` (`jobs` processes, one thread
+    each), then assemble them (`assemble_real`). Prints each part's time and the total."""
+    import time
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from tqdm import tqdm
+
+    if head_dir is None:
+        from sglang_hybrid.check import DEFAULT_DRAFT as head_dir      # the shipped head
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    parts = [(n, ps) for n, ps in real_parts() if only is None or n.startswith(tuple(only))]
+    todo = [(n, ps, work_dir, k, alternatives) for n, ps in parts if not (work_dir / f"{n}.done.json").is_file()]
+    print(f"real traces: {len(parts)} parts, {len(parts) - len(todo)} already done in {work_dir}; recording "
+          f"{len(todo)} with {jobs} process(es)", flush=True)
+    t0 = time.perf_counter()
+    if todo:
+        with ProcessPoolExecutor(max_workers=jobs, initializer=_worker_init, initargs=(str(head_dir),)) as ex:
+            futs = [ex.submit(_record_part, job) for job in todo]
+            for f in tqdm(as_completed(futs), total=len(futs), desc="parts"):
+                name, kept, dropped, seconds = f.result()
+                tqdm.write(f"  {name}: {kept} kept, {dropped} ended before {REAL_OUTPUT_TOKENS} tokens, "
+                           f"{seconds:.0f} s")
+    print(f"recorded {len(todo)} parts in {time.perf_counter() - t0:.0f} s", flush=True)
+    if only is not None:
+        return 0
+    return assemble_real(work_dir)
+
+
+def _rounded(rows: list) -> list:
+    return [[round(float(x), PROB_DECIMALS) for x in row] for row in rows]
+
+
+def assemble_real(work_dir, out_dir=REAL_TRACE_DIR) -> int:
+    """Join the parts into one gzip trace per split (`smollm2_real_{tune,eval}.jsonl.gz`, probabilities rounded to
+    `PROB_DECIMALS`) and write
+    `smollm2_real.json`: per file its SHA-256 and per (workload, split) the candidates, the kept requests and the
+    recording seconds, so the replay can check what it reads and the docs can say how it was made."""
+    import hashlib
+
+    from sglang_hybrid.reference import trace as TR
+
+    work_dir, out_dir = Path(work_dir), Path(out_dir)
+    names = [n for n, _ in real_parts()]
+    missing = [n for n in names if not (work_dir / f"{n}.done.json").is_file()]
+    if missing:
+        print(f"{len(missing)} part(s) not recorded yet (first: {missing[0]}); rerun --record-real to resume")
+        return 2
+    by_split: dict = {}
+    header = None
+    summary: dict = {}
+    seconds = 0.0
+    for n in names:
+        header, recs = TR.read_trace(work_dir / f"{n}.jsonl.gz")
+        done = json.loads((work_dir / f"{n}.done.json").read_text())
+        workload, split = n.rsplit("-", 2)[0], n.rsplit("-", 2)[1]
+        cell = summary.setdefault(f"{workload}/{split}", {"candidates": 0, "kept": 0, "output_tokens": 0})
+        cell["candidates"] += len(done["candidates"])
+        cell["kept"] += len(recs)
+        cell["output_tokens"] += sum(len(r.output) for r in recs)
+        seconds += done["seconds"]
+        for r in recs:
+            r.eagle_probs = _rounded(r.eagle_probs)
+            r.eagle_alt_probs = [_rounded(row) for row in r.eagle_alt_probs] if r.eagle_alt_probs else None
+        by_split.setdefault(split, []).extend(recs)
+    files = {}
+    for split, recs in by_split.items():
+        path = TR.write_trace(out_dir / f"smollm2_real_{split}.jsonl.gz", header, recs)
+        files[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    manifest = {"model": header.model, "draft_model": header.draft_model, "eagle_k": header.eagle_k,
+                "eagle_alternatives": header.eagle_alternatives, "output_tokens": REAL_OUTPUT_TOKENS,
+                "files": files, "workloads": summary, "recording_seconds_one_core": round(seconds)}
+    (out_dir / "smollm2_real.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    for key, cell in summary.items():
+        print(f"  {key}: {cell['kept']} of {cell['candidates']} candidates kept, {cell['output_tokens']} tokens")
+    print(f"wrote {', '.join(files)} and smollm2_real.json in {out_dir}")
     return 0

@@ -126,13 +126,18 @@ def _beta(rng, mean, shape) -> np.ndarray:
     return table[np.broadcast_to(which.reshape(np.shape(mean)), shape), rng.integers(0, _QUANTILES, size=shape)]
 
 
-def simulated_eagle(bank, flags: np.ndarray, alpha: float, alpha_copy: float, k: int, seed: int) -> tuple:
-    """(eagle_tokens int64 [rows, k], eagle_probs float32 [rows, k]) over every row of ``bank`` (module docstring)."""
+def simulated_eagle(bank, flags: np.ndarray, alpha: float, alpha_copy: float, k: int, seed: int,
+                    burst: float = 0.0) -> tuple:
+    """(eagle_tokens int64 [rows, k], eagle_probs float32 [rows, k]) over every row of ``bank`` (module docstring).
+    ``burst`` > 0: outcomes correlated along each chain and across positions with the same means
+    (`miscalibration.bursty_uniforms`); 0: independent."""
+    from bench.replay.miscalibration import bursty_uniforms
+
     rng = np.random.default_rng([int(seed), int(round(alpha * 1000)), int(round(alpha_copy * 1000)), 7])
     rows = int(bank.lengths.sum())
     a, inside, truth = _strength(bank, flags, alpha, alpha_copy, k)
     conf = rng.beta(np.maximum(a * KAPPA, 1e-3), np.maximum((1.0 - a) * KAPPA, 1e-3)).astype(np.float32)
-    right = rng.random((rows, k)) < conf
+    right = bursty_uniforms(rng, bank.lengths, k, burst) < conf
     wrong = (np.maximum(truth, 0) + 1 + rng.integers(0, 1000, size=(rows, k))) % VOCAB
     toks = np.where(inside & right, truth, np.where(inside, wrong, 0)).astype(np.int64)
     return toks, np.clip(conf, 1e-4, 1.0 - 1e-4).astype(np.float32)

@@ -138,3 +138,30 @@ def load_workloads(trace_paths, synthetic: bool, seed: int) -> tuple:
             print(f"note: skipping {len(empty)} request(s) with an empty output: {', '.join(empty[:5])}")
         by_t.setdefault(t.temperature, []).extend(r for r in t.requests if len(r.output))
     return by_t, ks.pop(), traces
+
+
+def read_real_traces(directory) -> tuple:
+    """(tuning `Trace`, evaluation `Trace`, manifest) of the committed real-drafter traces in ``directory``
+    (`bench.replay.record.assemble_real` wrote them): each file's SHA-256 is checked against the manifest, so a
+    replay never runs on a file other than the one recorded. Raises FileNotFoundError (naming the command that
+    records them) or `TraceError` (a checksum differs)."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    directory = Path(directory)
+    manifest_path = directory / "smollm2_real.json"
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"no real-drafter traces in {directory} (record them with python -m bench.replay "
+                                "--record-real out/real_traces, about an hour on two cores)")
+    manifest = json.loads(manifest_path.read_text())
+    out = []
+    for split in ("tune", "eval"):
+        path = directory / f"smollm2_real_{split}.jsonl.gz"
+        want = manifest["files"].get(path.name)
+        got = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        if got is None or got != want:
+            raise TraceError(f"{path}: {'missing' if got is None else 'checksum differs from ' + manifest_path.name}"
+                             "; record and assemble the traces again (python -m bench.replay --record-real DIR)")
+        out.append(read_trace(path))
+    return out[0], out[1], manifest

@@ -125,6 +125,19 @@ def _check_record(rec: TraceRecord, k: int, where: str, m: int = 0) -> None:
     _check_alternatives(rec, k, m, where)
 
 
+def _open_text(name: Path, path: Path, mode: str):
+    """A trace file opened as text: gzip-compressed when ``name`` ends in ``.gz`` (written with mtime 0, so the same
+    records give the same bytes and checksum)."""
+    if name.suffix == ".gz":
+        import gzip
+        import io
+
+        if mode == "w":
+            return io.TextIOWrapper(gzip.GzipFile(path, "wb", mtime=0), encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
 def write_trace(path: str | Path, header: TraceHeader, records: list[TraceRecord]) -> Path:
     """Validate and write a trace (atomically: a temp file renamed into place)."""
     path = Path(path)
@@ -132,7 +145,7 @@ def write_trace(path: str | Path, header: TraceHeader, records: list[TraceRecord
     for i, r in enumerate(records):
         _check_record(r, header.eagle_k, f"record {i} ({r.id})", header.eagle_alternatives)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with _open_text(path, tmp, "w") as fh:
         fh.write(json.dumps(header.to_json()) + "\n")
         for r in records:
             fh.write(json.dumps(r.to_json(), separators=(",", ":")) + "\n")
@@ -143,7 +156,7 @@ def write_trace(path: str | Path, header: TraceHeader, records: list[TraceRecord
 def read_trace(path: str | Path) -> tuple[TraceHeader, list[TraceRecord]]:
     """Read and validate a trace; raises `TraceFormatError` naming the line and field on any deviation."""
     path = Path(path)
-    with open(path, encoding="utf-8") as fh:
+    with _open_text(path, path, "r") as fh:
         lines = [ln for ln in fh.read().splitlines() if ln.strip()]
     if not lines:
         raise TraceFormatError(f"{path}: empty file")
