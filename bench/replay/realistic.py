@@ -1054,6 +1054,18 @@ def decompose(runner: Runner, cfg: Config, title: str, columns: list) -> list:
     return lines
 
 
+def text_banks(runner: Runner, cfg: Config) -> tuple:
+    """({seed: bank}, {seed: {workload: indices}}) of the real-text workloads the simulated head drafts on, every
+    model-free drafter's proposals computed (before any cell forks, `Runner.run_source`)."""
+    banks, groups = {}, {}
+    for s in cfg.seeds:
+        reqs, groups[s] = replay_synth.real_text_requests(cfg.requests, s, cfg.out_tokens, 8)
+        banks[s] = DraftBank(reqs, runner.bank_k, ngram_width=runner.pw, pad=runner.bank_pad)
+        for kind in ("ngram",) + runner.free_kinds():
+            banks[s].ensure(kind)
+    return banks, groups
+
+
 def results_section(runner: Runner, cfg: Config, command: str, wall_s: float, verdicts_: list) -> dict:
     """A run's section of the results file (`bench.replay.results`): every cell HYBRID ran in every mode and source
     (ratios as [point, low, high]), the targets, and what ran it."""
@@ -1176,16 +1188,8 @@ def run(cfg: Config, log=print) -> int:
     log("calibration: model side identity for HYBRID and model-only alike (the simulated drafter is calibrated by "
         f"construction); n-gram side: {runner.core.ngram_cal_name}")
 
-    banks, groups = {}, {}
     t0 = time.perf_counter()
-    for s in cfg.seeds:
-        reqs, g = replay_synth.real_text_requests(cfg.requests, s, cfg.out_tokens, 8)
-        banks[s] = DraftBank(reqs, runner.bank_k, ngram_width=runner.pw, pad=runner.bank_pad)
-        banks[s].ensure("ngram")
-        groups[s] = g
-    for kind in runner.free_kinds():
-        for s in cfg.seeds:
-            banks[s].ensure(kind)
+    banks, groups = text_banks(runner, cfg)
     n_tok = {w: int(sum(banks[cfg.seeds[0]].lengths[i] for i in idx)) for w, idx in groups[cfg.seeds[0]].items()}
     log(f"workloads (seed {cfg.seeds[0]}): " + ", ".join(f"{w} {len(idx)} requests / {n_tok[w]} output tokens"
                                                       for w, idx in groups[cfg.seeds[0]].items())

@@ -241,10 +241,6 @@ def record_real(work_dir, jobs: int = 2, k: int = 8, alternatives: int = ALTERNA
     return assemble_real(work_dir)
 
 
-def _rounded(rows: list) -> list:
-    return [[round(float(x), PROB_DECIMALS) for x in row] for row in rows]
-
-
 def assemble_real(work_dir, out_dir=REAL_TRACE_DIR) -> int:
     """Join the parts into one gzip trace per split (`smollm2_real_{tune,eval}.jsonl.gz`, probabilities rounded to
     `PROB_DECIMALS`) and write
@@ -274,8 +270,9 @@ def assemble_real(work_dir, out_dir=REAL_TRACE_DIR) -> int:
         cell["output_tokens"] += sum(len(r.output) for r in recs)
         seconds += done["seconds"]
         for r in recs:
-            r.eagle_probs = _rounded(r.eagle_probs)
-            r.eagle_alt_probs = [_rounded(row) for row in r.eagle_alt_probs] if r.eagle_alt_probs else None
+            r.eagle_probs = TR.rounded(r.eagle_probs, PROB_DECIMALS)
+            r.eagle_alt_probs = ([TR.rounded(row, PROB_DECIMALS) for row in r.eagle_alt_probs] if r.eagle_alt_probs
+                                 else None)
         by_split.setdefault(split, []).extend(recs)
     files = {}
     for split, recs in by_split.items():

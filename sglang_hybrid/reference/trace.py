@@ -213,15 +213,15 @@ def eagle_rows(target, head, prompt: list[int], output: list[int], k: int, alter
     feats = target.model(input_ids=tokens[None]).last_hidden_state[0].to(next(head.parameters()).dtype)
     dr = EagleDrafter(head, target)
     got = dr.trace_rows(feats, tokens, len(prompt), k, alternatives)
-    out = [got[0].tolist(), _rounded(got[1].tolist())]
+    out = [got[0].tolist(), rounded(got[1].tolist())]
     if alternatives:
-        out += [got[2].tolist(), [_rounded(r) for r in got[3].tolist()]]
+        out += [got[2].tolist(), [rounded(r) for r in got[3].tolist()]]
     return tuple(out)
 
 
-def _rounded(rows: list) -> list:
-    """Probabilities rounded to 6 decimals (the file's precision)."""
-    return [[round(float(x), 6) for x in row] for row in rows]
+def rounded(rows: list, decimals: int = 6) -> list:
+    """Probabilities rounded to ``decimals`` (6: the file's precision)."""
+    return [[round(float(x), decimals) for x in row] for row in rows]
 
 
 def records_from_results(target, head, results, k: int, progress: bool = False) -> list[TraceRecord]:
