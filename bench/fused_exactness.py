@@ -330,9 +330,10 @@ def run_steps(episodes: int, steps: int = 6, seed: int = 0, progress: bool = Tru
     with the same settings and state run ``steps`` decode steps of an evolving batch (host proposals that align or
     not, stale slot generations, contexts the prompt lookup copies from, a span or the whole table), each ``select``
     then ``after_verify``; after every call the decisions and every piece of state (ring, context table, online
-    offsets, counters) must agree. With EAGLE alternatives (setting ``eagle_alternatives``) each path also takes the
-    step's alternatives from its own position-0 table and the draft's records (``kernels.alternatives`` against
-    ``sglang_plugin.alternatives``) and keeps the extend's top tokens after verify: alternatives and tables must agree.
+    offsets, the online temperatures, counters) must agree. With EAGLE alternatives (setting ``eagle_alternatives``)
+    each path also takes the step's alternatives from its own position-0 table and the draft's records
+    (``kernels.alternatives`` against ``sglang_plugin.alternatives``) and keeps the extend's top tokens after verify:
+    alternatives and tables must agree.
     ``control``: the torch twin runs the other mode (the comparison must then find
     differences). Returns counts as ``run``."""
     import tempfile
@@ -581,6 +582,11 @@ def _state_diff(pair) -> list[str]:
         bad.append("ngram_bias")
     if not torch.allclose(a.counters.totals, b.counters.totals, rtol=VALUE_RTOL, atol=1e-6):
         bad.append("counters")
+    ta, tb = a.online_temperature, b.online_temperature
+    if (ta is None) != (tb is None) or ta is not None and not (
+            torch.allclose(ta.temperatures, tb.temperatures, rtol=VALUE_RTOL, atol=1e-6)
+            and torch.allclose(ta.sq_grad, tb.sq_grad, rtol=VALUE_RTOL, atol=1e-9)):
+        bad.append("model_temperatures")
     for name in ("cost", "draft_cost"):            # the tables blended at the batch's context: exactly alike
         x, y = getattr(a, name), getattr(b, name)
         if x is not None and not (torch.equal(x.seconds, y.seconds) and torch.equal(x._seg_slope, y._seg_slope)):

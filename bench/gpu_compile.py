@@ -29,8 +29,8 @@ the device rather than the architecture. MEASURED: compile success and resource 
 
 The worker compiles its kernels at start (``kernels.warmup``, from ``kernels.variants.launch_variants`` of its
 configuration); ``record_worker`` runs the worker's step for one configuration and checks every launch against that
-set (``tests/test_compile_warm.py``; with ``"device": "cuda"`` in its spec, on a GPU, where Triton's compile hook
-counts what compiles after the warm-up), and ``--variants`` prints the README launch's set.
+set (``tests/kernels/test_compile_warm.py``; with ``"device": "cuda"`` in its spec, on a GPU, where Triton's compile
+hook counts what compiles after the warm-up), and ``--variants`` prints the README launch's set.
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def record_launches(batches: int, episodes: int, ragged: int, seed: int = 0) -> 
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# the worker's launches for one configuration (tests/test_compile_warm.py): every launch inside the start-up set?
+# the worker's launches for one configuration (tests/kernels/test_compile_warm.py): each inside the start-up set?
 
 #: the README launch (docs: mode merge, 4 EAGLE steps, n-gram chains of 8, both cost tables measured at start: depths
 #: 1-4, widths 4, 5, 8, 13 if all fit) at a running limit of 48 requests: the configuration ``--variants`` reports

@@ -24,8 +24,8 @@ chunked prefill), with its breakdown, and the default launch's widths at each (b
 Computed from SGLang 0.5.23's (and FlashInfer 0.7.2's) sizing formulas, cited in the memory_budget module (the
 sampled verify's top-p workspace from FlashInfer's newest stored source, 0.6.18); not measured on a GPU. The free
 memory is an upper bound (the card's whole memory taken as free before the weights load).
-The shared Llama-3.1-8B / H200 construction lives here; tests/test_memory_budget.py imports it and checks the SGLang
-lists reproduced here (captured batch sizes, prefill graph sizes) against SGLang's own functions.
+The shared Llama-3.1-8B / H200 construction lives here; tests/plugin/test_memory_budget.py imports it and checks the
+SGLang lists reproduced here (captured batch sizes, prefill graph sizes) against SGLang's own functions.
 """
 from __future__ import annotations
 
@@ -210,7 +210,7 @@ def hybrid_budget(case: H200Case, settings: HybridSettings, *, steps: int = STEP
         mask_entries=mb.workspace_mask_entries(dep, full),
         # the n-gram offset's buffers where the worker learns it (ngram_bias_eta: "auto" = under ragged verify)
         ngram_bias=resolved_ngram_bias_eta(settings.ngram_bias_eta, ragged) is not None,
-        alternatives=settings.eagle_alternatives)
+        alternatives=settings.eagle_alternatives, model_calibration=settings.model_calibration_eta is not None)
     if tier_graphs:
         if not ragged:
             raise ValueError("token-tier graphs run ragged verify (ragged=True)")

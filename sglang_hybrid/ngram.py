@@ -130,7 +130,19 @@ class NgramDrafter:
             never drafts from its own donated prompt.
         vocab_size: when given, token ids must be below it.
 
+    Shapes:
+        Inputs: prompts, token runs and request ids are 1-D integer arrays or sequences of ints (int32/int64
+        C-contiguous numpy arrays pass without a copy; see the module docstring).
+        :meth:`propose` / :meth:`propose_tree` return :class:`NgramDrafts`: int32 ``[B, k]`` (chain) or
+        ``[B, n_nodes]`` (tree) per field, ``source`` int8, ``lengths`` int32 ``[B]``, ``B = len(req_ids)``.
+
     Every default comes from the Rust core (:func:`drafter_defaults`); none is written in Python.
+
+    Why: a model drafter guesses; an n-gram drafter copies, and in edits, code and retrieval-heavy text the next
+    tokens are often a verbatim copy of the request's own context or of an earlier response, which it drafts far
+    deeper than a model would, on the host and without a GPU forward. Each drafted token carries the features
+    (``match_len``, ``count``, ``total``, ``depth``, ``source``) the n-gram calibration turns into an acceptance, so
+    the step can price it against the model's chain.
     """
 
     def __init__(
@@ -216,9 +228,22 @@ class NgramDrafter:
 
     # -- drafts ------------------------------------------------------------------------------------------------
     def propose(self, req_ids, k: int | None = None) -> NgramDrafts:
-        """Chain drafts of up to ``k`` tokens (default ``max_draft``) per request, copying after the most recent
-        occurrence of the longest matched suffix; a copy that reaches the end of the context continues over its own
-        drafted tokens (a context ending in a loop drafts the loop continued; docs/ngram.md, "Chain draft")."""
+        """Chain drafts, one per request, copying after the most recent occurrence of the longest matched suffix.
+
+        Args:
+            req_ids: the requests to draft for (each started and not finished).
+            k: the longest chain, in ``[1, max_draft]`` (default ``max_draft``).
+
+        Returns:
+            :class:`NgramDrafts`, row ``i`` for ``req_ids[i]``; a row with no match has length 0.
+
+        Shapes:
+            req_ids: ``[B]`` integer. Every field ``[B, k]`` int32 (``source`` int8), ``lengths`` ``[B]`` int32;
+            ``parents[j] = j - 1``.
+
+        Why the copy continues past the end of the context: a copy that reaches the end continues over its own
+        drafted tokens, so a context ending in a loop drafts the loop continued (docs/ngram.md, "Chain draft").
+        """
         if k is None:
             k = self.max_draft
         elif type(k) is not int:
@@ -228,7 +253,24 @@ class NgramDrafter:
         return _new_drafts(NgramDrafts, self._core.propose(_int_array(req_ids, "req_ids"), k))
 
     def propose_tree(self, req_ids, n_nodes: int) -> NgramDrafts:
-        """Tree drafts of up to ``n_nodes`` nodes per request, best-first by estimated probability."""
+        """Tree drafts, one per request, nodes added best-first by estimated probability.
+
+        Args:
+            req_ids: the requests to draft for (each started and not finished).
+            n_nodes: the most nodes per tree, in ``[1, max_nodes]``.
+
+        Returns:
+            :class:`NgramDrafts`, row ``i`` for ``req_ids[i]``, nodes in topological order (``parents[j] < j``,
+            ``-1`` = child of the root).
+
+        Shapes:
+            req_ids: ``[B]`` integer. Every field ``[B, n_nodes]`` int32 (``source`` int8), ``lengths`` ``[B]``
+            int32.
+
+        Why a tree: where the context continued in several ways (prose more than code), one chain bets on one
+        continuation; a tree verifies the likely alternatives beside it, backing off to shorter contexts
+        (``max_backoff``) for them.
+        """
         n = n_nodes if type(n_nodes) is int else _positive_int(n_nodes, "n_nodes")
         if not 1 <= n <= self.max_nodes:
             raise ValueError(f"n_nodes = {n} out of range [1, max_nodes = {self.max_nodes}]")

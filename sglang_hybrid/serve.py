@@ -1,6 +1,6 @@
 """SGLang's own HTTP server with HYBRID on this CPU, the embedded SmolLM2 and the shipped EAGLE head.
 
-    python -m sglang_hybrid.serve --cpu [--no-speculation] [SGLang server flags]
+    python -m sglang_hybrid.serve --cpu [--torch-kernels | --no-speculation] [SGLang server flags]
     python -m sglang_hybrid.serve --cpu --host 127.0.0.1 --port 30000 --enable-metrics
 
 Why a module: SGLang serves on a CPU only with its environment set before ``sglang`` is imported and a dozen server
@@ -15,6 +15,13 @@ and ``temperature`` above 2, are refused here with OpenAI's 404 and a 400 (``sgl
 
 ``--no-speculation`` serves the same model without speculation (``torch_native``, much faster on CPU): the
 reference HYBRID's greedy output must equal, and what the live server tests compare with.
+
+``--torch-kernels`` is the try-out server: without it the CPU engine runs HYBRID's fused kernels and SGLang's
+speculative Triton kernels in Triton's interpreter (seconds per token: what the live suite checks); with it, every one
+of them runs as its torch twin, each chosen by an explicit setting, so none counts as a fallback: HYBRID's per-step
+device work on the torch operators (setting ``decision_kernels=torch``) and SGLang's attention, KV-index and greedy
+tree-verify kernels through the CPU engine's twins (``cpu_engine.prepare_environment(torch_kernels=True)``), each
+checked against its kernel in the tests. ``python -m bench.cpu_serving`` times it against ``--no-speculation``.
 
 On a GPU there is nothing to apply: run ``python -m sglang.launch_server --speculative-algorithm HYBRID ...``.
 """
@@ -32,6 +39,9 @@ from sglang_hybrid.sglang_plugin.config import ENV_PREFIX
 #: so a counter log line and a Prometheus export every step cost nothing, and /metrics is exact after each response
 #: (the default, every 50 steps, would show a user trying one request nothing at all)
 CPU_SETTINGS = {ENV_PREFIX + "LOG_INTERVAL": "1"}
+#: HYBRID settings ``--torch-kernels`` sets: the decision, proposals, verify input, ragged layout and after-verify work
+#: on the torch operators, chosen (not the ``auto`` fallback: no ``fallback_decision_torch`` is counted)
+TORCH_KERNEL_SETTINGS = {ENV_PREFIX + "DECISION_KERNELS": "torch"}
 GPU_LAUNCH = ("python -m sglang.launch_server --model-path M --speculative-algorithm HYBRID "
               "--speculative-draft-model-path D --speculative-num-steps 4 --page-size 1")
 EXIT_BAD_USE = 2
@@ -50,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="serve on SGLang's CPU engine (required: the only target this module has)")
     ap.add_argument("--no-speculation", action="store_true",
                     help="plain decoding (torch_native), the reference for HYBRID's greedy output")
+    ap.add_argument("--torch-kernels", action="store_true",
+                    help="the try-out server: run HYBRID's step kernels and SGLang's speculative Triton kernels as "
+                         "their torch twins, not in Triton's interpreter (decision_kernels=torch and the CPU "
+                         "engine's twins; median inter-token latency within 5x --no-speculation's, where the "
+                         "interpreter takes seconds per token)")
     ap.add_argument("--model-path", default=None, help="target model (default: the embedded SmolLM2-135M-Instruct)")
     ap.add_argument("--speculative-draft-model-path", default=str(DEFAULT_DRAFT),
                     help="EAGLE draft head (default: the shipped SmolLM2 head)")
@@ -78,6 +93,14 @@ def validate(args) -> None:
             "with --no-speculation); drop the flag, or run another algorithm with python -m sglang.launch_server")
     if args.no_speculation and args.speculative_algorithm is not None:
         raise ServeUsageError("--no-speculation and --speculative-algorithm contradict each other: keep one")
+    if args.no_speculation and args.torch_kernels:
+        raise ServeUsageError("--torch-kernels chooses the speculative kernels' torch twins, and --no-speculation "
+                              "runs none (it is torch_native already): drop --torch-kernels")
+    if args.torch_kernels:
+        for key, value in TORCH_KERNEL_SETTINGS.items():
+            if os.environ.get(key, value) != value:
+                raise ServeUsageError(f"--torch-kernels sets {key}={value}, but the environment sets it to "
+                                      f"{os.environ[key]!r}: unset it, or drop --torch-kernels")
     if args.tokenizer_worker_num != 1:
         raise ServeUsageError(f"--tokenizer-worker-num {args.tokenizer_worker_num}: this server runs one HTTP process "
                               "(the request guard, sglang_hybrid/http_guard.py, lives in it); drop the flag")
@@ -126,7 +149,9 @@ def main(argv=None) -> int:
 
     for key, value in CPU_SETTINGS.items():
         os.environ.setdefault(key, value)
-    prepare_environment(args.tp_size)
+    if args.torch_kernels:
+        os.environ.update(TORCH_KERNEL_SETTINGS)
+    prepare_environment(args.tp_size, torch_kernels=args.torch_kernels)
     model_path = args.model_path
     if model_path is None:
         from sglang_hybrid.reference.models import ModelPackageMissing, ensure_converted

@@ -58,19 +58,35 @@ UNDRAFTED = 1 << 40
 
 
 class ModelDraft(NamedTuple):
-    """The model drafter's chain: ``tokens [B, S]``, ``confidence [B, S]`` (draft probability of each token),
-    ``length [B]`` (valid prefix).
+    """The model drafter's (EAGLE's) chain for one decode step, with the draft probability of each token.
 
-    ``alt_tokens`` / ``alt_confidence`` (``[B, S, M]``, optional, both or neither): at each chain position the draft
-    model's next ``M`` most likely tokens after the chain's own (ranks 2 to ``M + 1`` of the same forward's
-    distribution) and their draft probabilities. Each hangs as a leaf beside the chain token it competes with (a
-    child of the chain's previous token): a tree that needs no draft forward beyond the chain's. Why: where the chain
-    token is wrong, a next-best one is often right (the measured rates in docs/benchmarks.md), and an EAGLE tree's
-    edge over a chain at small batches comes from those candidates. Its survival is the parent's times the
-    calibrated probability (the ranks' events are disjoint). Ragged and padded verify alike (a width bucket truncates
-    the tree in rank order); the fused decision (``sglang_hybrid.kernels``) takes them too, assuming them distinct
-    from each other and from the chain's token at their position (ranks of one distribution are), and the SGLang
-    worker drafts them with its setting ``eagle_alternatives``."""
+    Args:
+        tokens: the drafted chain, ``S`` tokens per request (``S`` the drafted depth; 0 when the engine skipped the
+            model draft, adaptive drafting only).
+        confidence: the draft model's probability of each chain token (clamped into [0, 1]; the model calibration
+            turns it into the token's acceptance).
+        length: each row's valid prefix; tokens past it are ignored.
+        alt_tokens: optional, with ``alt_confidence`` (both or neither): at each chain position the draft model's
+            next ``M`` most likely tokens after the chain's own (ranks 2 to ``M + 1`` of the same forward's
+            distribution), each hung as a leaf beside the chain token it competes with (a child of the chain's
+            previous token). The fused decision (``sglang_hybrid.kernels``) assumes them distinct from each other
+            and from the chain's token at their position, as ranks of one distribution are.
+        alt_confidence: the draft probabilities of ``alt_tokens``.
+
+    Shapes:
+        tokens: ``[B, S]``, integer (taken as int64).
+        confidence: ``[B, S]``, floating (taken as float32).
+        length: ``[B]``, integer.
+        alt_tokens / alt_confidence: ``[B, S, M]``, integer / floating.
+
+    Why: every engine (the SGLang worker, the CPU reference loop, the replay) drafts its own way; the step needs only
+    the chain and its probabilities, so they all hand it this tuple. The alternatives make a tree that needs no draft
+    forward beyond the chain's: where the chain token is wrong, a next-best one is often right (the measured rates in
+    docs/benchmarks.md), and an EAGLE tree's edge over a chain at small batches comes from those candidates. An
+    alternative's survival is its parent's times its calibrated probability (the ranks' events are disjoint). Ragged
+    and padded verify take them alike (a width bucket truncates the tree in rank order); the SGLang worker drafts
+    them with its setting ``eagle_alternatives``.
+    """
 
     tokens: torch.Tensor
     confidence: torch.Tensor
@@ -80,9 +96,31 @@ class ModelDraft(NamedTuple):
 
 
 class NgramDraft(NamedTuple):
-    """The n-gram drafter's proposal: ``tokens``, ``parents`` (chain: ``j - 1``; tree: any earlier index),
-    ``length`` and the per-node features the calibration reads (``match_len``, ``count``, ``total``, ``depth``,
-    ``source``), all ``[B, K]`` except ``length [B]``. ``tree``: whether ``parents`` describe a tree."""
+    """The n-gram drafter's proposal for one decode step, a chain or a tree, with the features its calibration reads.
+
+    Args:
+        tokens: the drafted tokens (ignored past ``length``).
+        parents: each node's parent: ``-1`` for a child of the root, else an earlier index of the same row (a chain:
+            ``j - 1``).
+        length: each row's valid prefix.
+        match_len: length of the context suffix matched when the token was drafted.
+        count: occurrences of this continuation after the matched context.
+        total: occurrences of the matched context that have any continuation.
+        depth: 1-based depth of the node below the root.
+        source: 0 = the request's own context, 1 = the shared corpus.
+        tree: whether ``parents`` describe a tree (False: a chain).
+
+    Shapes:
+        tokens, parents, match_len, count, total, depth, source: ``[B, K]``, integer (``tokens`` and ``parents``
+        taken as int64).
+        length: ``[B]``, integer.
+        tree: a Python bool, not a tensor.
+
+    Why: the features are the ones ``sglang_hybrid.ngram.NgramDrafts`` carries (docs/ARCHITECTURE.md, "n-gram
+    drafts"), so the step prices each node by how it was drafted rather than by one constant rate. ``tree`` is a
+    Python bool so that the survival rule (a chain's cumulative product, a tree's product along parents) is chosen
+    without reading the device.
+    """
 
     tokens: torch.Tensor
     parents: torch.Tensor
@@ -96,18 +134,43 @@ class NgramDraft(NamedTuple):
 
 
 class Decision(NamedTuple):
-    """The step's outcome: the verify tree, the goodput budget ``b_star`` (0-dim int64) and the price ``lam``
-    (0-dim float32), the candidates' survivals (``[B, S]`` / ``[B, K]``) for logging and traces, and ``next_width``
-    (0-dim int64): the verify width the next step should use (with width buckets: the chosen bucket; ragged: the
-    full width ``n_nodes + 1``), and ``next_depth`` (0-dim int64): the model-draft depth the next step should use
-    (with depth candidates: the chosen one; else this step's depth). ``model_rate`` (``[B]`` float32, adaptive
-    drafting only, else None): each request's per-position model acceptance the depths were scored with, measured
-    from this step's chain (``s_last ** (1 / depth)``) or, when the step drafted nothing (depth 0), the rate passed
-    in moved toward 1 by one step of probing; an engine that can skip keeps it per request and passes it back.
-    ``model_acceptance`` (``[B, S]`` float32): each model-chain token's conditional acceptance the step priced with
-    (calibrated, then corrected by ``model_bias`` when given), what ``request_bias.update_bias`` learns against;
-    ``ngram_acceptance`` (``[B, K]`` float32, None without an n-gram draft): the same for the n-gram draft's nodes
-    (calibrated, then corrected by ``ngram_bias`` when given; 0 past the draft's length)."""
+    """The outcome of one decode step's decision (``DecisionStep.__call__``).
+
+    Args:
+        tree: the verify tree (``selector.VerifyTree``; node 0 is the root).
+        b_star: the draft nodes the batch pays for: ragged, the goodput budget over every candidate's survival
+            (``price.price_device``); padded, ``R * (W - 1)`` at the chosen width bucket (``widths.choose_plan``).
+        lam: the price ``lambda``: ragged, the survival a node needs (at least) to be verified; padded, the goodput lost
+            per extra draft slot were the next wider bucket verified (the selection itself runs at 0).
+        model_survival: each model-chain token's survival (probability that the path to it is accepted), for
+            logging and traces.
+        ngram_survival: the same for the n-gram draft's nodes.
+        next_width: the verify width the next step should use: with width buckets the chosen bucket; ragged: the
+            full width ``n_nodes + 1``.
+        next_depth: the model-draft depth the next step should use: with depth candidates the chosen one; else this
+            step's depth.
+        model_rate: adaptive drafting only, else None: each request's per-position model acceptance the depths were
+            scored with, measured from this step's chain (``s_last ** (1 / depth)``) or, when the step drafted
+            nothing (depth 0), the rate passed in moved toward 1 by one step of probing; an engine that can skip
+            keeps it per request and passes it back.
+        model_acceptance: each model-chain token's conditional acceptance the step priced with (calibrated, then
+            corrected by ``model_bias`` when given), what ``request_bias.update_bias`` learns against.
+        ngram_acceptance: the same for the n-gram draft's nodes (calibrated, then corrected by ``ngram_bias`` when
+            given; 0 past the draft's length); None without an n-gram draft.
+
+    Shapes:
+        tree: ``[B, W]`` per field (``W`` this step's verify width; ``ancestors`` ``[B, W, W]``; dtypes in
+        ``selector.VerifyTree``).
+        b_star, next_width, next_depth: 0-dim int64.
+        lam: 0-dim float32.
+        model_survival, model_acceptance: ``[B, S]`` float32 (``[B, 0]`` without a model draft).
+        ngram_survival, ngram_acceptance: ``[B, K]`` float32 (``[B, 0]`` survivals without an n-gram draft).
+        model_rate: ``[B]`` float32.
+
+    Why: every field is a device tensor, never a Python number, so an engine can capture the step in a graph and read
+    ``next_width`` / ``next_depth`` on the host later without waiting for the device (the worker applies them one
+    step late). The acceptances come back so that the engine's online offsets learn against exactly what was priced.
+    """
 
     tree: VerifyTree
     b_star: torch.Tensor
@@ -148,6 +211,19 @@ def _with_alternatives(chain: Candidates, alt_tokens: torch.Tensor, alt_survival
     return Candidates(tokens, parents, torch.cat([c_surv, a_surv], 1), length, chain.source)
 
 
+class _Sides(NamedTuple):
+    """Both drafters' candidates of one step, calibrated (``DecisionStep._sides``): the start of every path."""
+
+    root: torch.Tensor                  # [B] int64
+    model: Candidates                   # the model chain, alternatives not hung yet
+    ngram: Candidates
+    alt: Optional[tuple]                # (alt_tokens, alt_survival) [B, S, M], or None
+    s_m: torch.Tensor                   # model-chain survivals [B, S]
+    s_n: torch.Tensor                   # n-gram survivals [B, K]
+    a_m: torch.Tensor                   # model-chain acceptances [B, S]
+    a_n: Optional[torch.Tensor]         # n-gram acceptances [B, K], None without an n-gram draft
+
+
 class DecisionStep:
     """Calibration tables and selection settings of one engine; call it once per decode step.
 
@@ -159,6 +235,10 @@ class DecisionStep:
     model draft, for engines that can, see the module docstring); None: the engine always drafts the same depth.
     ``probe_half_life`` (depth 0 only): skipped steps after which the unobserved model rate has moved half way to 1
     (``None``: it stays where drafting stopped, and a model that recovers is never drafted again).
+
+    A call takes one of four paths, fixed by the construction (``widths``, ``depths``) and whether a model draft is
+    given: ``_padded``, ``_padded_adaptive``, ``_ragged``, ``_ragged_adaptive``; each method's docstring says why it
+    exists. ``sglang_hybrid.kernels.FusedDecisionStep`` replaces the two padded ones on the SGLang worker.
     """
 
     def __init__(self, *, mode: str, n_nodes: int, model_calibration: Optional[ModelCalibrationTables] = None,
@@ -330,12 +410,33 @@ class DecisionStep:
         acceptance carried from the previous step (``Decision.model_rate``); it is ignored when a chain was drafted.
         ``model_bias [B]``: each request's online offset on the model side's calibrated logit (``request_bias``; None:
         the calibration alone); ``ngram_bias [B]``: the same on the n-gram side's.
+
+        Calibrates both drafts into survivals (``_sides``), then dispatches on the construction: padded verify
+        (``widths``) or ragged, each with adaptive drafting (``depths`` and a model draft) or at the drafted depth:
+        ``_padded``, ``_padded_adaptive``, ``_ragged``, ``_ragged_adaptive``. The choice reads only Python settings
+        and shapes, never a tensor's value.
         """
         if width is not None:
             if self.widths is None:
                 raise ValueError("width is for padded verify; construct the DecisionStep with widths=...")
             if width not in self.widths:
                 raise ValueError(f"width {width!r} is not one of the verify width buckets {self.widths}")
+        sides = self._sides(root_tokens, model, ngram, check_values, model_bias, ngram_bias)
+        r = root_tokens.shape[0] if batch is None else batch
+        adaptive = self.depths is not None and model is not None
+        if self.widths is not None:
+            if adaptive:
+                return self._padded_adaptive(sides, r, cost, draft_cost, width, model_rate, check_values)
+            return self._padded(sides, r, cost, width, check_values)
+        if adaptive:
+            return self._ragged_adaptive(sides, r, cost, draft_cost, model_rate, check_values)
+        return self._ragged(sides, r, cost, check_values)
+
+    def _sides(self, root_tokens: torch.Tensor, model: Optional[ModelDraft], ngram: Optional[NgramDraft],
+               check_values: Optional[bool], model_bias: Optional[torch.Tensor],
+               ngram_bias: Optional[torch.Tensor]) -> _Sides:
+        """Both drafters' calibrated candidates: what every path starts from (calibrate -> survivals). An absent
+        drafter enters as an empty source of its kind, so ties resolve as with both present."""
         b = root_tokens.shape[0]
         dev = root_tokens.device
         for name, bias in (("model_bias", model_bias), ("ngram_bias", ngram_bias)):
@@ -361,63 +462,115 @@ class DecisionStep:
         else:
             ngram_c = Candidates.empty(b, Source.NGRAM, dev)
             s_n = ngram_c.survival
-        cur_depth = torch.full((), model_c.tokens.shape[1], dtype=torch.int64, device=dev)
-        r = b if batch is None else batch
-        root = root_tokens.to(torch.int64)
-        adaptive = self.depths is not None and model is not None
-        if adaptive:
-            s_now = model_c.tokens.shape[1]
-            if s_now not in self.depths:
-                raise ValueError(f"the model chain has {s_now} tokens but the draft depths are {self.depths}")
-            if s_now == 0 and (model_rate is None or tuple(model_rate.shape) != (b,)):
-                raise ValueError(f"a step that drafted no model tokens (depth 0) needs model_rate [{b}]: each "
-                                 "request's Decision.model_rate from the previous step")
-            model_s, ngram_s, dt, rate = self._depth_candidates(model_c, ngram_c, model_rate)
-            nd, k = len(self.depths), self.depths.index(s_now)
-            if alt is not None:      # every depth block keeps the alternatives of the positions it drafts
-                model_s = _with_alternatives(model_s, alt[0].repeat(nd, 1, 1), alt[1].repeat(nd, 1, 1))
-        elif alt is not None:
-            model_c = _with_alternatives(model_c, *alt)
-        if self.widths is not None:
-            # padded verify: every eligible node competes for the slots (lambda 0); the width is the price's choice
-            buckets = self._constant("widths", self.widths, dev)
-            if adaptive:
-                stack = select(root.repeat(nd), [model_s, ngram_s], 0.0, mode=self.mode, n_nodes=self.n_nodes,
-                               check_values=check_values)
-                w = self.max_width
-                choice = choose_plan(stack.survival.reshape(nd, b, w), stack.valid.reshape(nd, b, w), buckets, cost, r,
-                                     dt, draft_cost)
-                # this step's tree is the block of the depth it drafted (only real tokens there)
-                full = type(stack)(*(x[k * b:(k + 1) * b] for x in stack))
-            else:
-                full = select(root, [model_c, ngram_c], 0.0, mode=self.mode, n_nodes=self.n_nodes,
-                              check_values=check_values)
-                choice = choose_plan(full.survival[None], full.valid[None], buckets, cost, r, cur_depth.reshape(1))
-            tree = truncate(full, self.max_width if width is None else width)
-            return Decision(tree, choice.b_star, choice.lam, s_m, s_n, choice.width, choice.depth,
-                            rate if adaptive else None, a_m, a_n)
-        next_width = torch.full((), self.max_width, dtype=torch.int64, device=dev)
-        if adaptive:
-            return self._ragged_adaptive(root, model_s, ngram_s, dt, k, r, cost, draft_cost, s_m, s_n, next_width,
-                                         check_values)._replace(model_rate=rate, model_acceptance=a_m,
-                                                                ngram_acceptance=a_n)
+        return _Sides(root_tokens.to(torch.int64), model_c, ngram_c, alt, s_m, s_n, a_m, a_n)
+
+    def _drafted_depth(self, sides: _Sides) -> torch.Tensor:
+        """The depth this step drafted (0-dim int64): the model chain's columns, alternatives aside."""
+        return torch.full((), sides.model.tokens.shape[1], dtype=torch.int64, device=sides.root.device)
+
+    def _depth_stack(self, sides: _Sides, model_rate: Optional[torch.Tensor]):
+        """The adaptive paths' shared start: checks the drafted depth, builds the depth-major stack
+        (``_depth_candidates``) with each block keeping the alternatives of the positions it drafts. Returns
+        ``(model_s, ngram_s, depths [D], rate [B], k)``, ``k`` the drafted depth's block."""
+        b = sides.root.shape[0]
+        s_now = sides.model.tokens.shape[1]
+        if s_now not in self.depths:
+            raise ValueError(f"the model chain has {s_now} tokens but the draft depths are {self.depths}")
+        if s_now == 0 and (model_rate is None or tuple(model_rate.shape) != (b,)):
+            raise ValueError(f"a step that drafted no model tokens (depth 0) needs model_rate [{b}]: each "
+                             "request's Decision.model_rate from the previous step")
+        model_s, ngram_s, dt, rate = self._depth_candidates(sides.model, sides.ngram, model_rate)
+        nd = len(self.depths)
+        if sides.alt is not None:      # every depth block keeps the alternatives of the positions it drafts
+            alt_tokens, alt_survival = sides.alt
+            model_s = _with_alternatives(model_s, alt_tokens.repeat(nd, 1, 1), alt_survival.repeat(nd, 1, 1))
+        return model_s, ngram_s, dt, rate, self.depths.index(s_now)
+
+    def _padded(self, sides: _Sides, r, cost: Optional[CostTables], width: Optional[int],
+                check_values: Optional[bool]) -> Decision:
+        """Padded verify at the drafted depth (``widths`` set, no ``depths``).
+
+        Why this path: an engine that replays captured graphs (SGLang's CUDA graphs) verifies every request at one
+        width, so a price that masked nodes inside it would save no compute. Every eligible node competes for the
+        slots instead (selection at ``lambda = 0``), the tree is cut to this step's ``width`` (decided one step
+        before, on the host), and the price becomes the choice of the *next* step's width bucket
+        (``widths.choose_plan``: the bucket of highest padded goodput). Replaced on the SGLang worker by
+        ``kernels.FusedDecisionStep`` wherever Triton runs; this stays its reference.
+        """
+        model_c = sides.model if sides.alt is None else _with_alternatives(sides.model, *sides.alt)
+        buckets = self._constant("widths", self.widths, sides.root.device)
+        full = select(sides.root, [model_c, sides.ngram], 0.0, mode=self.mode, n_nodes=self.n_nodes,
+                      check_values=check_values)
+        choice = choose_plan(full.survival[None], full.valid[None], buckets, cost, r,
+                             self._drafted_depth(sides).reshape(1))
+        tree = truncate(full, self.max_width if width is None else width)
+        return Decision(tree, choice.b_star, choice.lam, sides.s_m, sides.s_n, choice.width, choice.depth, None,
+                        sides.a_m, sides.a_n)
+
+    def _padded_adaptive(self, sides: _Sides, r, cost: Optional[CostTables], draft_cost: Optional[CostTables],
+                         width: Optional[int], model_rate: Optional[torch.Tensor],
+                         check_values: Optional[bool]) -> Decision:
+        """Padded verify with adaptive drafting (``widths`` and ``depths`` set, a model draft given).
+
+        Why this path: the model draft costs a forward per token every step, so the next step's depth is priced with
+        its width. The batch is selected once for every candidate depth (a depth-major stack of ``D x B`` rows, the
+        chain cut or extrapolated to each depth: ``_depth_stack``), ``widths.choose_plan`` picks the (depth, width)
+        pair of highest goodput ``(R + expected drafts) / (T(R W) + depth * t_draft(R))``, and this step's tree is
+        the block of the depth it drafted (only real tokens there), cut to ``width``. Replaced on the SGLang worker
+        by ``kernels.FusedDecisionStep`` wherever Triton runs (depths >= 1; skipping the draft, depth 0, stays here).
+        """
+        model_s, ngram_s, dt, rate, k = self._depth_stack(sides, model_rate)
+        nd, b = dt.shape[0], sides.root.shape[0]
+        buckets = self._constant("widths", self.widths, sides.root.device)
+        stack = select(sides.root.repeat(nd), [model_s, ngram_s], 0.0, mode=self.mode, n_nodes=self.n_nodes,
+                       check_values=check_values)
+        w = self.max_width
+        choice = choose_plan(stack.survival.reshape(nd, b, w), stack.valid.reshape(nd, b, w), buckets, cost, r, dt,
+                             draft_cost)
+        full = type(stack)(*(x[k * b:(k + 1) * b] for x in stack))
+        tree = truncate(full, self.max_width if width is None else width)
+        return Decision(tree, choice.b_star, choice.lam, sides.s_m, sides.s_n, choice.width, choice.depth, rate,
+                        sides.a_m, sides.a_n)
+
+    def _ragged(self, sides: _Sides, r, cost: Optional[CostTables], check_values: Optional[bool]) -> Decision:
+        """Ragged verify at the drafted depth (no ``widths``, no ``depths``).
+
+        Why this path: an engine that verifies each request's own selected nodes (the replay's ideal mode, the CPU
+        reference loop) pays per verified node, so the price can mask nodes: ``price_device`` gives ``lambda`` and
+        the budget ``b*`` over every candidate's survival, and the selector keeps the nodes worth more than
+        ``lambda``. Without a cost table ``lambda = 0`` (every draft with positive survival) and ``b*`` is the whole
+        pool. ``next_width`` is the full width: there are no buckets to choose. No fused kernel replaces it.
+        """
+        model_c = sides.model if sides.alt is None else _with_alternatives(sides.model, *sides.alt)
+        b, dev = sides.root.shape[0], sides.root.device
         if cost is not None:
-            b_star, lam = price_device(torch.cat([model_c.survival.to(torch.float32), s_n], 1), r, cost,
+            b_star, lam = price_device(torch.cat([model_c.survival.to(torch.float32), sides.s_n], 1), r, cost,
                                        check_values=check_values)
         else:
-            b_star = torch.full((), b * (model_c.survival.shape[1] + s_n.shape[1]), dtype=torch.int64, device=dev)
+            b_star = torch.full((), b * (model_c.survival.shape[1] + sides.s_n.shape[1]), dtype=torch.int64,
+                                device=dev)
             lam = torch.zeros((), dtype=torch.float32, device=dev)
-        tree = select(root, [model_c, ngram_c], lam, mode=self.mode, n_nodes=self.n_nodes, check_values=check_values)
-        return Decision(tree, b_star, lam, s_m, s_n, next_width, cur_depth, None, a_m, a_n)
+        tree = select(sides.root, [model_c, sides.ngram], lam, mode=self.mode, n_nodes=self.n_nodes,
+                      check_values=check_values)
+        next_width = torch.full((), self.max_width, dtype=torch.int64, device=dev)
+        return Decision(tree, b_star, lam, sides.s_m, sides.s_n, next_width, self._drafted_depth(sides), None,
+                        sides.a_m, sides.a_n)
 
-    def _ragged_adaptive(self, root, model_s: Candidates, ngram_s: Candidates, dt: torch.Tensor, k: int, r, cost,
-                         draft_cost, s_m, s_n, next_width, check_values) -> Decision:
-        """Ragged verify with adaptive drafting: each candidate depth is priced on its own candidates (``b*_d``,
-        ``lambda_d``), selected, and scored ``G(d) = (R + E_d) / (T(R + n_d) + d t_draft(R))`` with ``E_d`` the
-        expected accepted drafts and ``n_d`` the verified drafts; the step's tree is the drafted depth's."""
+    def _ragged_adaptive(self, sides: _Sides, r, cost: Optional[CostTables], draft_cost: Optional[CostTables],
+                         model_rate: Optional[torch.Tensor], check_values: Optional[bool]) -> Decision:
+        """Ragged verify with adaptive drafting (``depths`` set, no ``widths``, a model draft given).
+
+        Why this path: a ragged engine pays per verified node *and* per draft forward, so each candidate depth is
+        priced on its own candidates (``b*_d``, ``lambda_d``: ``price_rows`` over the depth-major stack of
+        ``_depth_stack``), selected, and scored ``G(d) = (R + E_d) / (T(R + n_d) + d t_draft(R))`` with ``E_d`` the
+        expected accepted drafts and ``n_d`` the verified drafts; the first maximum (the shallowest) is the next
+        step's depth. The step's tree, ``b*`` and ``lambda`` are the drafted depth's. This is the path of an engine
+        that may skip the model draft (depth 0, the CPU reference loop). No fused kernel replaces it.
+        """
+        model_s, ngram_s, dt, rate, k = self._depth_stack(sides, model_rate)
         nd = dt.shape[0]
-        b = root.shape[0]
-        dev = root.device
+        b = sides.root.shape[0]
+        dev = sides.root.device
         j = torch.arange(model_s.tokens.shape[1], device=dev)
         model_sv = torch.where(j[None, :] < model_s.length[:, None], model_s.survival, 0.0)   # pricing needs 0 padding
         surv = torch.cat([model_sv, ngram_s.survival.to(torch.float32)], 1).reshape(nd, b, -1)
@@ -426,7 +579,7 @@ class DecisionStep:
         else:
             b_stars = torch.full((nd,), b * surv.shape[2], dtype=torch.int64, device=dev)
             lams = torch.zeros((nd,), dtype=torch.float32, device=dev)
-        stack = select(root.repeat(nd), [model_s, ngram_s], lams.repeat_interleave(b), mode=self.mode,
+        stack = select(sides.root.repeat(nd), [model_s, ngram_s], lams.repeat_interleave(b), mode=self.mode,
                        n_nodes=self.n_nodes, check_values=check_values)
         if cost is not None:
             rf = r.to(torch.float32) if isinstance(r, torch.Tensor) else torch.full((), float(r), device=dev)
@@ -438,7 +591,9 @@ class DecisionStep:
         else:
             d_i = torch.full((), nd - 1, dtype=torch.int64, device=dev)          # nothing priced: the deepest
         tree = type(stack)(*(x[k * b:(k + 1) * b] for x in stack))
-        return Decision(tree, b_stars[k], lams[k], s_m, s_n, next_width, dt.gather(0, d_i.reshape(1))[0])
+        next_width = torch.full((), self.max_width, dtype=torch.int64, device=dev)
+        return Decision(tree, b_stars[k], lams[k], sides.s_m, sides.s_n, next_width,
+                        dt.gather(0, d_i.reshape(1))[0], rate, sides.a_m, sides.a_n)
 
 
 __all__ = ["Decision", "DecisionStep", "ModelDraft", "NgramDraft"]

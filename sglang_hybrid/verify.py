@@ -9,7 +9,7 @@ with target distribution ``p`` the children are tried in index order; child toke
 has the rejected token zeroed and is renormalised. When no child is accepted the bonus is drawn from ``p_res``. The
 emitted token is then distributed exactly as ``p`` (accept ``x`` with prob ``p(x)``, else draw from ``p`` restricted to
 the other tokens), so the output distribution equals plain sampling from the target (checked by
-``tests/test_verify.py``).
+``tests/core/test_verify.py``).
 
 Vectorised without a walk: with the residual mass ``S`` of the earlier siblings, child ``i`` passes its test iff
 ``u_i (1 - S_i) < p(x_i)``; it *wins* iff it passes and no earlier sibling passed (the walk would have stopped there).

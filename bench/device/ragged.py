@@ -8,7 +8,7 @@ to run in a CUDA graph, the build must be sync-free with every shape fixed by th
 graph captured for one split of ``T`` over the requests must be right for every other split. The real consumers
 (SGLang's Triton extend kernel, FlashInfer) are not on the GPU machine: this job checks the plugin's own layout on
 CUDA and a plain-torch consumer of it; SGLang's Triton extend kernel is checked against the same layout in
-``tests/test_ragged_verify.py`` under the Triton interpreter.
+``tests/kernels/test_ragged_verify.py`` under the Triton interpreter.
 
 Batch 1: B = 16 requests in a padded ``[B, W = 29]`` tree, one a 29-node chain (a long n-gram copy), the others
 random 1-3-node trees, committed lengths in [200, 2048). Batch 2: the same total ``T`` split differently (a 20-node

@@ -49,6 +49,11 @@ model offset       each HYBRID request's online offset on the EAGLE       same
 n-gram offset      the same on the n-gram side (the worker's setting       same
                    ``ngram_bias_eta``), learned from the request's last
                    n-gram chain
+model temperature  HYBRID's per-depth temperature of the model side's     same
+                   calibration, one for the whole engine (the worker's
+                   setting ``model_calibration_eta``, on by default,
+                   ``online_calibration``), learned from every
+                   request's chain against the tokens committed since
 price context      the README's launch: its two start-up probes' tables   same (the launch's tables)
                    blended at each step's mean context by the worker's
                    ``ContextCostTables.follow``; a user's tables: at
@@ -80,6 +85,8 @@ import numpy as np
 from bench import step_launches
 from bench.replay import policies as P
 from bench.replay.host import LaunchCost, host_seconds
+from sglang_hybrid.online_calibration import OnlineTemperature, OutcomeBins
+from sglang_hybrid.request_bias import update_bias
 from sglang_hybrid.sglang_plugin.ragged.tiers import token_tier
 from sglang_hybrid.widths import default_depths, start_width
 
@@ -101,7 +108,7 @@ VERIFY_LAYOUTS = {
 }
 #: the batch size a policy's decision launches are counted at, charged at every batch size: a step's launches do not
 #: depend on its batch (static shapes, one grid per kernel, whatever the rows: what CUDA graphs capture), as
-#: ``python -m bench.step_launches`` checks at 1, 32 and 128 and ``tests/test_replay_engine.py`` for the replay's
+#: ``python -m bench.step_launches`` checks at 1, 32 and 128 and ``tests/bench/test_replay_engine.py`` for the replay's
 #: policies (one exception: the model-only torch path dispatches one operator fewer at 1 request, a `contiguous` of
 #: an already contiguous tensor, which launches nothing). Why once: a fused count runs the step under Triton's
 #: interpreter, 0.7 s at 4 requests and 2.4 s at 128; counted at each batch size, the realistic run's engine
@@ -151,6 +158,12 @@ RAGGED_SYNC_US = round((RAGGED_READ_US * 1e-6 + LaunchCost().host_s(RAGGED_SYNC_
                         + LaunchCost().device_s(RAGGED_AHEAD_TRITON, RAGGED_AHEAD_OPS)) * 1e6, 1)
 
 
+def _setting_default(name: str):
+    from sglang_hybrid.sglang_plugin.config import HybridSettings
+
+    return HybridSettings.model_fields[name].default
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """Engine mechanics of one replay mode (module docstring). ``num_steps``, ``ngram_k``, ``n_nodes`` default to the
@@ -179,6 +192,12 @@ class EngineConfig:
     #: HYBRID's online offset on the EAGLE side's calibrated logit: the worker's setting ``model_bias_eta`` and its
     #: default (None: off); the model-only baselines run without it, as the reference loop's do
     model_bias_eta: Optional[float] = None
+    #: HYBRID's online per-depth temperature of the model side's calibration, one for the engine: the worker's
+    #: setting ``model_calibration_eta`` and its default (on; None: off); the model-only baselines run without it
+    model_calibration_eta: Optional[float] = _setting_default("model_calibration_eta")
+    #: the model side's calibration is recorded (``EnginePolicy.stats``: ``model_ece``) over the tested chain tokens
+    #: of the steps after the engine's first ``calibration_after_steps``: what the online temperature left
+    calibration_after_steps: int = 2000
     #: HYBRID's online offset on the n-gram side's calibrated logit: the worker's setting ``ngram_bias_eta`` and its
     #: default, "auto" (learned where verify runs ragged, the ideal engine's included, off where padded:
     #: ``ngram_eta``); a rate; None: off
@@ -226,6 +245,10 @@ class EngineConfig:
             raise ValueError("the ideal engine verifies ragged by definition; verify layouts are for as-built engines")
         if self.sync_us < 0:
             raise ValueError(f"sync_us must be >= 0, got {self.sync_us!r}")
+        if self.model_calibration_eta is not None and not self.model_calibration_eta > 0:
+            raise ValueError(f"model_calibration_eta must be > 0 or None, got {self.model_calibration_eta!r}")
+        if self.calibration_after_steps < 0:
+            raise ValueError(f"calibration_after_steps must be >= 0, got {self.calibration_after_steps!r}")
 
     @property
     def depths(self) -> Optional[tuple]:
@@ -357,6 +380,8 @@ class EngineConfig:
         auto = " (ngram_bias_eta=auto)" if self.ngram_bias_eta == "auto" else ""
         bias += (f"; n-gram offset off{auto}" if self.ngram_eta is None
                  else f"; n-gram offset eta={self.ngram_eta:g}{auto}")
+        bias += ("; online EAGLE temperature off" if self.model_calibration_eta is None
+                 else f"; online EAGLE temperature eta={self.model_calibration_eta:g}")
         if self.depths is None:
             return f"EAGLE depth fixed at {self.num_steps}{bias}"
         return (f"EAGLE depth chosen by DecisionStep among {self.depths}, applied {self.depth_lag} step(s) later "
@@ -496,7 +521,12 @@ class EnginePolicy(P.Policy):
             ngram and engine.depths is not None) else None
         if self.depths is not None and self.num_steps not in self.depths:
             self.depths = self.depths + (self.num_steps,)
-        self.decide = core.step.DecisionStep(mode=mode, n_nodes=self.n_nodes, model_calibration=core.model_cal,
+        #: this engine's own model calibration (the core's is shared by every policy): the online temperature
+        #: (``model_calibration_eta``, HYBRID only) learns it in place, from the core's at every ``reset``
+        self.model_cal = type(core.model_cal)(core.model_cal.temperatures.clone())
+        cal_eta = engine.model_calibration_eta if ngram else None
+        self.online_temperature = OnlineTemperature(self.model_cal, cal_eta) if cal_eta is not None else None
+        self.decide = core.step.DecisionStep(mode=mode, n_nodes=self.n_nodes, model_calibration=self.model_cal,
                                              ngram_calibration=core.ngram_cal if ngram else None,
                                              widths=self.widths, depths=self.depths)
         self._draft_tables: dict = {}
@@ -578,18 +608,37 @@ class EnginePolicy(P.Policy):
         if self.late is not None:
             self.late.reset(batch)
         self.stats = {}
-        #: per batch slot: the request's online model offset, and what the last step drafted (to learn from)
+        #: per batch slot: the request's online model offset, and what the last step drafted (to learn from and to
+        #: record the model side's calibration on)
         self.model_bias = self.core.torch.zeros(batch, dtype=self.core.torch.float32)
         self._last_model = None
+        if self.online_temperature is not None:
+            self.online_temperature.reset()
+        #: steps run, and the model side's (acceptance priced, hit) over the tested chain tokens of the steps after
+        #: the first ``calibration_after_steps``
+        self.steps_run = 0
+        self.model_bins = OutcomeBins()
         #: the same for the n-gram side (``ngram_bias_eta``)
         self.ngram_bias = self.core.torch.zeros(batch, dtype=self.core.torch.float32)
         self._last_ngram = None
 
-    def _learn_model_bias(self, view) -> None:
-        """Move each continuing request's offset by its last chain's outcome against the tokens committed since (the
-        trace's, ``view.pos - pos_then`` of them, bonus included); a slot holding a new request starts at 0."""
-        if self._last_model is not None:
-            self.model_bias = self._learned(self._last_model, view, self.bias_eta)
+    def _learn_model(self, view) -> None:
+        """From the last model chain's outcome against the tokens committed since (the trace's, ``view.pos - pos_then``
+        of them, bonus included): move each continuing request's offset (``model_bias_eta``; a slot holding a new
+        request starts at 0), take the online temperature's step (``model_calibration_eta``), and record the tested
+        tokens' priced acceptance and outcome once the engine has run ``calibration_after_steps`` steps."""
+        if self._last_model is None:
+            return
+        req0, pos0, draft, acceptance, bias, step = self._last_model
+        cont, tested, hit = self._outcome(req0, pos0, draft, view)
+        if bias is not None:
+            self.model_bias = self.core.torch.where(cont, update_bias(bias, acceptance, tested, hit, self.bias_eta),
+                                                    0.0)
+        if self.online_temperature is not None:
+            self.online_temperature.update(draft.confidence, tested, hit, acceptance)
+        if step >= self.engine.calibration_after_steps:
+            m = tested.numpy()
+            self.model_bins.add(acceptance.numpy()[m], hit.numpy()[m])
 
     def _learn_ngram_bias(self, view) -> None:
         """`_learn_model_bias` for the n-gram side: each continuing request's n-gram offset moves by how its last
@@ -601,15 +650,21 @@ class EnginePolicy(P.Policy):
         """The offsets after one ``request_bias.update_bias`` step on ``last`` = (requests, positions, the chain
         drafted, its acceptances, the offsets used) against the trace tokens committed since; 0 for a slot that
         holds a new request."""
-        from sglang_hybrid.request_bias import chain_outcome, update_bias
+        req0, pos0, draft, acceptance, bias = last
+        cont, tested, hit = self._outcome(req0, pos0, draft, view)
+        return self.core.torch.where(cont, update_bias(bias, acceptance, tested, hit, eta), 0.0)
+
+    def _outcome(self, req0: np.ndarray, pos0: np.ndarray, draft, view) -> tuple:
+        """(continuing [B], tested [B, S], hit [B, S]) of a chain drafted at (``req0``, ``pos0``) against the trace
+        tokens committed since (``request_bias.chain_outcome``); a slot that holds a new request tested nothing."""
+        from sglang_hybrid.request_bias import chain_outcome
 
         t = self.core.torch
-        req0, pos0, draft, acceptance, bias = last
         cont = (np.asarray(view.req) == req0) & (np.asarray(view.pos) > pos0)
         n = t.as_tensor(np.where(cont, np.asarray(view.pos) - pos0, 0), dtype=t.int64)
         committed = t.as_tensor(view.drafts.targets(req0, pos0, max(1, draft.tokens.shape[1])), dtype=t.int64)
         tested, hit = chain_outcome(draft.tokens, draft.length, committed, n)
-        return t.where(t.as_tensor(cont), update_bias(bias, acceptance, tested, hit, eta), 0.0)
+        return t.as_tensor(cont), tested, hit
 
     def _price_inputs(self, view) -> tuple:
         """(verify step-time tables, one draft forward's tables or None) the price reads this step: the run's tables
@@ -715,8 +770,8 @@ class EnginePolicy(P.Policy):
         model = c.model_draft(etoks, eprobs, alternatives)
         b = len(view.req)
         bias = ngram_bias = None
+        self._learn_model(view)
         if self.bias_eta is not None:
-            self._learn_model_bias(view)
             bias = self.model_bias
         if self.ngram_bias_eta is not None and ngram is not None:
             self._learn_ngram_bias(view)
@@ -750,8 +805,8 @@ class EnginePolicy(P.Policy):
             prop.launches = self.launches()
         if self.depths is not None:
             self.depth_pending.append(int(d.next_depth))
-        if bias is not None:
-            self._last_model = (np.array(view.req), np.array(view.pos), model, d.model_acceptance, bias)
+        self._last_model = (np.array(view.req), np.array(view.pos), model, d.model_acceptance, bias, self.steps_run)
+        self.steps_run += 1
         if ngram_bias is not None:
             self._last_ngram = (np.array(view.req), np.array(view.pos), ngram, d.ngram_acceptance, ngram_bias)
         self.last_lambda = float(d.lam)
@@ -760,6 +815,15 @@ class EnginePolicy(P.Policy):
         if self.ragged:
             st["ragged_rows"] = dict(self.ragged)
         st["depth_counts"] = dict(self.depth_counts)
+        # the model side's calibration after the engine's first calibration_after_steps steps (None before), and
+        # where the online temperature stands (the drafted depths')
+        st["model_ece"] = self.model_bins.ece
+        st["model_ece_tokens"] = self.model_bins.count
+        # the bins' sums, so runs pool exactly (ECE = sum over bins of |predicted - hit| / tokens)
+        st["model_calibration"] = {"pred": self.model_bins.pred.tolist(), "label": self.model_bins.label.tolist(),
+                                   "count": self.model_bins.count}
+        st["model_temperatures"] = ([round(float(x), 4) for x in self.model_cal.temperatures[:self.num_steps]]
+                                    if self.online_temperature is not None else None)
         self.stats = st
         return prop
 

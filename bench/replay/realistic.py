@@ -514,7 +514,7 @@ class Runner:
         Why processes and not threads: a cell is pure Python and torch on small tensors, bound by the interpreter; why
         fork: the draft banks (and the Rust drafter objects behind them) are not picklable, and forked children share
         them copy-on-write. Every simulated run is a function of its inputs and seed (no clock, no shared random
-        state), so the results are the same at any ``jobs`` (``tests/test_replay.py`` runs both and compares).
+        state), so the results are the same at any ``jobs`` (``tests/bench/test_replay.py`` runs both and compares).
 
         ``cost(item)``: an estimate of an item's run time; the processes take the items dearest first (so that a long
         item does not start last and run alone at the end), and what they return still joins in the items' order."""

@@ -25,6 +25,8 @@ DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
 COLUMNS = (("code, B=4", "code", 4), ("code, B=128", "code", 128), ("edit-dense code, B=4", "code-edit", 4),
            ("edit-dense code, B=128", "code-edit", 128), ("chat, B=4", "chat", 4), ("chat, B=128", "chat", 128))
 REAL = "real"
+#: the depth below which the results file writes each value on one line (file > section > list > cell)
+FLAT_DEPTH = 3
 HEADLINE = "SIM alpha=0.7 copy=0.90"
 
 
@@ -34,8 +36,20 @@ def write_section(name: str, section: dict, path: Path = RESULTS) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(path.read_text()) if path.is_file() else {}
     data[name] = section
-    path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
+    path.write_text(dumps(data) + "\n")
     return path
+
+
+def dumps(obj, depth: int = 0) -> str:
+    """The results file's JSON: sections and their lists laid out one entry per line, each cell and target on one
+    line, so a rerun's diff names the cells that changed (indented throughout, the file ran to 7,000 lines)."""
+    if depth >= FLAT_DEPTH or not isinstance(obj, (dict, list)) or not obj:
+        return json.dumps(obj, sort_keys=True, default=str)
+    pad = " " * (depth + 1)
+    if isinstance(obj, dict):
+        body = [f"{pad}{json.dumps(k)}: {dumps(v, depth + 1)}" for k, v in sorted(obj.items())]
+        return "{\n" + ",\n".join(body) + "\n" + " " * depth + "}"
+    return "[\n" + ",\n".join(pad + dumps(v, depth + 1) for v in obj) + "\n" + " " * depth + "]"
 
 
 def _cells(section: dict) -> dict:

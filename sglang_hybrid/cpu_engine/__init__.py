@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from sglang_hybrid.sglang_plugin.config import TREE_SAMPLING_ENV
+from sglang_hybrid.sglang_plugin.config import TORCH_KERNELS_ENV, TREE_SAMPLING_ENV
 
 STAND_IN_DIR = Path(__file__).resolve().parent / "stand_in"
 
@@ -32,12 +32,14 @@ CPU_ENV = {
 
 
 def prepare_environment(tp_size: int = 1, tree_sampling_counts: Optional[str] = None,
-                        kv_window: bool = False) -> None:
+                        kv_window: bool = False, torch_kernels: bool = False) -> None:
     """Set the CPU engine's environment and path; call before the first ``import sglang`` of the process.
 
     ``tree_sampling_counts``: a JSON file path: run SGLang's sampling verify (temperature > 0) with the CPU stand-in
     tree-sampling op (``tree_sampling.py``; SGLang verifies greedily on CPU otherwise) and count its calls there.
-    ``kv_window``: plan each decode iteration's KV write window as SGLang does on a GPU (``kv_window.py``)."""
+    ``kv_window``: plan each decode iteration's KV write window as SGLang does on a GPU (``kv_window.py``).
+    ``torch_kernels``: run every SGLang Triton kernel of HYBRID's step with its torch twin (``TORCH_KERNELS_ENV``:
+    attention, KV indices, greedy tree verify), none in Triton's interpreter (the try-out server)."""
     for name in ("sglang", "triton"):
         if name in sys.modules:
             raise RuntimeError(
@@ -57,6 +59,8 @@ def prepare_environment(tp_size: int = 1, tree_sampling_counts: Optional[str] = 
         from .kv_window import KV_WINDOW_ENV
 
         os.environ[KV_WINDOW_ENV] = "1"
+    if torch_kernels:
+        os.environ[TORCH_KERNELS_ENV] = "1"
     stand_in = str(STAND_IN_DIR)
     if stand_in not in sys.path:
         sys.path.insert(0, stand_in)

@@ -1,5 +1,5 @@
-"""Torch twins of SGLang's Triton extend- and decode-attention kernels for the CPU engine (a test switch, not a
-deployment one).
+"""Torch twins of SGLang's Triton extend- and decode-attention kernels for the CPU engine (a test switch and the
+try-out server's, ``python -m sglang_hybrid.serve --cpu --torch-kernels``; not a deployment one).
 
 Why: on a CPU the engine runs SGLang's Triton attention in Triton's interpreter, which is most of the live suite's
 time (a profile of a live HYBRID run: 80 % of the scheduler's samples inside ``extend_attention_fwd``: prompt
@@ -15,13 +15,13 @@ unchanged. Decode attention was 1.6 % of that profile, but it is all of the draf
 times (``startup_costs.measure_draft_costs``): in the interpreter each probe forward takes about half a second, in the
 twin a few milliseconds, so the start-up benchmark (``bench.startup_profile``) runs both twins.
 
-The extend twin is checked against SGLang's kernel (interpreter) on every batch of ``tests/test_ragged_verify.py``:
-ragged trees, GQA, causal and not, prefix mask columns skipped and read, requests longer than a query tile; the
-decode twin on ragged decode batches, GQA and not, with KV slots scattered through the pool
-(``tests/test_torch_attention.py``). Each refuses, by name, every feature of its kernel it does not implement (sliding
-windows, sinks, logit caps, score mods, LSE output, split prefix/extend stages, paged KV, fp8 scales, MLA), and the
-extend twin a ``max_len_extend`` shorter than a request (the kernel's grid would leave that request's later rows
-unwritten). Nothing in the plugin imports this module.
+The extend twin is checked against SGLang's kernel (interpreter) on every batch of
+``tests/kernels/test_ragged_verify.py``: ragged trees, GQA, causal and not, prefix mask columns skipped and read,
+requests longer than a query tile; the decode twin on ragged decode batches, GQA and not, with KV slots scattered
+through the pool (``tests/kernels/test_torch_attention.py``). Each refuses, by name, every feature of its kernel it does
+not implement (sliding windows, sinks, logit caps, score mods, LSE output, split prefix/extend stages, paged KV, fp8
+scales, MLA), and the extend twin a ``max_len_extend`` shorter than a request (the kernel's grid would leave that
+request's later rows unwritten). Nothing in the plugin imports this module.
 """
 from __future__ import annotations
 
@@ -34,16 +34,16 @@ from sglang_hybrid.sglang_plugin.ragged.graph_capture import kernel_launch
 
 from .import_hook import patch_after_import
 
-from sglang_hybrid.sglang_plugin.config import TORCH_ATTENTION_ENV
+from sglang_hybrid.sglang_plugin.config import TORCH_ATTENTION_ENV, TORCH_KERNELS_ENV
 
 EXTEND_ATTENTION = "sglang.kernels.ops.attention.extend_attention"
 DECODE_ATTENTION = "sglang.kernels.ops.attention.decode_attention"
 #: logged once per process when the twin replaces the extend kernel
-SWAP_LOG = (f"CPU engine: extend attention runs the torch twin of SGLang's Triton kernel ({TORCH_ATTENTION_ENV} is "
-            "set; sglang_hybrid/cpu_engine/torch_attention.py)")
+SWAP_LOG = (f"CPU engine: extend attention runs the torch twin of SGLang's Triton kernel ({TORCH_ATTENTION_ENV} or "
+            f"{TORCH_KERNELS_ENV} is set; sglang_hybrid/cpu_engine/torch_attention.py)")
 #: logged once per process when the twin replaces the decode kernel
 DECODE_SWAP_LOG = (f"CPU engine: decode attention runs the torch twin of SGLang's Triton kernel ({TORCH_ATTENTION_ENV} "
-                   "is set; sglang_hybrid/cpu_engine/torch_attention.py)")
+                   f"or {TORCH_KERNELS_ENV} is set; sglang_hybrid/cpu_engine/torch_attention.py)")
 logger = logging.getLogger(__name__)
 
 
@@ -180,19 +180,24 @@ def swap_decode_kernel(module) -> None:
 
 
 def install_when_imported() -> bool:
-    """If ``TORCH_ATTENTION_ENV`` is set in this process: swap both kernels, and the draft step's KV-index kernel
-    (``torch_kv_indices``, the draft plan's other interpreted kernel), now (module imported) or right after its
-    import. Returns whether it is set. Called by the stand-in ``sgl_kernel`` at import."""
-    if not os.environ.get(TORCH_ATTENTION_ENV):
+    """If ``TORCH_ATTENTION_ENV`` or ``TORCH_KERNELS_ENV`` is set in this process: swap both kernels, and the draft
+    step's KV-index kernel (``torch_kv_indices``, the draft plan's other interpreted kernel), now (module imported) or
+    right after its import; under ``TORCH_KERNELS_ENV`` (the try-out server) also the KV-index gather every forward's
+    metadata launches (``torch_kv_indices.swap_kv_gather_kernel``; the greedy tree verify's twin the stand-in swaps
+    itself). Returns whether either is set. Called by the stand-in ``sgl_kernel`` at import."""
+    every = bool(os.environ.get(TORCH_KERNELS_ENV))
+    if not (every or os.environ.get(TORCH_ATTENTION_ENV)):
         return False
-    from .torch_kv_indices import TRITON_BACKEND, swap_kv_indices_kernel
+    from .torch_kv_indices import KV_INDEX_TRANSLATOR, TRITON_BACKEND, swap_kv_gather_kernel, swap_kv_indices_kernel
 
     patch_after_import(EXTEND_ATTENTION, swap_kernel)
     patch_after_import(DECODE_ATTENTION, swap_decode_kernel)
     patch_after_import(TRITON_BACKEND, swap_kv_indices_kernel)
+    if every:
+        patch_after_import(KV_INDEX_TRANSLATOR, swap_kv_gather_kernel)
     return True
 
 
 __all__ = ["DECODE_ATTENTION", "DECODE_SWAP_LOG", "EXTEND_ATTENTION", "SWAP_LOG", "TORCH_ATTENTION_ENV",
-           "decode_attention_torch", "extend_attention_torch", "install_when_imported", "swap_decode_kernel",
-           "swap_kernel"]
+           "TORCH_KERNELS_ENV", "decode_attention_torch", "extend_attention_torch", "install_when_imported",
+           "swap_decode_kernel", "swap_kernel"]

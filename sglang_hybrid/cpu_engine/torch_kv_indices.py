@@ -18,10 +18,18 @@ first and most recent ones) then its ``s + 1`` draft slots, at the offset the ke
 ``KVIndexTable``'s row source as the kernel reads them: token or page entries (``ENTRY_PAGE_SIZE``), translated
 through ``v2p`` (``TRANSLATE``).
 
-Checked against the kernel (interpreter) on ``tests/test_torch_kv_indices.py``'s batches: chains and top-k branches,
-several steps, contexts longer than the kernel's copy block, page entries, translation, a draft window with sinks, the
-block-split grid. Refuses by name a grid it cannot read (a callable) and a non-contiguous buffer (the kernel's pointer
-arithmetic assumes rows ``stride`` apart). Nothing in the plugin imports this module.
+Checked against the kernel (interpreter) on ``tests/kernels/test_torch_kv_indices.py``'s batches: chains and top-k
+branches, several steps, contexts longer than the kernel's copy block, page entries, translation, a draft window with
+sinks, the block-split grid. Refuses by name a grid it cannot read (a callable) and a non-contiguous buffer (the
+kernel's pointer arithmetic assumes rows ``stride`` apart). Nothing in the plugin imports this module.
+
+The second twin, ``create_flashinfer_kv_indices_torch``, stands in for SGLang's KV-index gather
+``create_flashinfer_kv_indices_triton`` (``sglang.kernels.ops.attention.kv_indices``), which the Triton backend's
+metadata launches through the KV index translator (``kv_index_translator.pack_read_stream``) for every forward: each
+request's ``page_kernel_lens`` ids from its ``req_to_token`` row (from ``kv_start_idx`` on, where given; page entries
+expanded, ``token_mapping`` applied) written at its ``kv_indptr`` offset. Only under ``TORCH_KERNELS_ENV`` (the try-out
+server's ``--torch-kernels``), not under ``TORCH_ATTENTION_ENV``: the live cases keep running the kernel. Checked
+against the kernel (interpreter) in ``tests/plugin/test_cpu_tryout.py``.
 """
 from __future__ import annotations
 
@@ -135,5 +143,66 @@ def swap_kv_indices_kernel(module) -> None:
     logger.warning(KV_INDICES_SWAP_LOG)
 
 
-__all__ = ["KV_INDICES_SWAP_LOG", "TRITON_BACKEND", "draft_decode_kv_indices", "generate_draft_decode_kv_indices_torch",
-           "swap_kv_indices_kernel"]
+def kv_indices_gather(grid, req_to_token_ptr, req_pool_indices_ptr, page_kernel_lens_ptr, kv_indptr, kv_start_idx,
+                      kv_indices_ptr, req_to_token_ptr_stride, ENTRY_PAGE_SIZE=1, TOKEN_BLOCK_PARALLEL=False,
+                      token_mapping=None) -> None:
+    """``create_flashinfer_kv_indices_triton[grid](...)`` in torch, writing ``kv_indices_ptr`` in place: for each of
+    the grid's ``grid[0]`` requests ``b``, the ids of positions ``kv_start .. kv_start + page_kernel_lens[b]`` of row
+    ``req_pool_indices[b]`` (``kv_start = kv_start_idx[b]``, or 0 without it), at offset ``kv_indptr[b]``. Token entries
+    as they are; page entries (``ENTRY_PAGE_SIZE > 1``) as ``entry * ENTRY_PAGE_SIZE + position % ENTRY_PAGE_SIZE``;
+    then through ``token_mapping`` where given (a negative id stays -1). The grid's second axis
+    (``TOKEN_BLOCK_PARALLEL``) splits a request's copy among programs and changes nothing written. Stands in for one
+    kernel launch (``kernel_launch``), as the attention twins."""
+    with kernel_launch("create_flashinfer_kv_indices_torch", (grid,), dict(locals())):
+        if callable(grid) or not 1 <= len(grid) <= 2:
+            raise NotImplementedError("create_flashinfer_kv_indices_torch: needs the grid as a (requests,) or "
+                                      f"(requests, blocks) tuple, got {grid!r}")
+        table = _flat("req_to_token", req_to_token_ptr)
+        out = _flat("kv_indices", kv_indices_ptr)
+        bs, stride, page = int(grid[0]), int(req_to_token_ptr_stride), int(ENTRY_PAGE_SIZE)
+        rows = req_pool_indices_ptr[:bs].long().tolist()
+        lens = page_kernel_lens_ptr[:bs].long().tolist()
+        starts = kv_indptr[:bs].long().tolist()
+        firsts = kv_start_idx[:bs].long().tolist() if kv_start_idx is not None else [0] * bs
+        for row, n, at, first in zip(rows, lens, starts, firsts):
+            if n <= 0:
+                continue
+            base = row * stride
+            if page == 1:
+                ids = table[base + first:base + first + n].long()
+            else:
+                pos = torch.arange(first, first + n, device=table.device)
+                ids = table[base + pos // page].long() * page + pos % page
+            if token_mapping is not None:
+                ids = torch.where(ids >= 0, token_mapping[ids.clamp_min(0)].long(), -1)
+            out[at:at + n] = ids.to(out.dtype)
+
+
+class _GatherByGrid:
+    """What ``kernel[grid](...)`` reads: indexing by the grid gives the call."""
+
+    __name__ = "create_flashinfer_kv_indices_torch"
+
+    def __getitem__(self, grid):
+        return functools.partial(kv_indices_gather, grid)
+
+
+#: the twin as the KV index translator calls the kernel: ``create_flashinfer_kv_indices_torch[grid](...)``
+create_flashinfer_kv_indices_torch = _GatherByGrid()
+#: the module whose name ``create_flashinfer_kv_indices_triton`` the translator launches (imported at its import)
+KV_INDEX_TRANSLATOR = "sglang.srt.mem_cache.kv_index_translator"
+#: logged once per process when the twin replaces the gather kernel
+KV_GATHER_SWAP_LOG = ("CPU engine: every forward's KV indices are gathered by the torch twin of SGLang's Triton kernel "
+                      "create_flashinfer_kv_indices_triton (sglang_hybrid/cpu_engine/torch_kv_indices.py)")
+
+
+def swap_kv_gather_kernel(module) -> None:
+    """Replace ``create_flashinfer_kv_indices_triton`` in SGLang's KV index translator module with the twin, and say
+    so in the process's log (``KV_GATHER_SWAP_LOG``)."""
+    module.create_flashinfer_kv_indices_triton = create_flashinfer_kv_indices_torch
+    logger.warning(KV_GATHER_SWAP_LOG)
+
+
+__all__ = ["KV_GATHER_SWAP_LOG", "KV_INDEX_TRANSLATOR", "KV_INDICES_SWAP_LOG", "TRITON_BACKEND",
+           "create_flashinfer_kv_indices_torch", "draft_decode_kv_indices", "generate_draft_decode_kv_indices_torch",
+           "kv_indices_gather", "swap_kv_gather_kernel", "swap_kv_indices_kernel"]

@@ -1,8 +1,9 @@
 """Fused device kernels of HYBRID's per-step path (Triton), beside the torch reference they must equal.
 
 ``FusedDecisionStep`` runs a ``DecisionStep``'s decision for padded verify in three kernel launches
-(``kernels.decision``); the torch ``DecisionStep`` stays the reference (the exactness tests compare the two) and the
-path wherever Triton cannot run. Where Triton runs:
+(``kernels.decision``): it replaces the paths ``DecisionStep._padded`` and ``DecisionStep._padded_adaptive`` (not
+the ragged ones, ``_ragged`` and ``_ragged_adaptive``, nor a skipped model draft); the torch ``DecisionStep`` stays
+the reference (the exactness tests compare the two) and the path wherever Triton cannot run. Where Triton runs:
 
 * a CUDA device with Triton installed (compiled kernels);
 * the CPU when Triton's interpreter is on (``TRITON_INTERPRET=1`` before Triton is first imported), as in SGLang's CPU
@@ -85,13 +86,15 @@ def unavailable_reason(device) -> Optional[str]:
 
 
 class FusedDecisionStep:
-    """``DecisionStep.__call__`` for the SGLang worker's configuration, in three launches.
+    """``DecisionStep.__call__`` for the SGLang worker's configuration, in three launches: the paths
+    ``DecisionStep._padded`` (one draft depth) and ``DecisionStep._padded_adaptive`` (adaptive drafting, depths >= 1).
+    Ragged verify (``_ragged``, ``_ragged_adaptive``) keeps the torch step.
 
     Supported: padded verify (``decide.widths`` set), a model chain drafted at full length (every row ``S`` tokens,
     ``S`` one of ``decide.depths`` when adaptive), an n-gram *chain* (``NgramDraft.tree`` False) with the n-gram
     calibration, one batch-wide price (``batch`` = the rows). Anything else raises ``ValueError`` naming what differs:
     the caller keeps the torch ``DecisionStep`` for it. The result equals the torch step's
-    (tests/test_fused_decision.py).
+    (tests/kernels/test_fused_decision.py).
     """
 
     def __init__(self, decide: DecisionStep, device):
@@ -123,12 +126,14 @@ class FusedDecisionStep:
                  ngram_bias: Optional[torch.Tensor] = None, counters=None,
                  from_lookup: Optional[torch.Tensor] = None, chain_out: Optional[torch.Tensor] = None,
                  workspace: Optional[Workspace] = None, alt_tokens: Optional[torch.Tensor] = None,
-                 alt_conf: Optional[torch.Tensor] = None) -> Decision:
+                 alt_conf: Optional[torch.Tensor] = None, conf_out: Optional[torch.Tensor] = None) -> Decision:
         """The ``Decision`` of ``DecisionStep.__call__(root_tokens, ModelDraft(model_tokens, model_conf, S), ngram,
         cost=cost, draft_cost=draft_cost, width=width, model_bias=model_bias, ngram_bias=ngram_bias)``. With
         ``counters`` (``HybridCounters``) the step is also counted on the device as ``HybridCounters.on_select``
         counts it (``from_lookup``: the rows the prompt lookup supplied); the caller counts the host share
-        (``on_select_host``). ``chain_out`` (``[B, S]``, unit column stride): where to copy ``model_tokens``.
+        (``on_select_host``). ``chain_out`` (``[B, S]``, unit column stride): where to copy ``model_tokens``;
+        ``conf_out`` (``[B, S]`` float32, contiguous): where to copy ``model_conf`` clamped into [0, 1] (the online
+        temperature learns from it after verify, ``HybridStep.after_verify``).
         ``workspace``: where the decision's tensors live (valid until the next call with it; None: fresh tensors).
         ``alt_tokens`` / ``alt_conf`` (``[B, S, M]``, both or neither): the EAGLE alternatives
         (``ModelDraft.alt_tokens`` / ``alt_confidence``), which the kernels assume distinct from each other and from
@@ -171,6 +176,10 @@ class FusedDecisionStep:
             if m < 1 or tuple(alt_tokens.shape) != (b, s, m) or tuple(alt_conf.shape) != (b, s, m):
                 raise ValueError(f"alt_tokens and alt_conf must both have shape ({b}, {s}, M), M >= 1, got "
                                  f"{tuple(alt_tokens.shape)} and {tuple(alt_conf.shape)}")
+        if conf_out is not None and (tuple(conf_out.shape) != (b, s) or conf_out.dtype != torch.float32
+                                     or not conf_out.is_contiguous()):
+            raise ValueError(f"conf_out must be a contiguous float32 [{b}, {s}] tensor, got {conf_out.dtype} "
+                             f"{tuple(conf_out.shape)}")
         depths = d.depths if adaptive else (s,)
         return decision.launch(
             root=root_tokens, model_tokens=model_tokens, model_conf=model_conf,
@@ -182,7 +191,7 @@ class FusedDecisionStep:
             depths_t=self._depths_tensor(depths), cost=cost, draft_cost=draft_cost if adaptive else None,
             mode=d.mode, n_nodes=d.n_nodes, width=int(width), block_rows=self.block_rows, counters=counters,
             from_lookup=from_lookup, chain_out=chain_out, workspace=workspace, alt_tokens=alt_tokens,
-            alt_conf=alt_conf)
+            alt_conf=alt_conf, conf_out=conf_out)
 
 
 def follow_context(seq_lens: torch.Tensor, cost, draft_cost) -> None:
@@ -288,16 +297,25 @@ def fused_after_verify(step, tree, slots: torch.Tensor, seq_lens_before: torch.T
     """``HybridStep.after_verify``'s device work in one launch (``kernels.outcome``); ``model_step`` and
     ``ngram_step``: what the step's ``select`` kept for it (``HybridStep._model_step``, ``HybridStep._ngram_step``)
     or None. The n-gram chain's outcome is counted, and its offset learned (``ngram_bias_eta``), only with the model
-    step's slot generations (both come from one ``select``)."""
+    step's slot generations (both come from one ``select``). With ``step.online_temperature``
+    (``online_calibration.OnlineTemperature``, setting ``model_calibration_eta``) and the chain's draft probabilities
+    kept by ``select``, the kernel also takes the temperatures' online step."""
+    from sglang_hybrid import online_calibration as oc
+    from sglang_hybrid.calibration import CAL_EPS
     from sglang_hybrid.sglang_plugin import metrics as m
 
     from . import outcome as ko
 
     b, c = emitted.shape
     w = tree.tokens.shape[1]
-    chain = bias = acceptance = gen = None
+    chain = bias = acceptance = gen = conf = None
     if model_step is not None:
-        _, gen, chain, bias, acceptance = model_step
+        _, gen, chain, bias, acceptance, conf = model_step
+    online = step.online_temperature if conf is not None else None
+    if conf is not None and (conf.shape != chain.shape or not conf.is_contiguous()):
+        raise ValueError(f"the chain's draft probabilities must be contiguous and shaped as the chain "
+                         f"{tuple(chain.shape)}, got {tuple(conf.shape)}")
+    nt = online.temperatures.numel() if online is not None else 1
     s = chain.shape[1] if chain is not None else 1
     ng = ngram_step if model_step is not None else None
     k = ng[0].shape[1] if ng is not None else 1
@@ -313,6 +331,7 @@ def fused_after_verify(step, tree, slots: torch.Tensor, seq_lens_before: torch.T
         acceptance if acceptance is not None else dummy,
         step.model_bias if step.model_bias is not None else dummy,
         step.model_bias_gen if step.model_bias_gen is not None else dummy,
+        *((conf, online.temperatures, online.sq_grad) if online is not None else (dummy, dummy, dummy)),
         *((ng[0], ng[0].stride(0), ng[1], ng[3]) if ng is not None else (dummy, 0, dummy, dummy)),
         *((ng[2], step.ngram_bias, step.ngram_bias_gen) if ng is not None and ng[2] is not None
           else (dummy, dummy, dummy)),
@@ -324,6 +343,8 @@ def fused_after_verify(step, tree, slots: torch.Tensor, seq_lens_before: torch.T
         K=k, K2=pow2(k), NG_BIAS=ng is not None and ng[2] is not None, NG_ETA=float(step.ngram_bias_eta or 0.0),
         W=w, W2=pow2(w),
         BB=rows_per_program(slots.device, GPU_LOOP_ROWS),
+        CAL=online is not None, CAL_ETA=online.eta if online is not None else 0.0, NT=nt, NT2=pow2(nt),
+        CAL_DECAY=oc.DECAY, CAL_POOL=oc.POOL, W_LO=oc.W_MIN, W_HI=oc.W_MAX, CAL_EPS_C=CAL_EPS, NORM_EPS_C=oc.NORM_EPS,
         C_ACC=m.ACC["none"], C_TESTED=m.MODEL_TESTED, C_PRED=m.MODEL_PRED, C_HIT=m.MODEL_HIT,
         C_NTESTED=m.NGRAM_TESTED, C_NPRED=m.NGRAM_PRED, C_NHIT=m.NGRAM_HIT)
 

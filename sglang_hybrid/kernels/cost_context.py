@@ -3,9 +3,9 @@
 Why a kernel: the fused step runs in a handful of launches (``bench.step_launches``); the torch rule is 23
 operators a table. One program reads the batch's committed tokens, blends each table at their mean and writes the
 seconds and segment slopes in place, with the same float32 operations in the same order as the torch rule, so both
-paths price alike (tests/test_fused_decision.py compares them exactly). The tables measured at start have one entry
-per probe batch size (a dozen at most), so the running maximum is a loop over the entries, unrolled at compile time;
-a table of more than ``MAX_ENTRIES`` (a user's file) follows by the torch rule instead.
+paths price alike (tests/kernels/test_fused_decision.py compares them exactly). The tables measured at start have one
+entry per probe batch size (a dozen at most), so the running maximum is a loop over the entries, unrolled at compile
+time; a table of more than ``MAX_ENTRIES`` (a user's file) follows by the torch rule instead.
 """
 from __future__ import annotations
 

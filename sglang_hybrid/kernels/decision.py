@@ -4,7 +4,9 @@ Why: the torch decision (``sglang_hybrid.step.DecisionStep``) dispatches hundred
 draft and the verify forward; on a GPU each is a kernel launch on the critical path of every decode step. This module
 computes the same ``Decision`` for the configuration the SGLang worker runs (padded verify at a host-chosen width
 bucket; an EAGLE chain of full length, with or without its alternatives as leaves, and an n-gram chain; with or
-without adaptive depths and cost tables) in three launches:
+without adaptive depths and cost tables) in three launches. It replaces two paths of ``DecisionStep.__call__``:
+``DecisionStep._padded`` (one draft depth) and ``DecisionStep._padded_adaptive`` (adaptive drafting over depths >= 1);
+the ragged paths (``_ragged``, ``_ragged_adaptive``) and a skipped model draft (depth 0) have no kernel here.
 
 1. ``_survivals_kernel`` (grid: request blocks) fuses ``ModelCalibrationTables.acceptance``,
    ``request_bias.corrected_acceptance``, ``NgramCalibrationTables.acceptance``, ``survival.chain_survival`` (both
@@ -35,7 +37,7 @@ the CPU; an alternative's likewise, its parent's float64 product times its own a
 torch reference, so their different summing orders cannot order two alternatives differently unless they tie
 within a float64 rounding step.
 
-The torch implementation stays the reference (the oracle in ``tests/test_fused_decision.py``) and the path for
+The torch implementation stays the reference (the oracle in ``tests/kernels/test_fused_decision.py``) and the path for
 engines without Triton. Host side, a call does shape checks and allocations only: no value is read back, nothing
 depends on data, so the three launches can run inside a CUDA graph.
 """
@@ -103,11 +105,11 @@ def _survivals_kernel(
         ng_len_ptr, ng_bias_ptr,
         de_ptr, me_ptr, re_ptr, ce_ptr, table_ptr,
         a_m_ptr, s_m_ptr, a_n_ptr, s_n_ptr, ext_ptr, rate_ptr,
-        mtok_ptr, mtok_s0, mtok_s1, chain_ptr, chain_s0,
+        mtok_ptr, mtok_s0, mtok_s1, chain_ptr, chain_s0, conf_out_ptr,
         aconf_ptr, ac_s0, ac_s1, ac_s2, s_alt_ptr, root_ptr, o_tok_ptr, o_tok_s0,
         B,
-        COPY_CHAIN: tl.constexpr, S: tl.constexpr, K: tl.constexpr, DM: tl.constexpr, NT: tl.constexpr,
-        M: tl.constexpr, M2: tl.constexpr,
+        COPY_CHAIN: tl.constexpr, COPY_CONF: tl.constexpr, S: tl.constexpr, K: tl.constexpr, DM: tl.constexpr,
+        NT: tl.constexpr, M: tl.constexpr, M2: tl.constexpr,
         HAS_BIAS: tl.constexpr, NG_HAS_BIAS: tl.constexpr,
         ADAPTIVE: tl.constexpr, BB: tl.constexpr, C2: tl.constexpr,
         N_DE: tl.constexpr, N_ME: tl.constexpr, N_RE: tl.constexpr, N_CE: tl.constexpr, E2: tl.constexpr,
@@ -116,7 +118,9 @@ def _survivals_kernel(
     """Fuses ``DecisionStep.model_acceptance`` (with the request offset), ``DecisionStep.ngram_acceptance`` (with the
     request's n-gram offset) and ``DecisionStep.ngram_survival`` for a chain,
     ``chain_survival`` of both chains and the per-request rate of ``_depth_candidates``; with ``COPY_CHAIN``, the copy
-    of the EAGLE chain that must outlive the draft graph's next replay (``HybridStep._chain``); with ``M`` > 0,
+    of the EAGLE chain that must outlive the draft graph's next replay (``HybridStep._chain``); with ``COPY_CONF``,
+    the chain's draft probabilities as the calibration read them (``[B, S]`` contiguous at ``conf_out_ptr``: what the
+    online temperature learns from after verify, ``online_calibration``); with ``M`` > 0,
     ``DecisionStep.alternatives_survival`` of the ``M`` alternatives at each chain position (``[B, S * M]``). It also
     writes each request's root (SGLang's bonus token: int32 after a verify, int64 after a greedy prefill) into column 0
     of the tree's tokens (``o_tok_ptr``, int64, row stride ``o_tok_s0``), where ``_select_kernel`` takes it: this
@@ -163,6 +167,8 @@ def _survivals_kernel(
         if COPY_CHAIN:
             tok = tl.load(mtok_ptr + r64 * mtok_s0 + j * mtok_s1, mask=rmask, other=0)
             tl.store(chain_ptr + r64 * chain_s0 + j, tok, mask=rmask)
+        if COPY_CONF:
+            tl.store(conf_out_ptr + r64 * S + j, p, mask=rmask)
         tl.store(a_m_ptr + r64 * S + j, a, mask=rmask)
         tl.store(s_m_ptr + r64 * S + j, surv, mask=rmask)
         if ADAPTIVE:
@@ -560,12 +566,13 @@ def select_tiles(block_rows: int, dm: int, s: int, m: int, k: int, n_nodes: int)
 def launch(*, root, model_tokens, model_conf, bias, ngram_bias, ng_tokens, ng_len, ng_match_len, ng_count, ng_total,
            ng_depth, ng_source, temps, ngram_tables, buckets, depths: tuple, depths_t, cost, draft_cost, mode: str,
            n_nodes: int, width: int, block_rows: int, counters=None, from_lookup=None, chain_out=None,
-           workspace=None, alt_tokens=None, alt_conf=None) -> Decision:
+           workspace=None, alt_tokens=None, alt_conf=None, conf_out=None) -> Decision:
     """Run the three kernels; every argument already validated by ``FusedDecisionStep`` (shapes, devices, dtypes).
     ``bias`` / ``ngram_bias``: the requests' online offsets on the model / n-gram side (``[B]`` float32, or None).
     ``depths``: the candidate depths as host ints (one entry when the engine does not draft adaptively).
     ``counters``: a ``HybridCounters`` whose device totals the plan kernel adds the step to (``from_lookup``: the rows
-    the prompt lookup supplied, or None). ``chain_out``: ``[B, S]`` (row stride free) to copy the EAGLE chain into.
+    the prompt lookup supplied, or None). ``chain_out``: ``[B, S]`` (row stride free) to copy the EAGLE chain into;
+    ``conf_out``: ``[B, S]`` contiguous float32 to copy its draft probabilities into (clamped into [0, 1]).
     ``workspace`` (``kernels.workspace.Workspace``): where the outputs live (None: fresh tensors). ``alt_tokens`` /
     ``alt_conf`` (``[B, S, M]`` or None): the EAGLE alternatives (``step.ModelDraft.alt_tokens``), distinct from
     each other and from the chain token at their position."""
@@ -604,10 +611,11 @@ def launch(*, root, model_tokens, model_conf, bias, ngram_bias, ng_tokens, ng_le
         nt.depth_edges, nt.match_edges, nt.ratio_edges, nt.count_edges, nt.table,
         a_m, s_m, a_n, s_n, ext, rate if rate is not None else a_m,
         model_tokens, *model_tokens.stride(), chain_out if chain_out is not None else model_tokens,
-        chain_out.stride(0) if chain_out is not None else 0,
+        chain_out.stride(0) if chain_out is not None else 0, conf_out if conf_out is not None else a_m,
         ac, *ac_strides, s_alt, root, tokens, tokens.stride(0),
         b,
-        COPY_CHAIN=chain_out is not None, S=s, K=k, DM=dm, NT=temps.numel(), M=m, M2=pow2(max(m, 1)),
+        COPY_CHAIN=chain_out is not None, COPY_CONF=conf_out is not None, S=s, K=k, DM=dm, NT=temps.numel(), M=m,
+        M2=pow2(max(m, 1)),
         HAS_BIAS=bias is not None,
         NG_HAS_BIAS=ngram_bias is not None, ADAPTIVE=adaptive, BB=block_rows, C2=pow2(k),
         N_DE=nt.depth_edges.numel(), N_ME=nt.match_edges.numel(), N_RE=nt.ratio_edges.numel(),

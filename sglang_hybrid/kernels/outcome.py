@@ -11,7 +11,9 @@ order) fuses
   sides;
 * ``request_bias.chain_outcome`` (which EAGLE chain tokens the verify tested, which hit) and
   ``request_bias.update_bias`` (each request's online offset, stored with its slot generation); the same for the
-  n-gram chain the step priced (counted always, learned from when the n-gram side learns an offset).
+  n-gram chain the step priced (counted always, learned from when the n-gram side learns an offset);
+* ``online_calibration.update_temperatures`` (the model calibration's per-depth temperatures, in place, from every
+  request's tested chain tokens: the one program sums their gradients over the batch, then takes the step).
 
 Exact: copies, integer counts and float sums of the same terms in the same roles (the float64 counter sums and the
 offset's float32 sum over chain positions may round in another order than torch's; both are within 1e-6).
@@ -62,6 +64,25 @@ def _learn(used_ptr, table_ptr, gen_table_ptr, gen_ptr, rows, rm, slot, tested, 
 
 
 @triton.jit
+def _temperature_step(temps_ptr, g2_ptr, col_g, sj, S: tl.constexpr, NT: tl.constexpr, NT2: tl.constexpr,
+                      ETA: tl.constexpr, DECAY: tl.constexpr, POOL: tl.constexpr, W_LO: tl.constexpr,
+                      W_HI: tl.constexpr, NORM_EPS_C: tl.constexpr):
+    """``online_calibration.update_temperatures`` from the chain columns' summed gradients ``col_g [S2]``: column
+    ``j`` belongs to temperature ``min(j, NT - 1)``; each temperature's gradient plus ``POOL`` times their sum, the
+    running squared gradients (``g2_ptr``) and the clamped inverse temperature's step, stored in place."""
+    pp = tl.arange(0, NT2)
+    pm = pp < NT
+    col = tl.minimum(sj, NT - 1)
+    g = tl.sum(tl.where((col[None, :] == pp[:, None]) & (sj[None, :] < S), col_g[None, :], 0.0), 1)
+    g = g + POOL * tl.sum(g, 0)
+    g2 = DECAY * tl.load(g2_ptr + pp, mask=pm, other=0.0).to(tl.float64) + g * g
+    w = 1.0 / tl.load(temps_ptr + pp, mask=pm, other=1.0).to(tl.float64)
+    w = tl.minimum(tl.maximum(w - ETA * g / (tl.sqrt(g2) + NORM_EPS_C), W_LO), W_HI)
+    tl.store(g2_ptr + pp, g2.to(tl.float32), mask=pm)
+    tl.store(temps_ptr + pp, (1.0 / w).to(tl.float32), mask=pm)
+
+
+@triton.jit
 def _add_totals(totals_ptr, C_T: tl.constexpr, C_P: tl.constexpr, C_H: tl.constexpr, tested_n, pred_sum, hit_n):
     tl.store(totals_ptr + C_T, tl.load(totals_ptr + C_T) + tested_n)
     tl.store(totals_ptr + C_P, tl.load(totals_ptr + C_P) + pred_sum)
@@ -78,7 +99,7 @@ AFTER_VERIFY_DNA = ("slots_ptr", "seq_ptr", "emit_ptr", "acc_ptr")
 @triton.jit(do_not_specialize=AFTER_VERIFY_DNS, do_not_specialize_on_alignment=AFTER_VERIFY_DNA)
 def _after_verify_kernel(
         slots_ptr, seq_ptr, emit_ptr, emit_s0, emit_s1, acc_ptr, ring_ptr, ctx_ptr,
-        chain_ptr, chain_s0, gen_ptr, bias_ptr, accept_ptr, mb_ptr, mb_gen_ptr,
+        chain_ptr, chain_s0, gen_ptr, bias_ptr, accept_ptr, mb_ptr, mb_gen_ptr, conf_ptr, temps_ptr, g2_ptr,
         ng_tok_ptr, ng_tok_s0, ng_len_ptr, ng_acc_ptr, ng_used_ptr, nb_ptr, nb_gen_ptr,
         t_val_ptr, t_src_ptr, totals_ptr,
         B,
@@ -86,6 +107,9 @@ def _after_verify_kernel(
         HAS_CTX: tl.constexpr, MODEL: tl.constexpr, S: tl.constexpr, S2: tl.constexpr, HAS_BIAS: tl.constexpr,
         ETA: tl.constexpr, NGRAM: tl.constexpr, K: tl.constexpr, K2: tl.constexpr, NG_BIAS: tl.constexpr,
         NG_ETA: tl.constexpr, W: tl.constexpr, W2: tl.constexpr, BB: tl.constexpr,
+        CAL: tl.constexpr, CAL_ETA: tl.constexpr, NT: tl.constexpr, NT2: tl.constexpr, CAL_DECAY: tl.constexpr,
+        CAL_POOL: tl.constexpr, W_LO: tl.constexpr, W_HI: tl.constexpr, CAL_EPS_C: tl.constexpr,
+        NORM_EPS_C: tl.constexpr,
         C_ACC: tl.constexpr, C_TESTED: tl.constexpr, C_PRED: tl.constexpr, C_HIT: tl.constexpr,
         C_NTESTED: tl.constexpr, C_NPRED: tl.constexpr, C_NHIT: tl.constexpr):
     j = tl.arange(0, C2)
@@ -98,6 +122,8 @@ def _after_verify_kernel(
     ng_tested_n = tl.zeros((), tl.float64)
     ng_pred_sum = tl.zeros((), tl.float64)
     ng_hit_n = tl.zeros((), tl.float64)
+    sj = tl.arange(0, S2)
+    cal_g = tl.zeros((S2,), tl.float64)
     for b0 in range(0, B, BB):
         rows = b0 + tl.arange(0, BB)
         rm = rows < B
@@ -124,6 +150,13 @@ def _after_verify_kernel(
             tested_n, pred_sum, hit_n = _count(tested, hit, a, tested_n, pred_sum, hit_n)
             if HAS_BIAS:
                 _learn(bias_ptr, mb_ptr, mb_gen_ptr, gen_ptr, rows, rm, slot, tested, hit, a, ETA)
+            if CAL:
+                # the log loss's gradient in each column's inverse temperature, summed over the rows
+                p = tl.load(conf_ptr + r64[:, None] * S + sj[None, :], mask=rm[:, None] & (sj[None, :] < S),
+                            other=0.5).to(tl.float32)
+                pc = tl.minimum(tl.maximum(p, CAL_EPS_C), 1.0 - CAL_EPS_C).to(tl.float64)
+                z = tl.log(pc) - tl.log(1.0 - pc)
+                cal_g += tl.sum(tl.where(tested, (a.to(tl.float64) - hit.to(tl.float64)) * z, 0.0), 0)
         if NGRAM:
             nlen = tl.load(ng_len_ptr + rows, mask=rm, other=0).to(tl.int64)
             tested, hit, a = _chain_outcome(ng_tok_ptr, ng_tok_s0, nlen[:, None], ng_acc_ptr, emit_ptr, emit_s0,
@@ -137,3 +170,6 @@ def _after_verify_kernel(
         _add_totals(totals_ptr, C_TESTED, C_PRED, C_HIT, tested_n, pred_sum, hit_n)
     if NGRAM:
         _add_totals(totals_ptr, C_NTESTED, C_NPRED, C_NHIT, ng_tested_n, ng_pred_sum, ng_hit_n)
+    if CAL:
+        _temperature_step(temps_ptr, g2_ptr, cal_g, sj, S, NT, NT2, CAL_ETA, CAL_DECAY, CAL_POOL, W_LO, W_HI,
+                          NORM_EPS_C)

@@ -17,8 +17,8 @@ These kernels write the same arrays in one launch each:
 
 Exact by construction: every value is a count, a sum of counts or a copied bit or integer; the torch builder stays the
 reference (``bench.fused_exactness.run_ragged`` compares the two on random trees and ``run_steps`` on every decided
-tree, in ``tests/test_fused_decision.py``; the device kit on a GPU). Like the fused verify input it writes only the
-requests' mask rows: entries past ``mask_indptr[B]`` are left as they were (no reader looks past them).
+tree, in ``tests/kernels/test_fused_decision.py``; the device kit on a GPU). Like the fused verify input it writes only
+the requests' mask rows: entries past ``mask_indptr[B]`` are left as they were (no reader looks past them).
 """
 from __future__ import annotations
 

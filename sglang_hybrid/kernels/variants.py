@@ -18,10 +18,10 @@ Triton does not specialise on.
 How the enumeration stays true to the launches: each ``_<kernel>`` generator below mirrors one launch site (named in
 its docstring), its arguments in the kernel's order, its constexprs computed as the launch computes them (shared
 helpers where the launch has one: ``decision.select_tiles``, ``rows_per_program``, ``pow2``).
-``tests/test_compile_warm.py`` runs the worker's step under the interpreter for several configurations, records every
-launch and checks each is in ``launch_variants`` of its configuration. Tensors SGLang hands over have dtypes HYBRID
-does not choose: ``LaunchConfig``'s ``*_dtypes`` fields list the ones SGLang 0.5.23 produces (the bonus tokens are
-int32 after a verify and int64 after a greedy prefill, so both).
+``tests/kernels/test_compile_warm.py`` runs the worker's step under the interpreter for several configurations, records
+every launch and checks each is in ``launch_variants`` of its configuration. Tensors SGLang hands over have dtypes
+HYBRID does not choose: ``LaunchConfig``'s ``*_dtypes`` fields list the ones SGLang 0.5.23 produces (the bonus tokens
+are int32 after a verify and int64 after a greedy prefill, so both).
 """
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def _int_type(v: int) -> str:
 
 
 def _item(p: Param, d: dict) -> tuple:
-    """One parameter's part of the key, by Triton's rule (``native_specialize_impl``; tests/test_compile_warm.py
+    """One parameter's part of the key, by Triton's rule (``native_specialize_impl``; tests/kernels/test_compile_warm.py
     checks the two agree): a constexpr's value with its type; a tensor's dtype and, when specialised, its alignment;
     an int's type and, when specialised, whether it is 1 (then a constexpr) or a multiple of 16; a bool or a float's
     type only; None a constexpr."""
@@ -172,6 +172,16 @@ def entry_kernels() -> list:
 # the worker's configuration
 
 
+def _setting_default(name: str):
+    from sglang_hybrid.sglang_plugin.config import HybridSettings
+
+    return HybridSettings.model_fields[name].default
+
+
+#: the online temperature's rate of the default launch (setting ``model_calibration_eta``)
+_DEFAULT_CALIBRATION_ETA = _setting_default("model_calibration_eta")
+
+
 @dataclasses.dataclass(frozen=True)
 class LaunchConfig:
     """What the worker's per-step launches depend on (``HybridStep`` after start-up; ``from_step`` reads it).
@@ -181,6 +191,7 @@ class LaunchConfig:
     (the prompt lookup's table; None: off), ``alternatives`` (EAGLE alternatives M), ``temps`` / ``ngram_edges`` /
     ``ngram_shape`` (the calibrations' sizes), ``cost`` / ``draft_cost`` (table entries, None: no table) and whether
     each is blended per step (``*_follows``: a table measured at two contexts), the online offsets' rates (None: off),
+    ``model_calibration_eta`` the online temperature's rate (None: off; default the setting's default),
     ``max_batch`` (the running limit: the power-of-two batch buckets), ``ragged`` (verify at the full width) and
     ``ragged_layout`` (the layout kernels run: Triton backend), ``gpu_tiles`` (rows per program as on a GPU: a CUDA
     device, or the interpreter with ``GPU_TILES_ENV``; else the interpreter's whole-batch programs). Dtypes of
@@ -207,6 +218,7 @@ class LaunchConfig:
     draft_cost_follows: bool = False
     model_bias_eta: Optional[float] = None
     ngram_bias_eta: Optional[float] = None
+    model_calibration_eta: Optional[float] = _DEFAULT_CALIBRATION_ETA
     max_batch: int = 1
     ragged: bool = False
     ragged_layout: bool = False
@@ -270,6 +282,7 @@ class LaunchConfig:
             draft_cost=entries(step.draft_cost), draft_cost_follows=follows(step.draft_cost),
             model_bias_eta=step.model_bias_eta if step.model_bias is not None else None,
             ngram_bias_eta=step.ngram_bias_eta if step.ngram_bias is not None else None,
+            model_calibration_eta=step.online_temperature.eta if step.online_temperature is not None else None,
             max_batch=int(max_batch), ragged=bool(ragged), ragged_layout=bool(ragged),
             gpu_tiles=rows_per_program(step.device) == GPU_BLOCK_ROWS, mask_dtypes=("bool", "uint8"),
             layout_mask_dtypes=("uint8", "bool"))
@@ -433,9 +446,11 @@ def _decision(cfg: LaunchConfig):
                 ng_bias_ptr=_t(F32), de_ptr=_t(F32), me_ptr=_t(F32), re_ptr=_t(F32), ce_ptr=_t(F32),
                 table_ptr=_t(F32), a_m_ptr=_t(F32), s_m_ptr=_t(F32), a_n_ptr=_t(F32), s_n_ptr=_t(F32),
                 ext_ptr=_t(F32), rate_ptr=_t(F32), mtok_ptr=_t(draft), mtok_s0=Ints([s]), mtok_s1=Ints([1]),
-                chain_ptr=_t(I64), chain_s0=Ints([steps]), aconf_ptr=_t(F32), ac_s0=ac[0], ac_s1=ac[1], ac_s2=ac[2],
+                chain_ptr=_t(I64), chain_s0=Ints([steps]), conf_out_ptr=_t(F32), aconf_ptr=_t(F32), ac_s0=ac[0],
+                ac_s1=ac[1], ac_s2=ac[2],
                 s_alt_ptr=_t(F32), root_ptr=_t(root), o_tok_ptr=_t(I64), o_tok_s0=Ints(cfg.widths), B=_batches(cfg),
-                COPY_CHAIN=True, S=s, K=k, DM=dm, NT=cfg.temps, M=m, M2=pow2(max(m, 1)), HAS_BIAS=has_bias,
+                COPY_CHAIN=True, COPY_CONF=cfg.model_calibration_eta is not None, S=s, K=k, DM=dm, NT=cfg.temps, M=m,
+                M2=pow2(max(m, 1)), HAS_BIAS=has_bias,
                 NG_HAS_BIAS=ng_bias, ADAPTIVE=cfg.adaptive, BB=bb, C2=pow2(k), N_DE=nt[0], N_ME=nt[1], N_RE=nt[2],
                 N_CE=nt[3], E2=pow2(max(nt)), SH1=ns[1], SH2=ns[2], SH3=ns[3], SH4=ns[4], CAL_EPS_C=kd.CAL_EPS,
                 BIAS_EPS_C=BIAS_EPS)
@@ -514,8 +529,13 @@ def _after_verify(cfg: LaunchConfig):
 
     from . import outcome as ko
 
+    from sglang_hybrid import online_calibration as oc
+    from sglang_hybrid.calibration import CAL_EPS
+
     ctx = cfg.context_len is not None
     has_bias, ng_bias = cfg.model_bias_eta is not None, cfg.ngram_bias_eta is not None
+    cal = cfg.model_calibration_eta is not None
+    nt = cfg.temps if cal else 1
     for w, s, slot, seq, accept in itertools.product(cfg.tree_widths, cfg.depths, cfg.slot_dtypes, cfg.seq_dtypes,
                                                      cfg.accept_dtypes):
         yield ko.__name__, "_after_verify_kernel", dict(
@@ -523,6 +543,7 @@ def _after_verify(cfg: LaunchConfig):
             emit_s1=Ints([1]), acc_ptr=_t(accept), ring_ptr=_t(I64), ctx_ptr=_t(I32 if ctx else F64),
             chain_ptr=_t(I64), chain_s0=Ints([cfg.num_steps]), gen_ptr=_t(I64), bias_ptr=_t(F32 if has_bias else F64),
             accept_ptr=_t(F32), mb_ptr=_t(F32 if has_bias else F64), mb_gen_ptr=_t(I64 if has_bias else F64),
+            **{f"{n}_ptr": _t(F32 if cal else F64) for n in ("conf", "temps", "g2")},
             ng_tok_ptr=_t(I64), ng_tok_s0=Ints([cfg.proposal_width]), ng_len_ptr=_t(I64), ng_acc_ptr=_t(F32),
             ng_used_ptr=_t(F32 if ng_bias else F64), nb_ptr=_t(F32 if ng_bias else F64),
             nb_gen_ptr=_t(I64 if ng_bias else F64), t_val_ptr=_t(U1), t_src_ptr=_t(I8), totals_ptr=_t(F64),
@@ -530,6 +551,8 @@ def _after_verify(cfg: LaunchConfig):
             L=cfg.context_len if ctx else 1, HAS_CTX=ctx, MODEL=True, S=s, S2=pow2(s), HAS_BIAS=has_bias,
             ETA=float(cfg.model_bias_eta or 0.0), NGRAM=True, K=cfg.ngram_k, K2=pow2(cfg.ngram_k), NG_BIAS=ng_bias,
             NG_ETA=float(cfg.ngram_bias_eta or 0.0), W=w, W2=pow2(w), BB=_rows(cfg, GPU_LOOP_ROWS),
+            CAL=cal, CAL_ETA=float(cfg.model_calibration_eta or 0.0), NT=nt, NT2=pow2(nt), CAL_DECAY=oc.DECAY,
+            CAL_POOL=oc.POOL, W_LO=oc.W_MIN, W_HI=oc.W_MAX, CAL_EPS_C=CAL_EPS, NORM_EPS_C=oc.NORM_EPS,
             C_ACC=m.ACC["none"], C_TESTED=m.MODEL_TESTED, C_PRED=m.MODEL_PRED, C_HIT=m.MODEL_HIT,
             C_NTESTED=m.NGRAM_TESTED, C_NPRED=m.NGRAM_PRED, C_NHIT=m.NGRAM_HIT)
 

@@ -46,6 +46,10 @@ KV_WINDOW_ENV = "HYBRID_CPU_ENGINE_KV_WINDOW"
 #: set (to any non-empty value) in a CPU engine's environment to run extend and decode attention and the KV-index
 #: builder with their torch twins (``cpu_engine.torch_attention``, ``cpu_engine.torch_kv_indices``)
 TORCH_ATTENTION_ENV = "HYBRID_CPU_ENGINE_TORCH_ATTENTION"
+#: set (to any non-empty value) in a CPU engine's environment to run every SGLang Triton kernel HYBRID's step launches
+#: with its torch twin: the ``TORCH_ATTENTION_ENV`` twins, the KV-index gather and the greedy tree verify
+#: (``cpu_engine.torch_kv_indices``, ``cpu_engine.torch_tree_verify``); the try-out server's ``--torch-kernels``
+TORCH_KERNELS_ENV = "HYBRID_CPU_ENGINE_TORCH_KERNELS"
 #: a JSON counts file: run SGLang's sampling verify with the CPU tree-sampling stand-in (``cpu_engine.tree_sampling``)
 TREE_SAMPLING_ENV = "HYBRID_CPU_ENGINE_TREE_SAMPLING"
 #: set (to any non-empty value) to run Triton's interpreter with the GPU's rows per program (``kernels``)
@@ -66,6 +70,13 @@ class HybridConfigError(ValueError):
 NGRAM_BIAS_ETA_AUTO = 0.3
 
 
+#: the default rate of the model side's online temperature (setting ``model_calibration_eta``,
+#: ``online_calibration``): in the replay's simulated drafter distorted at head temperatures 0.5 to 2 it leaves the
+#: model side's ECE at most about 0.02 after 2,000 steps at every batch size measured, and an honest head's where it
+#: was (docs/sglang.md, "The EAGLE side's online temperature and offset")
+MODEL_CALIBRATION_ETA = 0.1
+
+
 def resolved_ngram_bias_eta(setting, ragged: bool) -> Optional[float]:
     """The learning rate of the n-gram side's online offset for the setting ``ngram_bias_eta`` (a rate, None or
     "auto") on an engine whose verify runs ragged (``ragged``) or padded. Why "auto" depends on the layout: a ragged
@@ -82,108 +93,85 @@ MAX_NODES = 63
 
 
 class HybridSettings(BaseModel):
-    """Every HYBRID setting (documented in docs/sglang.md)."""
+    """Every HYBRID setting (documented in docs/sglang.md).
+
+    Each field's description is one line, then its docs anchor ``(docs/sglang.md#setting-<name>)``: its row in the
+    reference ``python -m sglang_hybrid.tools.settings_doc --write`` generates (which enforces the rule). The longer
+    story of a setting lives in docs/sglang.md's prose."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mode: Literal["choose", "merge"] = Field(
         "merge", description="choose: verify the better of the EAGLE chain and the n-gram draft; merge: verify both "
-                             "as branches of one tree (shared prefix merged)")
-    ngram_k: int = Field(8, ge=1, le=32, description="longest n-gram chain proposed per request and step")
+                             "as one tree (docs/sglang.md#setting-mode)")
+    ngram_k: int = Field(8, ge=1, le=32, description="longest n-gram chain proposed per request and step (\"The "
+                                                     "n-gram chain length\") (docs/sglang.md#setting-ngram_k)")
     n_nodes: Optional[int] = Field(
-        None, ge=1, le=MAX_NODES, description="draft nodes verified per request (verify width W = n_nodes + 1); "
-                                              "default: steps + ngram_k in merge mode, max(steps, ngram_k) in "
-                                              "choose mode (EAGLE alternatives compete for these nodes, they do not "
-                                              "widen the tree)")
+        None, ge=1, le=MAX_NODES, description="draft nodes per verify tree (width n_nodes + 1); none = steps + ngram_k "
+                                              "(merge), max(steps, ngram_k) (choose) "
+                                              "(docs/sglang.md#setting-n_nodes)")
     eagle_alternatives: int = Field(
         0, ge=0, le=7, strict=True,
-        description="at each EAGLE chain position, also offer the draft model's next M most likely tokens as leaves "
-                    "beside the chain's own (a tree from the chain's draft forwards, no extra forward; "
-                    "step.ModelDraft.alt_tokens); the price picks which are verified, within the same n_nodes as the "
-                    "chains' (no wider verify, no more memory). Default 0: the chain alone (docs/sglang.md, 'EAGLE "
-                    "alternatives')")
+        description="the draft model's next M tokens at each EAGLE chain position, as leaves beside the chain's "
+                    "(\"EAGLE alternatives\") (docs/sglang.md#setting-eagle_alternatives)")
     verify_widths: Optional[list[int]] = Field(
-        None, description="verify widths the engine captures and picks from each step (the price's choice, one step "
-                          "late; see docs/sglang.md); default with a cost_table: 2, 4, 6, 7, 8, 16, ... up to "
-                          "n_nodes + 1; with the table measured at start: steps + 1 and n_nodes + 1; without a "
-                          "price: the full width only; [] = always the full width. Each in "
-                          "[2, n_nodes + 1]; the full width is always included")
+        None, description="verify widths to pick from, each in [2, n_nodes + 1], plus the full width ([] = it "
+                          "alone; none: \"Verify width buckets\") (docs/sglang.md#setting-verify_widths)")
     ngram_calibration: Optional[str] = Field(
-        None, description="n-gram calibration JSON (python -m sglang_hybrid.tools.calibrate); default: the shipped "
-                          "table")
+        None, description="n-gram calibration JSON (python -m sglang_hybrid.tools.calibrate); none = the shipped "
+                          "table (docs/sglang.md#setting-ngram_calibration)")
     model_calibration: Optional[str] = Field(
-        None, description="EAGLE per-position temperature JSON; default: identity (draft probability as is)")
+        None, description="EAGLE per-position temperature JSON; none = identity (the draft probability as is) "
+                          "(docs/sglang.md#setting-model_calibration)")
     cost_table: Optional[str] = Field(
-        None, description="profiled step-time table JSON (sglang_hybrid.cost); default: none, measured at start "
-                          "(measure_cost_table)")
+        None, description="profiled verify step-time table JSON (sglang_hybrid.cost); none = measured at start "
+                          "(docs/sglang.md#setting-cost_table)")
     measure_cost_table: Literal["auto", "on", "off"] = Field(
-        "auto", description="without a cost_table, time the target verify at start (SGLang's dummy verify forward "
-                            "at each probe batch size; sglang_plugin.startup_costs) and price verify slots with that "
-                            "table; its default verify widths are then plain EAGLE's (steps + 1) and the full width, "
-                            "so a request verifies more than EAGLE would only on steps where the price says the extra "
-                            "nodes pay. Without a draft_cost_table, likewise time one EAGLE draft forward at each "
-                            "probe batch size and draft adaptively with that table (2 or more steps; draft_depths = [] "
-                            "keeps one depth). auto = on a GPU, not on SGLang's CPU engine (its verify attention runs "
-                            "in Triton's interpreter: minutes per probe); on = also there; off = no price (lambda = 0, "
-                            "every useful draft verified, the full width, a fixed depth). Never under DP attention "
-                            "(one fixed width)")
+        "auto", description="time the verify and draft forwards at start where no table is given; auto = on a GPU "
+                            "only, off = no price (docs/sglang.md#setting-measure_cost_table)")
     draft_cost_table: Optional[str] = Field(
-        None, description="step-time table of ONE draft-model forward by batch size (sglang_hybrid.cost JSON); with "
-                          "it HYBRID drafts adaptively: each step picks the EAGLE depth whose expected gain pays for "
-                          "its forwards (see docs/sglang.md); default: none given, measured at start "
-                          "(measure_cost_table; where it is not: always --speculative-num-steps)")
+        None, description="step-time table JSON of ONE draft-model forward by batch size: turns on adaptive "
+                          "drafting; none = measured at start (docs/sglang.md#setting-draft_cost_table)")
     draft_depths: Optional[list[int]] = Field(
-        None, description="EAGLE draft depths adaptive drafting picks from (each in [1, steps]; steps is always "
-                          "included); default with a draft table (given or measured): every depth up to 4, "
-                          "steps // 2, steps "
-                          "(widths.default_depths); [] = off")
+        None, description="EAGLE depths adaptive drafting picks from, each in [1, steps], plus steps; none = 1-4, "
+                          "steps // 2, steps; [] = off (docs/sglang.md#setting-draft_depths)")
     model_bias_eta: Optional[float] = Field(
         None, gt=0, le=10, strict=True,
-        description="learning rate of each request's online offset on the EAGLE side's calibrated acceptance, learned "
-                    "on the device from the request's own verify outcomes (sglang_hybrid.request_bias; 0.03-0.1 "
-                    "sensible); default none: the calibration alone (the offset improves calibration but not the "
-                    "replay's throughput, see docs/sglang.md)")
+        description="learning rate of the EAGLE side's per-request online offset (0.03-0.1); none = off "
+                    "(docs/sglang.md#setting-model_bias_eta)")
+    model_calibration_eta: Optional[float] = Field(
+        MODEL_CALIBRATION_ETA, gt=0, le=10, strict=True,
+        description="learning rate of the EAGLE side's per-depth temperature, learned online across requests; none "
+                    "= off (docs/sglang.md#setting-model_calibration_eta)")
     ngram_bias_eta: Union[Literal["auto"], Annotated[float, Field(gt=0, le=10, strict=True)], None] = Field(
         "auto",
-        description="learning rate of each request's online offset on the n-gram side's calibrated acceptance, "
-                    "learned on the device from how the request's own n-gram chains fared (sglang_hybrid."
-                    "request_bias): the shipped table is fit on general text and under-values long copies, which a "
-                    "ragged verify pays for node by node (docs/sglang.md, \"The n-gram side's online offset\"); "
-                    f"auto = {NGRAM_BIAS_ETA_AUTO} (measured) where verify runs ragged, none where it runs padded "
-                    "(there it moves the replay's cells by about 1 % either way); none = the calibration alone")
+        description=f"learning rate of the n-gram side's per-request online offset; auto = {NGRAM_BIAS_ETA_AUTO} "
+                    "under ragged verify, else off; none = off "
+                    "(docs/sglang.md#setting-ngram_bias_eta)")
     context_lookup: bool = Field(
-        True, description="rows whose late n-gram proposal did not align (after an edit point, or a step that accepted "
-                          "the model chain) take a prompt lookup over the request's committed tokens, done on the "
-                          "device (never late); memory: one int32 table of request slots x context length, the size "
-                          "of SGLang's req_to_token table")
-    ngram_donate: bool = Field(True, description="donate finished responses to the shared n-gram corpus")
+        True, description="rows whose late n-gram proposal did not align take a prompt lookup over their committed "
+                          "tokens, on the device (docs/sglang.md#setting-context_lookup)")
+    ngram_donate: bool = Field(True, description="donate finished responses to the shared n-gram corpus "
+                                                 "(docs/sglang.md#setting-ngram_donate)")
     ngram_options: dict = Field(
-        default_factory=dict, description="extra keyword options for NgramDrafter (e.g. min_match, "
-                                          "corpus_cap_tokens, use_corpus, donate_prompts; not max_draft, which "
-                                          "ngram_k sets), checked by constructing one at start")
+        default_factory=dict, description="extra keyword options for NgramDrafter (docs/ngram.md; not max_draft, "
+                                          "which ngram_k sets), checked at start "
+                                          "(docs/sglang.md#setting-ngram_options)")
     decision_kernels: Literal["auto", "fused", "torch"] = Field(
-        "auto", description="how the per-step device work runs: fused = eight Triton launches with the cost "
-                            "tables measured at start, seven with a user's (sglang_hybrid.kernels; CUDA, or the CPU "
-                            "under TRITON_INTERPRET=1), torch = the reference operators "
-                            "(hundreds of small launches a step); auto = fused wherever Triton runs, else torch. Both "
-                            "decide the same trees (tests/test_fused_decision.py)")
+        "auto", description="how the per-step device work runs: fused = Triton kernels, torch = torch "
+                            "operators; auto = fused where Triton runs (docs/sglang.md#setting-decision_kernels)")
     ragged_verify: Literal["auto", "on", "off"] = Field(
-        "auto", description="verify each request's own nodes only (the target forward runs on the sum of the "
-                            "requests' tree sizes, not batch x width; docs/sglang.md, 'Ragged verify'), on SGLang's "
-                            "Triton or FlashInfer backend; auto = on SGLang's CPU engine (where the step's host read "
-                            "of its node counts is free), padded elsewhere; on = also on a GPU (--attention-backend "
-                            "triton or flashinfer; SGLang's target verify CUDA graphs are dropped at start, its draft "
-                            "graphs kept), and a start on another backend stops with the fix; off = always padded")
+        "auto", description="verify each request's own nodes only (\"Ragged verify\"); auto = on the CPU engine only, "
+                            "on = also on a GPU, off = never (docs/sglang.md#setting-ragged_verify)")
     ragged_graphs: bool = Field(
-        True, description="run the ragged verify forward as one graph per token tier, captured the first time a "
-                          "step needs the tier (Triton or FlashInfer backend; CUDA graphs at TP 1, on SGLang's CPU "
-                          "engine, Triton, a trace-checked eager replay; docs/sglang.md, 'Ragged verify'); false = "
-                          "the eager forward")
+        True, description="run the ragged verify forward as one graph per token tier, captured when first needed; "
+                          "false = eager (docs/sglang.md#setting-ragged_graphs)")
     log_interval: int = Field(
-        50, ge=0, description="decode steps between HYBRID counter log lines (0 = off)")
+        50, ge=0, description="decode steps between HYBRID counter log lines (0 = off) "
+                              "(docs/sglang.md#setting-log_interval)")
     counters_file: Optional[str] = Field(
         None, description="also write the cumulative counters as JSON to this file at every log line (rank 0; "
-                          "the self-check reads it)")
+                          "the self-check reads it) (docs/sglang.md#setting-counters_file)")
 
     @field_validator("ngram_options")
     @classmethod

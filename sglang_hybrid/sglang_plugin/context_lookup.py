@@ -34,7 +34,7 @@ longer than the span gets no proposal (a bound too low costs proposals, never gi
 static shape, so a compiled or captured step has one variant per power of two. The rows are compared reversed, as
 ``[B, S, n_max + 1]`` bool windows against their tails (one byte per compared token, and ``argmin`` for the leading
 run of matches), in a constant number of operators: about 43 bytes per row and position in all, measured from the
-allocator's events (tests/test_context_lookup.py): 23 MB at B=128 and contexts of 2,049 committed tokens (span
+allocator's events (tests/ngram/test_context_lookup.py): 23 MB at B=128 and contexts of 2,049 committed tokens (span
 4,096), whatever the table's length (131,072 there). Without a span it reads the whole table: 706 MB at
 L=131,072 (3.3 GB before spans, when it compared unreversed int32 windows over the whole table).
 

@@ -13,7 +13,8 @@ device first, a row whose proposal did not align takes the device's prompt looku
 (``context_lookup``; setting ``context_lookup``), and each request's online offsets on the EAGLE and n-gram sides'
 calibrated acceptance (``request_bias``; settings ``model_bias_eta``, ``ngram_bias_eta``) live in slot-indexed
 tables, tagged with the slot generation they were learned for, so a request that takes over a slot starts from the
-calibration alone. Kept apart
+calibration alone; the EAGLE calibration's per-depth temperatures are learned from every request's verify outcomes,
+in place in the decision's tables (``online_calibration``; setting ``model_calibration_eta``). Kept apart
 from the SGLang worker so it runs (and is tested) on CPU tensors with no SGLang objects. Static shapes, no host
 sync: CUDA-graph and ``torch.compile`` safe.
 
@@ -32,6 +33,7 @@ import torch
 from sglang_hybrid import kernels
 from sglang_hybrid.calibration import ModelCalibration, NgramCalibration
 from sglang_hybrid.cost import ContextCostModel, ContextCostTables, CostModel
+from sglang_hybrid.online_calibration import OnlineTemperature
 from sglang_hybrid.request_bias import chain_outcome, update_bias
 from sglang_hybrid.selector import VerifyTree
 from sglang_hybrid.step import Decision, DecisionStep, ModelDraft, NgramDraft
@@ -78,6 +80,11 @@ class HybridStep:
             mode=settings.mode, n_nodes=self.n_nodes, model_calibration=model_cal.to(self.device),
             ngram_calibration=NgramCalibration.load(settings.ngram_calibration).to(self.device), widths=self.widths,
             depths=self.depths if len(self.depths) > 1 else None)
+        #: the model calibration's per-depth temperatures learned online from every request's verify outcomes,
+        #: deployment-wide, in place in the decision's tables (``online_calibration``; setting
+        #: ``model_calibration_eta``; from a calibration file's temperatures where one is given, else 1), or None
+        self.online_temperature = (OnlineTemperature(self.decide.model_cal, settings.model_calibration_eta)
+                                   if settings.model_calibration_eta is not None else None)
         #: the same decision in three Triton kernels (setting ``decision_kernels``), or None: the torch operators;
         #: ``decision_fallback``: why "auto" took the torch operators (each such step a ``fallback_decision_torch``)
         self.fused, self.decision_fallback = _fused_decision(settings.decision_kernels, self.decide, self.device)
@@ -115,7 +122,7 @@ class HybridStep:
         #: worker decides later (``set_ngram_bias_eta``); until then, and outside the worker, off (the padded rule)
         self.set_ngram_bias_eta(resolved_ngram_bias_eta(settings.ngram_bias_eta, ragged=False))
         #: what ``after_verify`` counts and learns from, kept by ``select``: (slots, generations, model chain, offsets
-        #: used or None, acceptances priced)
+        #: used or None, acceptances priced, the chain's draft probabilities or None without the online temperature)
         self._model_step: Optional[tuple] = None
         #: the n-gram side's: (chain tokens, length, offsets used or None, acceptances priced)
         self._ngram_step: Optional[tuple] = None
@@ -193,19 +200,44 @@ class HybridStep:
                slots: torch.Tensor, cur_gen: torch.Tensor, seq_lens: torch.Tensor,
                width: Optional[int] = None, lookup_span: Optional[int] = None,
                alt_tokens: Optional[torch.Tensor] = None, alt_conf: Optional[torch.Tensor] = None) -> Decision:
-        """Decide the verify tree for a decode batch; ``Decision.tree`` is ``width`` wide (default: the full width),
-        ``Decision.next_width`` / ``next_depth`` the width bucket and EAGLE depth a later step should use.
+        """Decide the verify tree for a decode batch, between the EAGLE draft and the verify forward.
 
-        ``root_tokens [B]``: last committed token (EAGLE's bonus); ``model_tokens [B, S]``: EAGLE chain (``S`` one of
-        ``depths``);
-        ``model_conf [B, S]``: draft softmax probability of each drafted token; ``slots [B]``: request-pool slots;
-        ``cur_gen [B]``: their current generations; ``seq_lens [B]``: committed tokens in the KV cache (root
-        excluded), at whose mean the cost tables measured at start are blended first (``_follow_context``).
-        ``width``: this step's verify width, one of ``widths``. ``lookup_span``: positions of each request's context
-        the prompt lookup reads, from ``lookup_span`` on the host (a few static values; a row with more committed
-        tokens gets no lookup proposal); None: the whole table. ``alt_tokens`` / ``alt_conf`` ``[B, S, M]`` (setting
-        ``eagle_alternatives``): the draft model's next ``M`` tokens at each chain position and their probabilities,
-        distinct from each other and from the chain's token there (``ModelDraft.alt_tokens``).
+        Args:
+            root_tokens: each request's last committed token (EAGLE's bonus token).
+            model_tokens: the EAGLE chain, ``S`` tokens per request (``S`` one of ``depths``).
+            model_conf: the draft softmax probability of each chain token.
+            slots: each request's request-pool slot (the proposal buffers, the prompt lookup's table and the online
+                offsets are slot-indexed).
+            cur_gen: each slot's current generation: state tagged with another generation belongs to an earlier
+                occupant of the slot and is not read.
+            seq_lens: committed tokens in the KV cache (root excluded); the cost tables measured at start are
+                blended at their mean first (``_follow_context``).
+            width: this step's verify width, one of ``widths`` (default: the full width), decided on the host from
+                an earlier step's ``Decision.next_width``.
+            lookup_span: positions of each request's context the prompt lookup reads, from ``lookup_span`` on the
+                host (a few static values; a row with more committed tokens gets no lookup proposal); None: the
+                whole table.
+            alt_tokens: setting ``eagle_alternatives``: the draft model's next ``M`` tokens at each chain position,
+                distinct from each other and from the chain's token there (``ModelDraft.alt_tokens``); with
+                ``alt_conf``, both or neither.
+            alt_conf: their draft probabilities.
+
+        Returns:
+            The core's ``step.Decision``: ``tree`` is ``width`` wide, ``next_width`` / ``next_depth`` are the width
+            bucket and EAGLE depth a later step should use. On the fused path its tensors live in the step's
+            ``Workspace`` and are valid until the next ``select``.
+
+        Shapes:
+            root_tokens, slots, cur_gen, seq_lens: ``[B]``, integer.
+            model_tokens: ``[B, S]``, integer; model_conf: ``[B, S]``, floating.
+            alt_tokens / alt_conf: ``[B, S, M]``, integer / floating.
+            Decision: as ``step.Decision``, with ``K = ngram_k`` n-gram columns and ``W = width``.
+
+        Why here and not in the worker: the n-gram side arrives one step late and must be aligned on the device
+        first (rows that did not align take the device prompt lookup, setting ``context_lookup``), and the online
+        offsets live in slot-indexed tables; this method adds exactly that around the core ``DecisionStep`` (or its
+        fused kernels, setting ``decision_kernels``), on plain tensors, so it runs and is tested on the CPU with no
+        SGLang objects. Static shapes, no host sync.
         """
         b, s = model_tokens.shape
         dev = model_tokens.device
@@ -219,10 +251,14 @@ class HybridStep:
             ngram = NgramDraft(ng.tokens[:, :k], None, ng.length, ng.match_len[:, :k], ng.count[:, :k],
                                ng.total[:, :k], ng.depth[:, :k], ng.source[:, :k])
             chain = self._chain[:b, :s]
+            # the chain's probabilities, for the online temperature after verify: copied by the decision's kernel, as
+            # the chain is (the draft's graph may overwrite its own)
+            conf = (self.workspace.take("model_conf", (b, s), torch.float32) if self.online_temperature is not None
+                    else None)
             d = self.fused(root_tokens, model_tokens, model_conf, ngram, cost=self.cost, width=width,
                            draft_cost=self.draft_cost, model_bias=bias, ngram_bias=ngram_bias, counters=self.counters,
                            from_lookup=from_lookup, chain_out=chain, workspace=self.workspace, alt_tokens=alt_tokens,
-                           alt_conf=alt_conf)
+                           alt_conf=alt_conf, conf_out=conf)
             self.counters.on_select_host(d.tree.tokens.shape[1], depth=s, decision="fused")
         else:
             alignment.ring_write_root(self.buffers, slots, seq_lens, root_tokens)
@@ -245,7 +281,8 @@ class HybridStep:
                 self.counters.on_fallback("decision_torch", 1)
             chain = self._chain[:b, :s]
             chain.copy_(model_tokens)
-        self._model_step = (slots, cur_gen, chain, bias, d.model_acceptance)
+            conf = (model_conf.to(torch.float32).clamp(0.0, 1.0) if self.online_temperature is not None else None)
+        self._model_step = (slots, cur_gen, chain, bias, d.model_acceptance, conf)
         self._ngram_step = ((ngram.tokens, ngram.length, ngram_bias, d.ngram_acceptance)
                             if d.ngram_acceptance is not None else None)
         return d
@@ -307,7 +344,8 @@ class HybridStep:
         """Record emitted tokens (``emitted[b, :accept_lens[b]]``, bonus included) in the ring and the context table;
         count acceptance; see how each request's EAGLE chain and n-gram chain fared against them
         (``request_bias.chain_outcome``: known whatever tree was verified), count both, and learn the request's online
-        model offset (``model_bias_eta``) and n-gram offset (``ngram_bias_eta``) from them."""
+        model offset (``model_bias_eta``) and n-gram offset (``ngram_bias_eta``) from them, and from every request's
+        EAGLE chain the model calibration's temperatures (``model_calibration_eta``, ``online_calibration``)."""
         model_step, self._model_step = self._model_step, None
         ngram_step, self._ngram_step = self._ngram_step, None
         if model_step is not None and model_step[0].shape != slots.shape:
@@ -328,7 +366,7 @@ class HybridStep:
                                       accept_lens)
         self.counters.on_accept(tree, accept_lens)
         if model_step is not None:
-            slots_m, gen, chain, bias, acceptance = model_step
+            slots_m, gen, chain, bias, acceptance, conf = model_step
             gen = gen.to(torch.int64)
             length = torch.full_like(accept_lens, chain.shape[1], dtype=torch.int64)
             tested, hit = chain_outcome(chain, length, emitted, accept_lens.to(torch.int64))
@@ -336,6 +374,8 @@ class HybridStep:
             if bias is not None:
                 _learn_offsets(self.model_bias, self.model_bias_gen, slots_m, gen,
                                update_bias(bias, acceptance, tested, hit, self.model_bias_eta))
+            if conf is not None:
+                self.online_temperature.update(conf, tested, hit, acceptance)
             if ngram_step is not None:
                 tokens, length, ngram_bias, ngram_acceptance = ngram_step
                 tested, hit = chain_outcome(tokens, length.to(torch.int64).clamp(max=tokens.shape[1]), emitted,

@@ -118,8 +118,8 @@ algorithms, decodes its running requests one token each, without a verify (``srt
   logits come after the layer temporaries are freed. Mixture-of-experts layers are not modelled (their
   ``intermediate`` stands for the dense MLP's).
 
-No SGLang import at module level: the budget is plain arithmetic, testable from numbers (tests/test_memory_budget.py);
-``check_start`` is the worker's entry point and reads the live objects.
+No SGLang import at module level: the budget is plain arithmetic, testable from numbers
+(tests/plugin/test_memory_budget.py); ``check_start`` is the worker's entry point and reads the live objects.
 """
 from __future__ import annotations
 
@@ -415,7 +415,7 @@ def eagle_budget(dep: Deployment, num_steps: int) -> Budget:
 def hybrid_buffer_bytes(*, pool_size: int, num_steps: int, ngram_k: int, proposal_width: int,
                         context_cols: Optional[int], model_bias: bool, fused: bool, max_bs: int, width: int,
                         depths: int, mask_entries: int, ngram_bias: bool = False,
-                        alternatives: int = 0) -> HybridBuffers:
+                        alternatives: int = 0, model_calibration: bool = True) -> HybridBuffers:
     """HYBRID's own device buffers (``HybridStep``), from its allocation code.
 
     Fixed: the proposal buffers (int64, ``alignment.alloc_buffers``: tokens and four features ``[P, pw]``, length,
@@ -428,8 +428,10 @@ def hybrid_buffer_bytes(*, pool_size: int, num_steps: int, ngram_k: int, proposa
     ``[max_bs, steps, M + 1]``, ``HybridDraftWorker``).
 
     Workspace (``fused``: the fused step, ``kernels/__init__.py`` and ``kernels/decision.py``): at ``max_bs`` requests,
-    the full ``width`` and ``depths`` candidate depths, its proposals, decision and verify-input arrays, plus the verify
-    mask when the target backend keeps none (``mask_entries`` bools, 0 when it does)."""
+    the full ``width`` and ``depths`` candidate depths, its proposals, decision and verify-input arrays, the EAGLE
+    chain's probabilities kept for the online temperature (float32 ``[max_bs, steps]``, ``model_calibration``: setting
+    ``model_calibration_eta``, on by default), plus the verify mask when the target backend keeps none
+    (``mask_entries`` bools, 0 when it does)."""
     p, pw = pool_size, proposal_width
     ring = max(2 * pw, 16)
     fixed = 8 * (5 * p * pw + 3 * p + p * (ring + 1)) + 8 * p * num_steps
@@ -446,6 +448,7 @@ def hybrid_buffer_bytes(*, pool_size: int, num_steps: int, ngram_k: int, proposa
         ws = 6 * b * pw * 8 + 2 * b * 8 + 4 * b * (int(model_bias) + int(ngram_bias))
         ws += b if context_cols is not None else 0
         ws += 2 * b * s * 4 + 2 * b * k * 4 + ((b * s * 4 + b * 4) if adaptive else 0) + b * s * m * 4
+        ws += b * s * 4 if model_calibration else 0
         ws += depths * b * w * 8 + depths * b * 4
         ws += 3 * b * w * 8 + b * w * w + 2 * b * w + b * w * 4 + b * 4 + (8 + 8 + 4 + 8)
         ws += 5 * b * w * 8 + mask_entries
@@ -773,7 +776,8 @@ def _start_budget(worker, dep: Deployment, states: Sequence) -> Budget:
         context_cols=step.context.tokens.shape[1] - 1 if step.context is not None else None,
         model_bias=step.model_bias is not None, ngram_bias=step.ngram_bias is not None, fused=step.fused is not None,
         max_bs=dep.max_bs or dep.max_running_requests, width=width, depths=len(step.depths),
-        mask_entries=workspace_mask_entries(dep, width), alternatives=worker.settings.eagle_alternatives)
+        mask_entries=workspace_mask_entries(dep, width), alternatives=worker.settings.eagle_alternatives,
+        model_calibration=step.online_temperature is not None)
     ragged = getattr(worker, "_ragged", False)
     if ragged:
         from .ragged.graph_capture import tier_graph_kind

@@ -8,11 +8,17 @@ Why generated: every setting's name, type, default and description already live 
 ``sglang_hybrid.sglang_plugin.config.HybridSettings``; a hand-kept copy in the docs drifts from it. The table has one
 row per field: the name, its environment variable (``SGLANG_HYBRID_<NAME>``), the type with its bounds, the default,
 and the field's description. ``tests/test_docs.py::test_settings_doc`` fails when the block in docs/sglang.md is stale.
+
+Each field's description is one line (at most ``MAX_LINE`` characters) followed by its docs anchor,
+``(docs/sglang.md#setting-<name>)``: the id this generator gives the setting's row (``anchor``), so the pointer a
+reader of the code follows always exists. Longer explanations belong in docs/sglang.md's prose. A description that
+breaks the rule stops the generation with the setting's name and the fix.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import types
 import typing
@@ -25,10 +31,14 @@ END = "<!-- settings:end -->"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sglang.md"
 
 _BOUNDS = (("ge", "[", None), ("gt", "(", None), ("le", None, "]"), ("lt", None, ")"))
+#: the longest description line (its docs anchor aside)
+MAX_LINE = 120
+_DOCS_ANCHOR = re.compile(r"\s*\(docs/sglang\.md#(?P<id>[A-Za-z0-9_-]+)\)$")
 
 
 class SettingsDocError(RuntimeError):
-    """The doc has no settings block (or a broken one); the message names the markers to add."""
+    """The doc has no settings block (or a broken one), or a setting's description breaks the one-line rule; the
+    message names the fix."""
 
 
 def _bounds(metadata) -> str:
@@ -86,6 +96,26 @@ def default_text(field) -> str:
     return f"`{json.dumps(value)}`"
 
 
+def anchor(name: str) -> str:
+    """The id of setting ``name``'s row in the reference: link to it as ``docs/sglang.md#setting-<name>``."""
+    return f"setting-{name}"
+
+
+def description_line(name: str, description: Optional[str]) -> str:
+    """The one line of setting ``name``'s description, its docs anchor cut off. Raises ``SettingsDocError`` when the
+    description does not end with ``(docs/sglang.md#setting-<name>)``, spans lines or runs past ``MAX_LINE``."""
+    want = f"(docs/sglang.md#{anchor(name)})"
+    found = _DOCS_ANCHOR.search(description or "")
+    if found is None or found.group("id") != anchor(name):
+        raise SettingsDocError(f"the description of setting {name!r} must end with its docs anchor {want!r}; add it "
+                               "in HybridSettings (sglang_hybrid/sglang_plugin/config.py)")
+    line = description[:found.start()]
+    if "\n" in line or len(line) > MAX_LINE:
+        raise SettingsDocError(f"the description of setting {name!r} must be one line of at most {MAX_LINE} "
+                               f"characters (it has {len(line)}); move the rest into docs/sglang.md's prose")
+    return line
+
+
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
@@ -98,7 +128,8 @@ def render_table() -> str:
     for name, field in HybridSettings.model_fields.items():
         rows.append("| " + " | ".join([
             f"`{name}`", f"`{ENV_PREFIX}{name.upper()}`", _cell(type_text(field.annotation, field.metadata)),
-            _cell(default_text(field)), _cell(field.description or ""),
+            _cell(default_text(field)),
+            f'<a id="{anchor(name)}"></a>' + _cell(description_line(name, field.description)),
         ]) + " |")
     return "\n".join(rows) + "\n"
 
@@ -139,10 +170,10 @@ def main(argv: Optional[list] = None) -> int:
     group.add_argument("--check", action="store_true", help="exit 1 when the doc's block is stale")
     ap.add_argument("--doc", type=Path, default=DOC, help=f"the Markdown file holding the block (default: {DOC})")
     args = ap.parse_args(argv)
-    if not (args.write or args.check):
-        sys.stdout.write(render_table())
-        return 0
     try:
+        if not (args.write or args.check):
+            sys.stdout.write(render_table())
+            return 0
         text = args.doc.read_text()
         if args.check:
             if current_block(text) != render_block():

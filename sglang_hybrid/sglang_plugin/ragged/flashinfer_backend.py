@@ -25,10 +25,10 @@ the bound then only picks its tallest query tile, the grid staying ``ceil(rows x
 tiles, so the plan stays valid, at the tall tile's cost for short queries.
 
 What cannot run here: FlashInfer has no CPU kernels and is not installed on this project's CPU machines. On the CPU,
-``tests/test_ragged_verify.py`` plans steps through ``init_forward_metadata`` on SGLang's real backend object against
-a model of FlashInfer's CUDA-graph wrapper contract read from its source (request count, rows, buffer sizes), and runs
-the planned arguments through a float64 model of FlashInfer's masked paged prefill against a dense reference;
-``tests/test_memory_budget.py`` checks the buffers against the budget's formula. ``bench/sglang_gpu.sh`` runs the
+``tests/kernels/test_ragged_verify.py`` plans steps through ``init_forward_metadata`` on SGLang's real backend object
+against a model of FlashInfer's CUDA-graph wrapper contract read from its source (request count, rows, buffer sizes),
+and runs the planned arguments through a float64 model of FlashInfer's masked paged prefill against a dense reference;
+``tests/plugin/test_memory_budget.py`` checks the buffers against the budget's formula. ``bench/sglang_gpu.sh`` runs the
 graphs on a GPU against plain greedy decoding and against the eager forward.
 """
 from __future__ import annotations

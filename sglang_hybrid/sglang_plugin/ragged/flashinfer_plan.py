@@ -22,8 +22,8 @@ the tier's rows at every step, as ``run`` requires at the capture, and the reque
 plus one at every step, as a CUDA-graph wrapper's plan requires (``_fixed_batch_size``). The spare rows attend to
 nothing a real row reads, and no real row attends to them (each request's KV entries are its own).
 
-Not run on this project's CPU machines (FlashInfer has no CPU kernels): ``tests/test_ragged_verify.py`` checks both
-functions' arguments with SGLang's own KV index translator, through a float64 model of FlashInfer's masked paged
+Not run on this project's CPU machines (FlashInfer has no CPU kernels): ``tests/kernels/test_ragged_verify.py`` checks
+both functions' arguments with SGLang's own KV index translator, through a float64 model of FlashInfer's masked paged
 prefill, against a dense reference; ``bench/sglang_gpu.sh`` runs HYBRID with them on a GPU against plain greedy
 decoding.
 """

@@ -14,7 +14,8 @@ show: the GPU's own kernels (the CPU engine takes SGLang's CPU branches in place
 tensor made anew each step that the allocator happens to place at the captured address (a miss, never a false alarm).
 
 Both capture lazily: a tier's graph is captured the first time a step needs it (``run``). The trace check is not
-specific to the verify forward: ``tests/test_fused_decision.py`` replays the worker's fused decision step under it.
+specific to the verify forward: ``tests/kernels/test_fused_decision.py`` replays the worker's fused decision step
+under it.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ next to requests verifying 2 or 3 tokens made everyone pay 28. In the ragged lay
 outputs are scattered back to their padded rows (``scatter_rows``), and padded rows are unreachable from the root
 (``verify_input``), so they are never read.
 
-Contract (checked by ``tests/test_ragged_verify.py`` against the padded layout and a dense attention reference):
+Contract (checked by ``tests/kernels/test_ragged_verify.py`` against the padded layout and a dense attention reference):
 
 * ``token_index [T]``: compact row ``j`` -> padded row ``b * W + k``, requests in batch order, nodes in node order;
 * ``rows >= T``: the forward's row count, ``T`` rounded up to its token tier (``tiers.tier_rows``) so that its shape
@@ -256,8 +256,8 @@ def build_pending_layout(valid: torch.Tensor, ancestors: torch.Tensor, seq_lens:
                          on_read: Callable[[list, int], None] | None = None) -> PendingLayout:
     """``build_ragged_layout`` before the counts are read: the same arrays, sized by the padded batch (``B x W`` rows,
     ``W`` nodes per request) instead of ``T`` and ``max(counts)``, so no host int from the device is needed; after
-    ``PendingLayout.read`` they equal ``build_ragged_layout``'s (``tests/test_ragged_verify.py``), the mask up to
-    ``mask_indptr[B]``. The mask's bound grows with it (``mask_numel_bound`` at ``W`` nodes and ``B x W`` rows):
+    ``PendingLayout.read`` they equal ``build_ragged_layout``'s (``tests/kernels/test_ragged_verify.py``), the mask up
+    to ``mask_indptr[B]``. The mask's bound grows with it (``mask_numel_bound`` at ``W`` nodes and ``B x W`` rows):
     give a buffer sized for the running limit (``triton_backend``) or expect an allocation of that bound."""
     bs, w = valid.shape
     if counts.shape != (bs,):

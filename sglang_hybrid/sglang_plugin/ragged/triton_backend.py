@@ -1,9 +1,9 @@
 """SGLang's Triton attention backend, planning a TARGET_VERIFY batch ragged when its verify input carries a layout.
 
 Why a subclass: SGLang's Triton extend kernel is ragged already (it reads each request's query length from
-``qo_indptr`` and its mask from ``mask_indptr``; ``tests/test_ragged_verify.py`` runs it on ragged tree batches);
-only the backend's plans assume one width (``qo_indptr = arange * W``, ``mask_indptr`` from ``W x (seq_len + W)``
-blocks). ``RaggedTritonAttnBackend`` plans a ragged verify through SGLang's own graph-state entry
+``qo_indptr`` and its mask from ``mask_indptr``; ``tests/kernels/test_ragged_verify.py`` runs it on ragged tree
+batches); only the backend's plans assume one width (``qo_indptr = arange * W``, ``mask_indptr`` from
+``W x (seq_len + W)`` blocks). ``RaggedTritonAttnBackend`` plans a ragged verify through SGLang's own graph-state entry
 (``init_forward_metadata_out_graph``, the call a verify CUDA graph's capture makes) with the ragged fields from the
 layout (``ragged.layout``), written into buffers allocated once at start (``enable``): a verify graph captured at a
 token tier (``ragged.tiers``) would read the same buffers at the same addresses, and its replay would rewrite them in

@@ -15,7 +15,9 @@ Tree speculative sampling (SGLang's sampling verify, which SGLang never runs on 
 importing this package installs it in the engine's process (``install_when_imported``). Likewise KV window planning
 (``sglang_hybrid/cpu_engine/kv_window.py``), which SGLang gates off on CPU, when ``prepare_environment(kv_window=True)``
 asked for it, and the torch twin of SGLang's Triton extend attention (``sglang_hybrid/cpu_engine/torch_attention.py``)
-when the environment asks for it (``HYBRID_CPU_ENGINE_TORCH_ATTENTION``, a test switch).
+when the environment asks for it (``HYBRID_CPU_ENGINE_TORCH_ATTENTION``, a test switch). With
+``HYBRID_CPU_ENGINE_TORCH_KERNELS`` (the try-out server's ``--torch-kernels``) the greedy tree verify op is the torch
+twin of SGLang's Triton kernel (``sglang_hybrid/cpu_engine/torch_tree_verify.py``) instead of the kernel itself.
 """
 from __future__ import annotations
 
@@ -141,6 +143,21 @@ def _install_torch_attention() -> None:
 
 
 _install_torch_attention()
+
+
+def _install_torch_tree_verify() -> None:
+    import os
+    import sys
+
+    from sglang_hybrid.sglang_plugin.config import TORCH_KERNELS_ENV
+
+    if os.environ.get(TORCH_KERNELS_ENV):
+        from sglang_hybrid.cpu_engine.torch_tree_verify import swap_tree_verify
+
+        swap_tree_verify(sys.modules[__name__])
+
+
+_install_torch_tree_verify()
 
 
 def __getattr__(name: str):

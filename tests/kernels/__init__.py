@@ -1,0 +1,1 @@
+"""Triton kernels against torch or float64 oracles (Triton's CPU interpreter), and their GPU compilation."""

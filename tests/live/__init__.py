@@ -1,0 +1,1 @@
+"""Live SGLang engines and HTTP servers on the CPU (marker ``live_sglang``)."""
