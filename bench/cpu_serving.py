@@ -40,8 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +47,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from sglang_hybrid import serve
 
 ROOT = Path(__file__).resolve().parent.parent
 #: HYBRID's median inter-token latency may be at most this many times plain decoding's
@@ -77,12 +77,6 @@ runpy.run_module("sglang.benchmark.serving", run_name="__main__", alter_sys=True
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _clean_env(threads: int | None = None) -> dict:
     """The caller's environment without HYBRID's settings and the CPU engine's switches: each server is exactly its
     command line; ``threads``: torch's intra-op threads (``OMP_NUM_THREADS``), else torch's default."""
@@ -100,8 +94,8 @@ class Server:
     """One ``python -m sglang_hybrid.serve --cpu`` process group on a free local port, its log in ``out``."""
 
     def __init__(self, name: str, out: Path, threads: int | None = None):
-        self.name, self.port, self.threads = name, _free_port(), threads
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.name, self.threads = name, threads
+        self.port = self.url = None
         self.log = out / f"server_{name}.log"
         #: HYBRID's cumulative counters (setting ``counters_file``), written at every counter log line
         self.counters = out / f"counters_{name}.json" if name != "plain" else None
@@ -116,11 +110,8 @@ class Server:
         if self.counters is not None:
             self.counters.unlink(missing_ok=True)
             env[ENV_PREFIX + "COUNTERS_FILE"] = str(self.counters)
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sglang_hybrid.serve", "--cpu", *SERVERS[self.name], *COMMON_FLAGS, "--host",
-                 "127.0.0.1", "--port", str(self.port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)       # its own process group: the scheduler and detokenizer stop with it
+        self.proc, self.port = serve.spawn([*SERVERS[self.name], *COMMON_FLAGS], self.log, env, cwd=ROOT)
+        self.url = f"http://127.0.0.1:{self.port}"
         while time.monotonic() - t0 < START_GUARD_S:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} server exited with {self.proc.returncode} during start; log: "
@@ -138,13 +129,8 @@ class Server:
         return self.log.read_text(errors="replace")[-n:]
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
+        if self.proc is not None:
+            serve.stop(self.proc)
 
 
 def write_dataset(path: Path) -> None:

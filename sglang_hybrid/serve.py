@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,6 +48,31 @@ TORCH_KERNEL_SETTINGS = {ENV_PREFIX + "DECISION_KERNELS": "torch"}
 GPU_LAUNCH = ("python -m sglang.launch_server --model-path M --speculative-algorithm HYBRID "
               "--speculative-draft-model-path D --speculative-num-steps 4 --page-size 1")
 EXIT_BAD_USE = 2
+
+
+def spawn(flags: list, log: Path, env: dict, cwd=None) -> tuple:
+    """(process, port): ``python -m sglang_hybrid.serve --cpu --host 127.0.0.1 --port PORT *flags`` on a free local
+    port, its output in ``log``, in a process group of its own so that `stop` ends SGLang's scheduler and
+    detokenizer with it (the benches and tests that start a server beside themselves)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "sglang_hybrid.serve", "--cpu", "--host", "127.0.0.1", "--port",
+                                 str(port), *flags], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    return proc, port
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End a server `spawn` started, and its engine processes: SIGTERM to its process group, SIGKILL after 60 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
 
 
 class ServeUsageError(ValueError):

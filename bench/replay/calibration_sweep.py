@@ -62,6 +62,9 @@ def run(cfg: RR.Config, log=print) -> list:
     t_start = time.perf_counter()
     cfg = dataclasses.replace(cfg, ragged_mode=False, eagle_alternatives=0, decompose=False, sweep=False)
     runner = RR.Runner(cfg)
+    # the temperatures of one head report other probabilities for the same tokens: what reads none runs once
+    runner.token_twins.update({src: (*RR.HEADLINE, "T1") for src in sim_sources() if src[-1] != "bursty"})
+    runner.token_twins.update({src: ("real", "T1") for src in real_sources()})
     log("# Miscalibrated heads (python -m bench.replay --realistic --miscalibration)")
     log(f"headline point {RR.label(RR.HEADLINE)}: the head's confidences distorted at T in "
         f"{list(MC.TEMPERATURES)} (the engine sees sigmoid(logit(c) / T) of the true c) and bursty acceptance "
@@ -76,7 +79,8 @@ def run(cfg: RR.Config, log=print) -> list:
         burst = MC.BURST_RHO if src[-1] == "bursty" else 0.0
         eb = {}
         for s in cfg.seeds:
-            toks, probs = synth.simulated_eagle(banks[s], flags[s], src[0], src[1], 8, s, burst=burst)
+            toks, probs = synth.simulated_eagle(banks[s], flags[s], src[0], src[1], RR.simulated_depth(cfg), s,
+                                                 burst=burst)
             trees = synth.SimulatedEagleTrees(banks[s], flags[s], src[0], src[1], toks, probs, s)
             eb[s] = MC.distorted(synth.with_eagle(banks[s], toks, probs, trees), _temperature(src))
         runner.run_source(src, eb, groups, cells, list(cfg.seeds), (MODE,), log)

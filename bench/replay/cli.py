@@ -67,9 +67,9 @@ def _tree_shape(value: str) -> tuple:
         steps, topk, tokens = (int(x) for x in value.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"give an EAGLE tree as STEPS,TOPK,NUM_DRAFT_TOKENS, got {value!r}") from None
-    if not (1 <= steps <= 8 and topk >= 2 and 2 <= tokens <= replay_synth.max_draft_tokens(steps, topk)):
+    if not (steps >= 1 and topk >= 2 and 2 <= tokens <= replay_synth.max_draft_tokens(steps, topk)):
         raise argparse.ArgumentTypeError(
-            f"EAGLE tree {value!r}: need 1 <= steps <= 8 (the simulated chains' length), topk >= 2 and "
+            f"EAGLE tree {value!r}: need steps >= 1 (the simulated chains are drawn as deep), topk >= 2 and "
             "2 <= num_draft_tokens <= 1 + topk + (steps - 1) * topk^2")
     return steps, topk, tokens
 
@@ -217,9 +217,11 @@ def main(argv=None) -> int:
         if args.model_calibration is not None:
             ap.error("--model-calibration: the realistic replay prices the model side with the identity calibration "
                      "(its simulated drafter is calibrated by construction); leave it out")
-        for opt, ks in (("--hybrid-ngram-ks", args.hybrid_ngram_ks), ("--ngram-ks", args.ngram_ks)):
-            if any(not 1 <= k <= 32 for k in ks):
-                ap.error(f"{opt} {ks}: each n-gram chain length must be in [1, 32] (the worker's ngram_k range)")
+        if any(not 1 <= k <= 32 for k in args.hybrid_ngram_ks):
+            ap.error(f"--hybrid-ngram-ks {args.hybrid_ngram_ks}: each n-gram chain length must be in [1, 32] (the "
+                     "worker's ngram_k range)")
+        if any(k < 1 for k in args.ngram_ks):
+            ap.error(f"--ngram-ks {args.ngram_ks}: each n-gram chain length must be at least 1")
 
         if args.jobs < 1:
             ap.error(f"--jobs {args.jobs}: give at least 1 process")

@@ -104,6 +104,9 @@ class Policy:
     name = "base"
     label = "base"
     needs: tuple = ()
+    #: whether it reads the drafts' probabilities: one that does not runs the same on a bank whose probabilities
+    #: alone differ (a miscalibrated head's: `Runner.token_twins` shares its runs)
+    reads_confidence: bool = True
 
     def propose(self, view: StepView) -> Proposal:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -115,6 +118,7 @@ class Policy:
 class NoSpeculation(Policy):
     """Plain decoding: one token per request per step, nothing drafted."""
 
+    reads_confidence = False
     name = "no_spec"
     label = "no speculation"
 
@@ -126,6 +130,7 @@ class NoSpeculation(Policy):
 class EagleFixed(Policy):
     """EAGLE chain of fixed length k, always verified in full (SGLang's EAGLE with topk=1)."""
 
+    reads_confidence = False
     name = "eagle_fixed"
     needs = ("eagle",)
 
@@ -171,6 +176,7 @@ class EagleTree(Policy):
     (bench/replay/synth.py, `SimulatedEagleTrees`). Its draft forwards after the first run ``topk`` beams per request.
     Only a simulated drafter has trees: a recorded trace holds the head's chain."""
 
+    reads_confidence = False
     name = "eagle_tree"
     needs = ("eagle_tree",)
 
@@ -190,6 +196,7 @@ class EagleTree(Policy):
 class _ChainDrafter(Policy):
     """Any model-free chain drafter verified in full (up to k tokens, nothing when it has no match)."""
 
+    reads_confidence = False
     kind = ""
 
     #: the drafter's measured host seconds for one step over requests of these context lengths
@@ -271,6 +278,7 @@ class NgramElseEagle(Policy):
     drafter's host path every step, as our n-gram drafter alone pays it.
     """
 
+    reads_confidence = False
     name = "ngram_else_eagle"
     needs = ("ngram", "eagle")
 
@@ -314,6 +322,7 @@ class Oracle(Policy):
     knowing the accepted length is worth without any choice, so that the oracle's lead splits into foreknowledge,
     which no policy has that verifies to find out, and the choice between drafters, which a selector can learn."""
 
+    reads_confidence = False
     needs = ("eagle", "ngram")
 
     def __init__(self, k_eagle: int, k_ngram: int, eagle_only: bool = False):

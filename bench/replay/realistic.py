@@ -34,7 +34,9 @@ import dataclasses
 import json
 import math
 import multiprocessing
+import re
 import time
+import types
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -46,7 +48,7 @@ from bench.replay import costs as replay_costs, synth as replay_synth
 from bench.replay.drafts import DraftBank
 from bench.replay.engine import RAGGED_SYNC_US, EngineConfig, engine_policies
 from bench.replay.host import LaunchCost
-from bench.replay.sim import simulate
+from bench.replay.sim import HOST_ACCOUNTINGS, simulate
 
 HEADLINE = (0.7, 0.9)
 #: the workloads, in report order: copy-heavy code windows, edit-dense code windows, chat, mixed (code + chat)
@@ -144,6 +146,20 @@ def ratio_ci(num_runs, den_runs, reps: int = 2000, seed: int = 0) -> tuple:
     return float(point), float(lo), float(hi)
 
 
+def simulated_depth(cfg: "Config") -> int:
+    """How deep the simulated drafter drafts its chains: the deepest any policy reads (a fixed EAGLE chain, model-only
+    adaptive's K, an EAGLE tree's steps, HYBRID's steps)."""
+    return max(*cfg.eagle_ks, *cfg.model_ks, *(t[0] for t in cfg.eagle_trees), *cfg.hybrid_steps,
+               EngineConfig.num_steps)
+
+
+def charged_alike(runs, how: str) -> list:
+    """The runs as `ratio_ci` reads them, with every policy's host work charged the same way (``how`` in
+    ``sim.HOST_ACCOUNTINGS``: overlapped with the device step, or added to it) instead of where its engine puts it."""
+    return [types.SimpleNamespace(request_ids=r.request_ids, per_request=(r.per_request[0], r.host_seconds[how]))
+            for r in runs]
+
+
 def evaluation_seeds(seeds) -> list:
     """The seeds ratios are computed on: every seed but the first, which tunes (the first alone when it is all)."""
     return list(seeds[1:] or seeds[:1])
@@ -165,22 +181,26 @@ class Config:
     batches: tuple = (4, 32, 128)
     sweep_cells: tuple = (("code", 4), ("code", 128), ("chat", 32))
     sweep_modes: tuple = ("as built",)
-    model_ks: tuple = (2, 4, 8)
+    #: model-only adaptive's K (its draft depth and node budget), tuned per cell on the first seed; the simulated
+    #: drafter drafts chains as deep as the deepest baseline's, a recorded trace stops the range at its depth
+    model_ks: tuple = (2, 4, 8, 16, 24)
     #: EAGLE step counts HYBRID also runs with besides the deployed one (``EngineConfig.num_steps``, 4); the best per
     #: cell is chosen on the first seed, as the baselines' k is (fixed EAGLE over 1..8, model-only adaptive over
     #: K 2, 4, 8): the user's ``--speculative-num-steps``, fewer on a busy server of weak drafts
     hybrid_steps: tuple = (2, 6)
     #: n-gram chain lengths HYBRID also runs with besides the deployed one (``EngineConfig.ngram_k``, 8), each
     #: combined with each step count; the best per cell is chosen on the first seed, as the baselines' k is
-    hybrid_ngram_ks: tuple = (24,)
+    hybrid_ngram_ks: tuple = (24, 32)
     #: chain lengths every model-free n-gram baseline (ours, vLLM's prompt-lookup rule at 5/5 and 2/5) is tuned over per
     #: cell on the first seed (vLLM's ``num_speculative_tokens``; our drafter's ``k``)
-    ngram_ks: tuple = (8, 16, 24)
-    eagle_ks: tuple = (1, 2, 3, 4, 5, 6, 7, 8)
+    ngram_ks: tuple = (8, 16, 24, 32, 48)
+    #: fixed EAGLE chain lengths (``--speculative-num-steps``), tuned per cell on the first seed (to the depth a
+    #: recorded trace holds)
+    eagle_ks: tuple = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24)
     #: EAGLE trees (SGLang's --speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens) the
     #: model-only baseline is also tuned over, on the simulated drafter: SGLang's default (5, 4, 8), a small tree and
-    #: two wide ones
-    eagle_trees: tuple = ((3, 2, 6), (5, 4, 8), (5, 8, 16), (6, 8, 32))
+    #: three wide ones, the widest the last (`edge_choices`)
+    eagle_trees: tuple = ((3, 2, 6), (5, 4, 8), (5, 8, 16), (6, 8, 32), (8, 8, 64))
     width_lag: int = 2
     ngram_lag: int = 1
     #: the first wave of every run starts at token 0 together (``sim.simulate(lockstep_start=True)``), as the runs up to
@@ -258,6 +278,9 @@ class Runner:
         self.cfg = cfg
         self.runs: dict = {}      # (source, mode, workload, batch, policy, seed) -> RunResult
         self.best: dict = {}      # (source, mode, workload, batch, what) -> the choice tuned for it (policy name, ...)
+        #: source -> the source whose banks hold the same tokens, its probabilities alone differing (the miscalibration
+        #: sweep's temperatures of one head): a policy that reads no probability runs once for all of them (`sim`)
+        self.token_twins: dict = {}
         self.engines = {"as built": EngineConfig(width_lag=cfg.width_lag, ngram_lag=cfg.ngram_lag,
                                                  cost_tables=cfg.cost_tables, adaptive_depth=cfg.adaptive_depth,
                                                  model_bias_eta=cfg.model_bias_eta,
@@ -301,9 +324,6 @@ class Runner:
         #: mechanics, a fused decision's launches): the baseline at its best, whatever HYBRID's engine mode
         self.adaptive = {p.name: p for p in engine_policies(self.core, self.engines["ideal"], cfg.model_ks,
                                                             hybrid_modes=())}
-        self.oracle = P.Oracle(max(cfg.eagle_ks), max(cfg.ngram_ks))
-        #: the oracle's foreknowledge without its choice: what part of its lead no selector can learn
-        self.oracle_eagle = P.Oracle(max(cfg.eagle_ks), max(cfg.ngram_ks), eagle_only=True)
         pols = [p for ps in self.engine_pols.values() for p in ps.values()] + list(self.adaptive.values())
         #: chain length of the model-free drafts in the banks (every baseline's k fits)
         self.bank_k = max(cfg.ngram_ks)
@@ -355,12 +375,21 @@ class Runner:
         return tuple(dict.fromkeys(k for p in self.free[1:] for k in p.needs))
 
     def sim(self, pol, bank, idx, b, seed, key, spec=None):
+        """``pol``'s run on ``bank`` (``key``: (source, mode, workload, batch, name, seed)), simulated once: a policy
+        that reads no draft probability (``reads_confidence``) takes the run of the source's token twin, if any."""
         if key in self.runs:
+            return self.runs[key]
+        twin = self.token_twins.get(key[0]) if not getattr(pol, "reads_confidence", True) else None
+        twin_key = None if twin is None else (twin,) + tuple(key[1:])
+        if twin_key is not None and twin_key in self.runs:
+            self.runs[key] = self.runs[twin_key]
             return self.runs[key]
         spec = spec or self.specs
         r = simulate(pol, bank, idx, b, spec.for_batch(b), seed=seed * 1000 + b, workload=key[2],
                      cost_name=spec.name, lockstep_start=self.cfg.lockstep_start)
         self.runs[key] = r
+        if twin_key is not None:
+            self.runs[twin_key] = r
         return r
 
     @property
@@ -439,11 +468,20 @@ class Runner:
         todo = list(calls.values())
         self.in_processes(lambda i: todo[i][0](**todo[i][1]), list(range(len(todo))))
 
+    def model_ranges(self, bank) -> tuple:
+        """(fixed EAGLE policies, model-only adaptive names) whose chains fit the EAGLE depth ``bank`` holds: the
+        simulated drafter's reaches every configured one, a recorded trace's stops at what its head drafted."""
+        depth = int(bank.eagle_tokens.shape[1])
+        return ([p for p in self.eagle if p.k <= depth],
+                [n for n, p in self.adaptive.items() if p.num_steps <= depth])
+
     def _run_cell(self, source, banks: dict, groups: dict, cell, seeds, modes, adaptive_from) -> str:
         """`run_source` on one (workload, batch) cell; returns its log line."""
         (w, b), tune, evals = cell, seeds[0], evaluation_seeds(seeds)
         t0 = time.perf_counter()
         free_src = free_source(source)
+        eagle, ks = self.model_ranges(banks[tune])
+        depth = max(p.k for p in eagle)
 
         def run(pol, src, mode, name, ss):
             for s in ss:
@@ -453,14 +491,13 @@ class Runner:
             run(pol, free_src, "-", pol.name, seeds)
         ng_best = max((p.name for p in self.free[1:]),
                       key=lambda n: self.runs[(free_src, "-", w, b, n, tune)].tok_per_s)
-        for pol in self.eagle:
+        for pol in eagle:
             run(pol, source, "-", pol.name, [tune])
-        ks = list(self.adaptive)
         if adaptive_from is not None:
             ks = [self.adaptive_k(adaptive_from, w, b) or ks[-1]]
         for name in ks:
             run(self.adaptive[name], source, "-", name, [tune])
-        cands = {p.name: p for p in self.eagle}
+        cands = {p.name: p for p in eagle}
         cands.update({n: self.adaptive[n] for n in ks})
         if getattr(banks[tune], "eagle_trees", None) is not None and self.trees:    # the simulated drafter only
             trees = self.trees
@@ -477,15 +514,16 @@ class Runner:
         # n-gram chain length; and the chain oracle (the limit of any selector choosing one of the two chains per
         # step; it bounds no tree: an EAGLE tree or a merged tree can beat it), beside its
         # foreknowledge of the EAGLE chain alone
-        ke = max(self.eagle, key=lambda p: self.runs[(source, "-", w, b, p.name, tune)].tok_per_s).k
+        ke = max(eagle, key=lambda p: self.runs[(source, "-", w, b, p.name, tune)].tok_per_s).k
         rules = {f"ngram_else_eagle_n{k}_e{ke}": P.NgramElseEagle(k, ke) for k in self.cfg.ngram_ks}
         for name, pol in rules.items():
             pol.name = name
             run(pol, source, "-", name, [tune])
         rule = max(rules, key=lambda n: self.runs[(source, "-", w, b, n, tune)].tok_per_s)
         run(rules[rule], source, "-", rule, evals)
-        run(self.oracle, source, "-", "oracle", evals)
-        run(self.oracle_eagle, source, "-", "oracle_eagle", evals)
+        # the oracle's foreknowledge without its choice (EAGLE alone): what part of its lead no selector can learn
+        run(P.Oracle(depth, max(self.cfg.ngram_ks)), source, "-", "oracle", evals)
+        run(P.Oracle(depth, max(self.cfg.ngram_ks), eagle_only=True), source, "-", "oracle_eagle", evals)
         for m in modes:
             pols = self.engine_pols[m]
             self.best[(source, m, w, b, "model")] = (best, (source, "-", w, b, best))
@@ -607,6 +645,8 @@ class Runner:
                     rule=tok_s(rule), oracle=tok_s(oracle), oracle_eagle=tok_s(oracle_eagle),
                     vs_model=ratio_ci(hy, mo), vs_single=ratio_ci(hy, single), vs_nospec=ratio_ci(hy, ns),
                     vs_rule=ratio_ci(hy, rule), vs_oracle=ratio_ci(hy, oracle),
+                    **{f"vs_single_host_{how}": ratio_ci(charged_alike(hy, how), charged_alike(single, how))
+                       for how in HOST_ACCOUNTINGS},
                     seeds=len(hy), stats=[r.stats for r in hy])
 
 
@@ -681,6 +721,35 @@ def reach_note(runner: Runner, source, w: str, b: int, cell: dict) -> str:
         parts.append(f"ragged_verify=on {ragged['vs_model'][0]:.2f}")
     parts.append(f"the chain oracle {cell['oracle'] / cell['model']:.2f}")
     return "; " + ", ".join(parts)
+
+
+def setting_of(name: str, deployed_ngram_k: int) -> Optional[tuple]:
+    """(family, size) of a tuned baseline's policy name: fixed EAGLE's and model-only adaptive's chain length, an EAGLE
+    tree's node count, an n-gram drafter's k (a name without ``_k`` runs the deployed one); None for anything else."""
+    if m := re.fullmatch(r"(eagle_fixed|model_adaptive)_k(\d+)", name):
+        return m[1], int(m[2])
+    if m := re.fullmatch(r"eagle_tree_s\d+_t\d+_n(\d+)", name):
+        return "eagle_tree", int(m[1])
+    if m := re.fullmatch(r"(ngram_ours|vllm_ngram_\d_\d|suffix)(?:_k(\d+))?", name):
+        return m[1], int(m[2]) if m[2] else deployed_ngram_k
+    return None
+
+
+def edge_choices(runner: Runner, mode: str = MODES[0]) -> list:
+    """The cells whose tuned baselines (best model-only, best n-gram) sit at the top of the range they were tuned
+    over, as (source, workload, batch, policy name): a choice there says the range may stop short of the best
+    setting, so the baseline may be stronger than the run shows. The range is what the cell's tuning seed ran (a
+    recorded trace's EAGLE range stops at its depth; a sweep point that reuses the headline's K tried one)."""
+    tune, deployed = runner.cfg.seeds[0], runner.engines[MODES[0]].ngram_k
+    out = []
+    for (src, m, w, b, what), choice in sorted(runner.best.items(), key=lambda kv: str(kv[0])):
+        if m != mode or what not in ("model", "ngram") or (got := setting_of(choice[0], deployed)) is None:
+            continue
+        tried = [setting_of(k[4], deployed) for k in runner.runs if k[:4] == choice[1][:4] and k[5] == tune]
+        sizes = [size for fam, size in filter(None, tried) if fam == got[0]]
+        if len(sizes) > 1 and got[1] == max(sizes):
+            out.append((src, w, b, choice[0]))
+    return out
 
 
 def oracle_note(runner: Runner, heads) -> str:
@@ -764,6 +833,12 @@ def verdicts(runner: Runner, cfg: Config, wall_s: float) -> list:
         v.append(("HYBRID never below 1.00x no speculation, every cell (as built)", not below,
                   f"worst {fmt_ci(low[1]['vs_nospec'])} at {label(low[0][0])} {low[0][2]} B={low[0][3]}; "
                   f"{len(below)} of {len(cells)} cells below 1.00"))
+        edges = edge_choices(runner)
+        v.append(("baselines: every tuned choice inside its search range (fixed EAGLE k, adaptive K, EAGLE tree, "
+                  "n-gram k; as built)", not edges, f"{len(edges)} at the top of their range"
+                  + (": " + ", ".join(f"{label(s_)} {w} B={b} {n}" for s_, w, b, n in edges) if edges else "")
+                  + ("; a recorded trace's EAGLE range stops at the depth its head drafted"
+                     if any(free_source(e[0]) == "real" for e in edges) else "")))
         ragged = ran(RAGGED)
         ideal_gap(cells, "ideal", "the README's launch (padded verify): as-built / ideal gap <= 5 % in every cell")
         ideal_gap(ragged, "ideal", "engine: as built with ragged_verify=on: as-built / ideal gap <= 5 % in every "
@@ -1121,10 +1196,12 @@ def run_real(runner: Runner, cfg: Config, head_cells, log) -> Optional[list]:
         f"(seed {t}): " + ", ".join(f"{w} {len(i)}" for w, i in groups[t].items()) + "; evaluation (other packages "
         "and conversations, seeds " + ", ".join(map(str, evaluation_seeds(cfg.seeds))) + "): "
         + ", ".join(f"{w} {len(i)}" for w, i in groups[e].items()) + " requests")
-    k_needed = max(max(cfg.eagle_ks), max(cfg.model_ks), runner.engines["as built"].num_steps)
+    k_needed = max(runner.engines["as built"].num_steps, *cfg.hybrid_steps)
     if evals.eagle_k < k_needed:
-        log(f"  skipped: its eagle_k={evals.eagle_k} is below the longest chain the baselines draft ({k_needed})")
+        log(f"  skipped: its eagle_k={evals.eagle_k} is below the deepest EAGLE chain HYBRID drafts ({k_needed})")
         return None
+    log(f"  the model-only baselines' ranges stop at the trace's EAGLE depth ({evals.eagle_k}): fixed EAGLE k <= "
+        f"{evals.eagle_k}, adaptive K <= {evals.eagle_k}")
     alt_modes = runner.alternatives_modes
     if alt_modes and evals.eagle_alternatives < cfg.eagle_alternatives:
         log(f"  its EAGLE alternatives rows NOT RUN: the traces record {evals.eagle_alternatives} per chain position, "
@@ -1207,7 +1284,7 @@ def run(cfg: Config, log=print) -> int:
     for pt in points:
         eb = {}
         for s in (cfg.seeds if pt == HEADLINE else cfg.seeds[:2]):
-            toks, probs = replay_synth.simulated_eagle(banks[s], flags[s], pt[0], pt[1], 8, s)
+            toks, probs = replay_synth.simulated_eagle(banks[s], flags[s], pt[0], pt[1], simulated_depth(cfg), s)
             trees = replay_synth.SimulatedEagleTrees(banks[s], flags[s], pt[0], pt[1], toks, probs, s)
             eb[s] = replay_synth.with_eagle(banks[s], toks, probs, trees)
         if pt == HEADLINE:
@@ -1242,6 +1319,10 @@ def run(cfg: Config, log=print) -> int:
                f"({cfg.launch.host_us:g} us host + {cfg.launch.gpu_us:g} us GPU per launch)")
     for key, title in (("vs_model", "HYBRID merge / best model-only"),
                        ("vs_single", "HYBRID merge / best single drafter (best of model-only and n-gram-only)"),
+                       ("vs_single_host_overlapped", "HYBRID merge / best single drafter, every drafter's host work "
+                                                     "overlapped with the device step (vLLM's and Arctic's too)"),
+                       ("vs_single_host_added", "HYBRID merge / best single drafter, every drafter's host work added "
+                                                "to the device step (HYBRID's and our n-gram drafter's too)"),
                        ("vs_rule", "HYBRID merge / 'n-gram if it matches, else EAGLE' (tuned k)"),
                        ("vs_oracle", "HYBRID merge / chain oracle (the better chain each step, known in advance, "
                                      "ragged, no waste; bounds chain choice, not trees)"),

@@ -15,6 +15,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the committed results file
@@ -25,6 +26,8 @@ DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
 COLUMNS = (("code, B=4", "code", 4), ("code, B=128", "code", 128), ("edit-dense code, B=4", "code-edit", 4),
            ("edit-dense code, B=128", "code-edit", 128), ("chat, B=4", "chat", 4), ("chat, B=128", "chat", 128))
 REAL = "real"
+#: the README launch with ``ragged_verify=on`` (``bench.replay.realistic.RAGGED``)
+RAGGED = "as built, ragged"
 #: the depth below which the results file writes each value on one line (file > section > list > cell)
 FLAT_DEPTH = 3
 HEADLINE = "SIM alpha=0.7 copy=0.90"
@@ -64,12 +67,14 @@ def _x(t) -> str:
     return f"{t[0]:.2f}x"
 
 
-def _row(title: str, label: str, cells: dict, source: str, fmt) -> str:
+def _row(title: str, label: Optional[str], cells: dict, source: str, fmt, mode: str = "as built") -> str:
+    """One table row over `COLUMNS` (``mode``: the README's launch, "as built", unless named), with a label column
+    unless ``label`` is None."""
     vals = []
     for _, w, b in COLUMNS:
-        c = cells.get((source, "as built", w, b))
+        c = cells.get((source, mode, w, b))
         vals.append(fmt(c) if c is not None else "—")
-    return f"| {title} | " + " | ".join(vals) + f" | {label} |"
+    return f"| {title} | " + " | ".join(vals) + (f" | {label} |" if label is not None else " |")
 
 
 def readme_table(data: dict) -> str:
@@ -81,6 +86,8 @@ def readme_table(data: dict) -> str:
     rows = [head, "|---" * (len(COLUMNS) + 2) + "|"]
     rows.append(_row("real drafters: HYBRID / best single drafter [95% CI]", "SIMULATED step times", cells, REAL,
                      lambda c: _ci(c["vs_single"])))
+    rows.append(_row("real drafters, launched with `ragged_verify=on`: HYBRID / best single drafter [95% CI]",
+                     "SIMULATED step times", cells, REAL, lambda c: _ci(c["vs_single"]), mode=RAGGED))
     rows.append(_row("real drafters: the best single drafter", "chosen on tuning data", cells, REAL,
                      lambda c: _name(c["single_name"])))
     rows.append(_row("real drafters: HYBRID / no speculation", "SIMULATED step times", cells, REAL,
@@ -129,6 +136,22 @@ def _name(policy: str) -> str:
     return policy
 
 
+def host_table(data: dict) -> str:
+    """HYBRID / the best single drafter with the drafters' host work charged where each engine puts it (HYBRID's and
+    our n-gram drafter's under the device step, vLLM's and Arctic's proposers after it), then the same way for all:
+    overlapped, then added. A cell the run did not price both ways reads "—"."""
+    cells = _cells(data.get("realistic", {}))
+    rows = ["| HYBRID / best single drafter [95% CI] | " + " | ".join(t for t, _, _ in COLUMNS) + " |",
+            "|---" * (len(COLUMNS) + 1) + "|"]
+    for source, name in ((REAL, "real drafters"), (HEADLINE, "simulated head")):
+        for key, how in (("vs_single", "as each engine places it"),
+                         ("vs_single_host_overlapped", "overlapped for every drafter"),
+                         ("vs_single_host_added", "added for every drafter")):
+            rows.append(_row(f"{name}, host work {how}", None, cells, source,
+                             lambda c, key=key: _ci(c[key]) if key in c else "—"))
+    return "\n".join(rows)
+
+
 def targets_table(data: dict) -> str:
     """Every target of the frozen run and its sweep, MET or MISSED, with its detail."""
     rows = ["| target | verdict | detail |", "|---|---|---|"]
@@ -148,7 +171,7 @@ def run_line(data: dict) -> str:
     return "From " + " and ".join(parts) + "; the results file is `bench/results/realistic.json`."
 
 
-RENDERERS = {"table": readme_table, "targets": targets_table, "run": run_line}
+RENDERERS = {"table": readme_table, "host": host_table, "targets": targets_table, "run": run_line}
 
 
 def render(text: str, data: dict) -> str:

@@ -11,7 +11,10 @@ Replay rule (per step, continuous batching at a fixed concurrency B):
     policy's own work launches (`Proposal.launches`); the host time the policy reports (`Proposal.host_s`, plus the
     dispatch of those launches) adds to that, or the step takes the larger of the two when the host time overlaps the
     device (`Proposal.host_overlaps`: overlap scheduling); a device stall the policy reports (`Proposal.stall_s`, a
-    blocking read inside the step) adds to either;
+    blocking read inside the step) adds to either; the same run also totals its time with the host work overlapped and
+    with it added whatever the policy reports (`HOST_ACCOUNTINGS`, `RunResult.host_seconds`), so that drafters whose
+    engines place that work differently (HYBRID's worker before the step, vLLM's proposers after it) can also be
+    compared with it placed the same way for all;
   * the first B requests start at seeded uniform positions of their outputs (`start_positions`), as a server in
     steady state holds requests at every phase; finished requests are replaced by the next one from a seeded stream
     (whole permutations of the workload), from their first token; the run stops at the first step after which a slot
@@ -32,6 +35,10 @@ from sglang_hybrid.selector import Source
 from bench.replay import policies as P
 from bench.replay.costs import BatchCost
 from bench.replay.drafts import DraftBank
+
+
+#: the two ways of charging every policy's host work alike: hidden under the device step (max) or added to it (sum)
+HOST_ACCOUNTINGS = ("overlapped", "added")
 
 
 def start_positions(lengths: np.ndarray, seed: int) -> np.ndarray:
@@ -141,6 +148,7 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
     n_req = len(bank.lengths)
     req_tokens = np.zeros(n_req, np.float64)   # per request of the bank: tokens emitted, and its share of the time
     req_seconds = np.zeros(n_req, np.float64)  # (each step's time split evenly over the B slots): for the bootstrap
+    alike = {how: np.zeros(n_req, np.float64) for how in HOST_ACCOUNTINGS}   # the same, host work charged alike
     prompt_len = np.array([len(r.prompt) for r in bank.requests], np.int64)
     req = stream[:batch].astype(np.int64)
     pos = np.zeros(batch, np.int64) if lockstep_start else start_positions(bank.lengths[req], seed)
@@ -168,6 +176,9 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
         tot["seconds"] += dt
         np.add.at(req_tokens, req, emitted)
         np.add.at(req_seconds, req, dt / batch)
+        stall = float(prop.stall_s)
+        for how, dt_how in (("overlapped", max(device_s, host_s) + stall), ("added", device_s + host_s + stall)):
+            np.add.at(alike[how], req, dt_how / batch)
         tot["steps"] += 1
         tot["tokens"] += int(emitted.sum())
         tot["rs"] += batch
@@ -193,6 +204,7 @@ def simulate(policy, bank: DraftBank, indices, batch: int, cost: BatchCost, seed
                     tot["seconds"], tot["rs"], tot["acc"], tot["nodes"], tot["done"], tot["msteps"],
                     tot["ng"] / max(1, tot["nodes"]), tot["lam"] / max(1, tot["steps"]))
     res.per_request = (req_tokens, req_seconds)     # not dataclass fields: kept out of the JSON dump
+    res.host_seconds = alike                        # per request, by `HOST_ACCOUNTINGS`
     res.request_ids = [str(r.id) for r in bank.requests]
     res.stats = dict(getattr(policy, "stats", {}) or {})
     return res

@@ -49,12 +49,16 @@ KV_INDICES_SWAP_LOG = ("CPU engine: the draft step's KV indices are laid out by 
 logger = logging.getLogger(__name__)
 
 
-def _flat(name: str, t: torch.Tensor) -> torch.Tensor:
-    """``t`` as the flat array the kernel's pointer arithmetic addresses; refuses a layout that is not that."""
+def flat_view(twin: str, name: str, t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the flat array a Triton kernel's pointer arithmetic addresses; refuses, naming the twin ``twin`` and
+    the argument, a layout that is not that (every torch twin of the CPU engine reads its arguments so)."""
     if not t.is_contiguous():
-        raise NotImplementedError(f"generate_draft_decode_kv_indices_torch: {name} is not contiguous (the kernel "
-                                  f"addresses it as one flat array)")
+        raise NotImplementedError(f"{twin}: {name} is not contiguous (the kernel addresses it as one flat array)")
     return t.view(-1)
+
+
+def _flat(name: str, t: torch.Tensor) -> torch.Tensor:
+    return flat_view("generate_draft_decode_kv_indices_torch", name, t)
 
 
 def draft_decode_kv_indices(grid, req_pool_indices, req_to_token, paged_kernel_lens, kv_indices, kv_indptr, positions,

@@ -24,6 +24,7 @@ import logging
 
 import torch
 
+from sglang_hybrid.cpu_engine.torch_kv_indices import flat_view
 from sglang_hybrid.sglang_plugin.ragged.graph_capture import kernel_launch
 
 #: logged once per process when the twin replaces the stand-in's op
@@ -33,10 +34,7 @@ logger = logging.getLogger(__name__)
 
 
 def _flat(name: str, t: torch.Tensor) -> torch.Tensor:
-    if not t.is_contiguous():
-        raise NotImplementedError(f"verify_tree_greedy_torch: {name} is not contiguous (the kernel addresses it as "
-                                  "one flat array)")
-    return t.view(-1)
+    return flat_view("verify_tree_greedy_torch", name, t)
 
 
 def verify_tree_greedy_torch(*, predicts, accept_index, accept_token_num, candidates, retrive_index,

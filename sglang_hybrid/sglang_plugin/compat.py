@@ -135,14 +135,14 @@ INTERNALS: tuple = (
              "reads _draft_worker, device, speculative_num_draft_tokens after the base constructor"),
     Internal("override", f"{_V2}.EAGLEWorkerV2.alloc_memory_pool",
              ("memory_pool_config", "req_to_token_pool", "token_to_kv_pool_allocator"),
-             "sglang_hybrid.sglang_plugin.worker.HybridWorkerV2.alloc_memory_pool",
+             "sglang_hybrid.sglang_plugin.worker_startup.WorkerStartup.alloc_memory_pool",
              "defined on BaseSpecWorker; sizes HYBRID's slot buffers from req_to_token_pool.req_to_token's shape"),
     Internal("override", f"{_V2}.EAGLEWorkerV2.init_cuda_graphs", (),
-             "sglang_hybrid.sglang_plugin.worker.HybridWorkerV2.init_cuda_graphs",
+             "sglang_hybrid.sglang_plugin.worker_startup.WorkerStartup.init_cuda_graphs",
              "HYBRID's runtime states after SGLang's graphs; SGLang's adaptive controller stays off "
              "(--speculative-adaptive is refused)"),
     Internal("override", f"{_V2}.EAGLEWorkerV2.on_verify_complete_cpu", ("num_correct_drafts_per_req", "batch_size"),
-             "sglang_hybrid.sglang_plugin.worker.HybridWorkerV2.on_verify_complete_cpu",
+             "sglang_hybrid.sglang_plugin.worker_startup.WorkerStartup.on_verify_complete_cpu",
              "SGLang's host hook for adaptive speculation: once per processed decode result, in launch order"),
     Internal("override", f"{_V2}.EAGLEWorkerV2.forward_batch_generation",
              ("batch", "on_publish", "grammar_barrier", "pp_proxy_tensors"),
@@ -169,11 +169,11 @@ INTERNALS: tuple = (
              "same rule for the backend's verify_mask (mode, fits(bs), buffer); differs: always FULL_MASK, the whole "
              "mask written (is_read ignored), seq_lens_sum bound bs x max_context_len even with a buffer"),
     Internal("wrap", "sglang.srt.managers.tp_worker.TpModelWorker.init_cuda_graphs", ("capture_decode_cuda_graph",),
-             "sglang_hybrid.sglang_plugin.worker.HybridWorkerV2._skip_target_verify_capture",
+             "sglang_hybrid.sglang_plugin.worker_startup.WorkerStartup._skip_target_verify_capture",
              "replaced on the target worker; False under ragged verify. Relies on Scheduler.init_all_cuda_graphs "
              "capturing the target's graphs before the draft's, backends already built"),
     Internal("wrap", f"{_V2}.EAGLEWorkerV2.apply_runtime_state", ("state",),
-             "sglang_hybrid.sglang_plugin.worker.HybridWorkerV2._apply_plan",
+             "sglang_hybrid.sglang_plugin.worker_startup.WorkerStartup._apply_plan",
              "its early return on an unchanged step count is lifted (speculative_num_steps = -1 for the call); it "
              "must swap every SpecRuntimeState field and append one get_context().override entry"),
     Internal("swap", "sglang.srt.runtime_context.RuntimeContext._overrides_log", None,
@@ -183,7 +183,7 @@ INTERNALS: tuple = (
     Internal("wrap", f"{_V2}.logger", None, "sglang_hybrid.sglang_plugin.worker._QuietWidthSwitch",
              "a filter drops records starting 'Switch adaptive runtime state' (apply_runtime_state's log line)"),
     Internal("mirror", f"{_V2}.draft_tp_context", ("layout",),
-             "sglang_hybrid.sglang_plugin.worker.HybridWorkerV2._build_runtime_states",
+             "sglang_hybrid.sglang_plugin.worker_startup.WorkerStartup._build_runtime_states",
              "read from eagle_worker_v2's namespace with speculative_moe_backend_context and "
              "speculative_moe_a2a_backend_context: the contexts EAGLEWorkerV2.init_cuda_graphs builds states in"),
     Internal("mirror", "sglang.srt.speculative.spec_tp_sync.SpecTpSync", ("tp_group",),
@@ -341,7 +341,7 @@ INTERNALS: tuple = (
              "decode graph to eager_runner.execute, and on BaseRunner.model_context"),
     Internal("swap", "sglang.srt.model_executor.model_runner.ModelRunner._forward_raw",
              ("forward_batch", "pp_proxy_tensors", "reinit_attn_backend", "split_forward_count"),
-             "sglang_hybrid.sglang_plugin.worker.HybridWorkerV2._drop_target_verify_graphs",
+             "sglang_hybrid.sglang_plugin.worker_startup.WorkerStartup._drop_target_verify_graphs",
              "model_runner.decode_cuda_graph_runner (and every state's target_graph_runner) set to None, so that "
              "this method, which asks it first, runs the ragged verify on eager_runner"),
 

@@ -93,3 +93,35 @@ def test_bursty_simulated_drafter_keeps_the_acceptance_mean(bank):
     def agree(h):
         return float(np.mean(h[:-1] == h[1:]))
     assert agree(got[MC.BURST_RHO]) > agree(got[0.0]) + 0.03
+
+
+def test_miscalibrated_head_token_twins_share_only_runs_that_read_no_probability(bank):
+    """A policy that reads no draft probability (``reads_confidence`` False: fixed EAGLE, the trees, the chain
+    oracle, the model-free drafters) replays a distorted head exactly as the honest one, so the sweep's temperatures
+    share its run (`Runner.token_twins`); a policy that reads them (model-only adaptive) runs again, on its own bank."""
+    from bench.replay import policies as P
+    from bench.replay import realistic as RR
+    from bench.replay.sim import simulate
+
+    flags = synth.copy_flags(bank)
+    toks, probs = synth.simulated_eagle(bank, flags, 0.7, 0.9, 8, seed=1)
+    honest = synth.with_eagle(bank, toks, probs, synth.SimulatedEagleTrees(bank, flags, 0.7, 0.9, toks, probs, 1))
+    hot = MC.distorted(honest, 0.5)
+    cfg = RR.Config(requests=2, seeds=(0,), batches=(4,), model_ks=(4,), eagle_ks=(4,), eagle_trees=(),
+                    hybrid_steps=(), hybrid_ngram_ks=(), ngram_ks=(8,), sweep=False, decompose=False, plot=None)
+    runner = RR.Runner(cfg)
+    runner.token_twins[("h", "T0.5")] = ("h", "T1")
+    idx = list(range(len(bank.lengths)))
+    fixed, adaptive = P.EagleFixed(4), runner.adaptive["model_adaptive_k4"]
+    assert not fixed.reads_confidence and adaptive.reads_confidence
+    spec = runner.specs.for_batch(4)
+    for pol in (fixed, P.Oracle(4, 8)):
+        shared = runner.sim(pol, honest, idx, 4, 0, (("h", "T1"), "-", "code", 4, pol.name, 0))
+        assert runner.sim(pol, hot, idx, 4, 0, (("h", "T0.5"), "-", "code", 4, pol.name, 0)) is shared
+        own = simulate(pol, hot, idx, 4, spec, seed=4, workload="code")
+        assert (own.tokens, own.seconds) == (shared.tokens, pytest.approx(shared.seconds))
+    one = runner.sim(adaptive, honest, idx, 4, 0, (("h", "T1"), "-", "code", 4, adaptive.name, 0))
+    other = runner.sim(adaptive, hot, idx, 4, 0, (("h", "T0.5"), "-", "code", 4, adaptive.name, 0))
+    assert other is not one and (("h", "T0.5"), "-", "code", 4, adaptive.name, 0) in runner.runs
+    own = simulate(adaptive, hot, idx, 4, spec, seed=4, workload="code")
+    assert (own.tokens, own.seconds) == (other.tokens, pytest.approx(other.seconds))

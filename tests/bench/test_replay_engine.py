@@ -102,6 +102,9 @@ def test_host_time_adds_without_overlap_and_hides_under_the_device_with_it(monke
     assert pol.widths == (2,)
     res = replay_sim.simulate(pol, bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1, draft=0.05))
     assert res.seconds == pytest.approx(res.steps * per_step)
+    # the same run charged alike for every drafter, wherever this engine puts its host work
+    assert res.host_seconds["overlapped"].sum() == pytest.approx(res.steps * 1.25)
+    assert res.host_seconds["added"].sum() == pytest.approx(res.steps * (1.2 + 0.05 + 0.2))
 
 
 @pytest.mark.parametrize("width_lag,host_us", [(1, 1000.0), (2, 1000.0), (2, 2000.0)])
@@ -187,6 +190,10 @@ def test_model_free_baselines_pay_their_host_scan():
 
     assert suffix_seconds([1024, 8192]) == pytest.approx(8.0e-6 + 11.8e-6)
     assert P.SuffixDecoding(4).host(view) == (pytest.approx(suffix_seconds(ctx)), False)
+    # vLLM's proposer charged after the step, as vLLM runs it, and also hidden under it, as HYBRID's host work is
+    run = replay_sim.simulate(P.PromptLookup(4, 2, 5), bank, [0], batch=1, cost=linear_cost(base=1.0, per_token=0.1))
+    assert run.seconds == pytest.approx(run.host_seconds["added"].sum())
+    assert run.host_seconds["overlapped"].sum() < run.seconds
     blind = P.StepView(view.req, view.pos, view.root, bank, None, 2)      # no contexts: refused, never charged 0
     with pytest.raises(ValueError, match="StepView.context"):
         P.PromptLookup(4, 2, 5).propose(blind)
@@ -537,6 +544,18 @@ def test_realistic_runner_tunes_hybrids_launch_settings_like_the_baselines():
     rules = {f"ngram_else_eagle_n{k}_e{ke}": runner.runs[(src, "-", "code", 4, f"ngram_else_eagle_n{k}_e{ke}", 0)]
              for k in (8, 16)}
     assert cell["rule_name"] == max(rules, key=lambda n: rules[n].tok_per_s)
+    # HYBRID / the best single drafter also with every drafter's host work charged the same way, both ways
+    single = runner.seeds_of(runner.best[(src, "as built", "code", 4, "model" if cell["single_name"] == cell[
+        "model_name"] else "ngram")][1], [1])
+    for how in ("overlapped", "added"):
+        hy = runner.runs[(src, "as built", "code", 4, "hybrid_merge", 1)]
+        want = (hy.tokens / hy.host_seconds[how].sum()) / (single[0].tokens / single[0].host_seconds[how].sum())
+        assert cell[f"vs_single_host_{how}"][0] == pytest.approx(want)
+    # a tuned baseline at the top of the range it was tuned over is named (fixed EAGLE over 2, 4; n-gram k over 8,
+    # 16; model-only adaptive tried one K: no range)
+    tops = {cell["model_name"]} & {"eagle_fixed_k4"} | {cell["ngram_name"]} & {
+        n + "_k16" for n in ("ngram_ours", "vllm_ngram_5_5", "vllm_ngram_2_5", "suffix")}
+    assert {e[3] for e in replay_realistic.edge_choices(runner)} == tops
     # model-only adaptive runs ragged with fresh chains (the ideal engine), whatever HYBRID's mode
     assert all(not p.engine.as_built for p in runner.adaptive.values())
     # each n-gram baseline family is tuned over its chain lengths on the same seed
@@ -703,7 +722,7 @@ def test_realistic_step_times_cover_every_policys_widest_verify():
     chains = max(p.n_nodes + 1 for m, ps in runner.engine_pols.items() for p in ps.values()
                  if not runner.engines[m].eagle_alternatives)
     assert widest == chains == 6 + 24 + 1           # the EAGLE alternatives compete for the chains' nodes
-    assert runner.max_width == max(widest, *(t[2] for t in cfg.eagle_trees)) == 32      # the EAGLE tree 6/8/32
+    assert runner.max_width == max(widest, *(t[2] for t in cfg.eagle_trees)) == 64      # the EAGLE tree 8/8/64
     assert runner.bank_pad == max(64, runner.max_width)    # every step's targets reach the deepest a tree can be
     wide = replay_realistic.Runner(dataclasses.replace(cfg, eagle_alternatives=7))
     assert wide.max_width == runner.max_width            # however many alternatives: no wider verify
@@ -924,9 +943,16 @@ def test_realistic_command_line_defaults_are_the_configs_and_eagle_trees_parse(m
     seen.clear()
     replay.main(["--realistic", "--eagle-trees", "5,4,8", "2,2,7"])
     assert seen["cfg"].eagle_trees == ((5, 4, 8), (2, 2, 7))
-    for bad in ("5,4", "5,1,6", "2,2,8", "9,2,6", "a,b,c"):
+    for bad in ("5,4", "5,1,6", "2,2,8", "0,2,6", "a,b,c"):
         with pytest.raises(SystemExit):
             replay.main(["--realistic", "--eagle-trees", bad])
+    # the baselines' n-gram chains may run past the worker's ngram_k range (32); HYBRID's may not
+    seen.clear()
+    replay.main(["--realistic", "--ngram-ks", "8", "48"])
+    assert seen["cfg"].ngram_ks == (8, 48)
+    for opt, bad in (("--ngram-ks", "0"), ("--hybrid-ngram-ks", "33")):
+        with pytest.raises(SystemExit):
+            replay.main(["--realistic", opt, bad])
 
 
 def test_ngram_logit_shift_moves_every_cell_and_keeps_the_table_valid(tmp_path):

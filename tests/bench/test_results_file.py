@@ -44,3 +44,29 @@ def test_results_file_sections_are_replaced_one_at_a_time(tmp_path):
     R.write_section("miscalibration", {"b": 2}, path)
     R.write_section("realistic", {"a": 3}, path)
     assert json.loads(path.read_text()) == {"realistic": {"a": 3}, "miscalibration": {"b": 2}}
+
+
+def test_results_file_host_table_reads_both_accountings_and_marks_missing_ones():
+    cell = dict(_cell("real", "code", 4, 1.0, 2.0), vs_single_host_overlapped=[0.91, 0.9, 0.92],
+                vs_single_host_added=[1.11, 1.1, 1.12])
+    table = R.host_table({"realistic": {"cells": [cell, _cell(R.HEADLINE, "code", 4, 0.95, 1.5)]}})
+    lines = table.splitlines()
+    assert len(lines) == 2 + 6 and all(line.count("|") == len(R.COLUMNS) + 2 for line in lines)
+    assert "0.91 [0.90, 0.92]" in lines[3] and "1.11 [1.10, 1.12]" in lines[4]
+    assert "0.95 [0.85, 1.05]" in lines[5] and lines[6].split("|")[2].strip() == "—"   # not priced both ways
+
+
+def test_results_file_is_written_one_cell_per_line(tmp_path):
+    cells = [_cell("real", "code", b, 1.0, 2.0) for b in (4, 32, 128)]
+    path = R.write_section("realistic", {"cells": cells, "wall_s": 1.5}, tmp_path / "r.json")
+    text = path.read_text()
+    assert json.loads(text) == {"realistic": {"cells": cells, "wall_s": 1.5}}
+    assert sum(1 for line in text.splitlines() if '"batch"' in line) == 3 and len(text.splitlines()) == 10
+
+
+def test_results_file_names_the_runs_modes_and_sources_as_the_run_writes_them():
+    from bench.replay import realistic as RR
+
+    assert R.RAGGED == RR.RAGGED and R.HEADLINE == RR.label(RR.HEADLINE) and R.REAL == "real"
+    cell = dict(_cell("real", "code", 4, 1.0, 2.0), mode=RR.RAGGED, vs_single=[1.08, 1.01, 1.1])
+    assert "1.08 [1.01, 1.10]" in R.readme_table({"realistic": {"cells": [cell]}}).splitlines()[3]

@@ -16,10 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,6 +38,7 @@ CHAT = next(i for i, p in enumerate(PROMPTS) if "messages" in p)       # the cha
 
 from sglang_hybrid.cpu_engine.torch_attention import DECODE_SWAP_LOG, SWAP_LOG, TORCH_ATTENTION_ENV  # noqa: E402
 from sglang_hybrid.cpu_engine.torch_kv_indices import KV_INDICES_SWAP_LOG  # noqa: E402
+from sglang_hybrid import serve  # noqa: E402
 from sglang_hybrid.sglang_plugin.metrics import FALLBACKS  # noqa: E402
 
 pytestmark = [pytest.mark.sglang, pytest.mark.live_sglang]
@@ -61,26 +58,16 @@ SOURCES = {"none", "model", "ngram", "mixed"}
 TWIN_LOGS = (SWAP_LOG, DECODE_SWAP_LOG, KV_INDICES_SWAP_LOG)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """One ``python -m sglang_hybrid.serve --cpu`` process group on a free local port, its log in a file."""
 
     def __init__(self, name: str, flags: list, env: dict):
-        self.name, self.port = name, _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.name = name
         self.log = Path(tempfile.mkdtemp(prefix=f"hybrid_server_{name}_")) / "server.log"
         base = {k: v for k, v in os.environ.items()
                 if not k.startswith("SGLANG_HYBRID_") and k not in ("PROMETHEUS_MULTIPROC_DIR", TORCH_ATTENTION_ENV)}
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sglang_hybrid.serve", "--cpu", "--host", "127.0.0.1", "--port",
-                 str(self.port), *flags], cwd=ROOT, env={**base, **env}, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)       # its own process group: the scheduler and detokenizer stop with it
+        self.proc, self.port = serve.spawn(list(flags), self.log, {**base, **env}, cwd=ROOT)
+        self.url = f"http://127.0.0.1:{self.port}"
         self.model = None
 
     def tail(self, n: int = 4000) -> str:
@@ -106,13 +93,7 @@ class Server:
             return r.read().decode()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
+        serve.stop(self.proc)
 
 
 @pytest.fixture(scope="module")

@@ -67,3 +67,21 @@ def test_server_cli_flags_are_sglang_flags():
     assert serve.kwargs_to_flags({"model_path": "m", "disable_cuda_graph": True, "enable_x": False, "tp_size": 1,
                                   "chunked_prefill_size": None}) == [
         "--model-path", "m", "--disable-cuda-graph", "--tp-size", "1"]
+
+
+def test_server_cli_spawned_server_stops_with_its_process_group(tmp_path):
+    """``serve.spawn`` starts the server in a process group of its own on a free port, its output in the log: a bad
+    command line ends with the usage exit status and the fix in the log, and ``serve.stop`` ends a starting server
+    with its whole group (SGLang's scheduler and detokenizer are its children once it runs)."""
+    import os
+
+    log = tmp_path / "bad.log"
+    proc, port = serve.spawn(["--no-speculation", "--torch-kernels"], log, dict(os.environ))
+    assert proc.wait(timeout=300) == serve.EXIT_BAD_USE and 0 < port < 65536
+    assert "--torch-kernels" in log.read_text()
+    proc, _ = serve.spawn([], tmp_path / "server.log", dict(os.environ))
+    assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)          # a group of its own
+    serve.stop(proc)
+    assert proc.returncode is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)
