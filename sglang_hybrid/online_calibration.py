@@ -141,6 +141,16 @@ class OutcomeBins:
         self.label += np.bincount(b, weights=y, minlength=self.n_bins)
         self.count += p.size
 
+    def merge(self, pred, label, count: int) -> None:
+        """Pool another set of bins (its ``pred`` and ``label`` sums per bin and its pair count, as recorded): ``ece``
+        is then that of both sets' pairs together."""
+        pred, label = np.asarray(pred, dtype=np.float64), np.asarray(label, dtype=np.float64)
+        if pred.shape != self.pred.shape or label.shape != self.label.shape:
+            raise ValueError(f"bins of another size: {pred.shape} and {label.shape}, these are {self.pred.shape}")
+        self.pred += pred
+        self.label += label
+        self.count += int(count)
+
     @property
     def ece(self) -> Optional[float]:
         """Expected calibration error of the pairs so far; None before the first."""

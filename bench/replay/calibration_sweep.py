@@ -38,23 +38,21 @@ def _temperature(source) -> float:
 
 def pooled_ece(runner, source, cells) -> tuple:
     """(ECE, tested tokens) of HYBRID's model side over the cells' evaluation runs: the runs' calibration bins
-    (``stats["model_calibration"]``: per bin the summed acceptance and hits, and the tokens) pooled, then
-    ECE = sum over bins of |summed acceptance - hits| / tokens. (None, 0) when nothing was recorded."""
-    import numpy as np
+    (``stats["model_calibration"]``: per bin the summed acceptance and hits, and the tokens) pooled in one
+    ``OutcomeBins``. (None, 0) when nothing was recorded."""
+    from sglang_hybrid.online_calibration import OutcomeBins
 
-    pred = label = None
-    count = 0
+    pooled = None
     for w, b in cells:
         for r in runner.seeds_of((source, MODE, w, b, "hybrid_merge"), RR.evaluation_seeds(runner.cfg.seeds)):
             got = r.stats.get("model_calibration")
             if got is None or not got["count"]:
                 continue
-            p, y = np.asarray(got["pred"], np.float64), np.asarray(got["label"], np.float64)
-            pred, label = (p, y) if pred is None else (pred + p, label + y)
-            count += int(got["count"])
-    if not count:
+            pooled = pooled or OutcomeBins(len(got["pred"]))
+            pooled.merge(got["pred"], got["label"], got["count"])
+    if pooled is None:
         return None, 0
-    return float(np.abs(pred - label).sum() / count), count
+    return pooled.ece, pooled.count
 
 
 def run(cfg: RR.Config, log=print) -> list:

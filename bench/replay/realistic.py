@@ -185,8 +185,8 @@ class Config:
     #: drafter drafts chains as deep as the deepest baseline's, a recorded trace stops the range at its depth
     model_ks: tuple = (2, 4, 8, 16, 24)
     #: EAGLE step counts HYBRID also runs with besides the deployed one (``EngineConfig.num_steps``, 4); the best per
-    #: cell is chosen on the first seed, as the baselines' k is (fixed EAGLE over 1..8, model-only adaptive over
-    #: K 2, 4, 8): the user's ``--speculative-num-steps``, fewer on a busy server of weak drafts
+    #: cell is chosen on the first seed, as the baselines' k is (fixed EAGLE over ``eagle_ks``, model-only adaptive
+    #: over ``model_ks``): the user's ``--speculative-num-steps``, fewer on a busy server of weak drafts
     hybrid_steps: tuple = (2, 6)
     #: n-gram chain lengths HYBRID also runs with besides the deployed one (``EngineConfig.ngram_k``, 8), each
     #: combined with each step count; the best per cell is chosen on the first seed, as the baselines' k is
@@ -1200,8 +1200,9 @@ def run_real(runner: Runner, cfg: Config, head_cells, log) -> Optional[list]:
     if evals.eagle_k < k_needed:
         log(f"  skipped: its eagle_k={evals.eagle_k} is below the deepest EAGLE chain HYBRID drafts ({k_needed})")
         return None
-    log(f"  the model-only baselines' ranges stop at the trace's EAGLE depth ({evals.eagle_k}): fixed EAGLE k <= "
-        f"{evals.eagle_k}, adaptive K <= {evals.eagle_k}")
+    eagle, ks = runner.model_ranges(banks[t])
+    log(f"  the model-only baselines' ranges stop at the trace's EAGLE depth ({evals.eagle_k}): fixed EAGLE k in "
+        f"{[p.k for p in eagle]}, adaptive K in {[runner.adaptive[n].num_steps for n in ks]}")
     alt_modes = runner.alternatives_modes
     if alt_modes and evals.eagle_alternatives < cfg.eagle_alternatives:
         log(f"  its EAGLE alternatives rows NOT RUN: the traces record {evals.eagle_alternatives} per chain position, "

@@ -125,3 +125,30 @@ def test_miscalibrated_head_token_twins_share_only_runs_that_read_no_probability
     assert other is not one and (("h", "T0.5"), "-", "code", 4, adaptive.name, 0) in runner.runs
     own = simulate(adaptive, hot, idx, 4, spec, seed=4, workload="code")
     assert (own.tokens, own.seconds) == (other.tokens, pytest.approx(other.seconds))
+
+
+def test_miscalibrated_head_ece_pools_the_evaluation_runs_bins():
+    """The sweep's ECE per point pools every evaluation run's recorded bins (one ``OutcomeBins``), skipping runs
+    that recorded none; nothing recorded anywhere reads (None, 0)."""
+    import types
+
+    from bench.replay import calibration_sweep as CS
+    from sglang_hybrid.calibration_metrics import ece
+    from sglang_hybrid.online_calibration import OutcomeBins
+
+    rng = np.random.default_rng(5)
+    p, y = rng.random(300), rng.random(300) < 0.5
+    recorded = []
+    for lo, hi in ((0, 120), (120, 300)):
+        bins = OutcomeBins()
+        bins.add(p[lo:hi], y[lo:hi])
+        recorded.append({"pred": bins.pred.tolist(), "label": bins.label.tolist(), "count": bins.count})
+    empty = {"pred": [0.0] * 10, "label": [0.0] * 10, "count": 0}
+    runs = {("code", 4): [recorded[0], empty], ("chat", 4): [recorded[1]], ("code", 128): [None]}
+    runner = types.SimpleNamespace(
+        cfg=types.SimpleNamespace(seeds=(0, 1, 2)),
+        seeds_of=lambda key, seeds: [types.SimpleNamespace(stats={} if st is None else {"model_calibration": st})
+                                     for st in runs[(key[2], key[3])]])
+    got, n = CS.pooled_ece(runner, "src", list(runs))
+    assert n == 300 and got == pytest.approx(ece(p, y), rel=1e-12)
+    assert CS.pooled_ece(runner, "src", [("code", 128)]) == (None, 0)

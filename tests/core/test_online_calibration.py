@@ -156,6 +156,14 @@ def test_outcome_bins_ece_equals_calibration_metrics():
     for lo in range(0, 1000, 137):
         bins.add(p[lo:lo + 137], y[lo:lo + 137])
     assert bins.count == 1000 and bins.ece == pytest.approx(ece(p, y), rel=1e-12)
+    # two runs' recorded bins pooled: the ECE of all their pairs together; bins of another size refused
+    first, second = oc.OutcomeBins(), oc.OutcomeBins()
+    first.add(p[:400], y[:400])
+    second.add(p[400:], y[400:])
+    first.merge(second.pred.tolist(), second.label.tolist(), second.count)
+    assert first.count == 1000 and first.ece == pytest.approx(ece(p, y), rel=1e-12)
+    with pytest.raises(ValueError, match="bins of another size"):
+        first.merge([0.0] * 5, [0.0] * 5, 3)
 
 
 def _distort(p, t):
